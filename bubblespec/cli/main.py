@@ -1,0 +1,38 @@
+"""`bubblespec` console script: one subcommand per role.
+
+Each subcommand lives in its role's module and exposes `main(argv) -> int`; this
+dispatcher imports it lazily so that `bubblespec sync` never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sync": ("bubblespec.synchronizer.server", "run the gRPC synchronizer daemon (+ draft store)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: bubblespec <command> [options]", "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch `bubblespec <command> ...` to the command's module."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"bubblespec: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Configuration of the synchronizer daemon (`bubblespec sync --help` shows these fields)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from bubblespec.config import BaseConfig
+
+MiB = 1024 * 1024
+
+
+class SyncConfig(BaseConfig):
+    """bubblespec synchronizer: step coordination, pre-generation queue, draft store."""
+
+    host: str = "127.0.0.1"
+    """Interface the gRPC server binds (0.0.0.0 for all)."""
+    port: int = Field(50051, ge=0, le=65535)
+    """gRPC port (0 = any free port; the chosen one is logged)."""
+    metrics_host: str = "0.0.0.0"
+    """Interface of the Prometheus /metrics HTTP endpoint."""
+    metrics_port: int = Field(9464, ge=-1, le=65535)
+    """Port of the Prometheus /metrics HTTP endpoint (0 = any free port, -1 = off)."""
+    token: SecretStr | None = None
+    """Bearer token required on mutating RPCs (metadata `authorization: Bearer <token>`)."""
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    """How often ranks are told to heartbeat, in seconds."""
+    rank_timeout_s: float = Field(10.0, gt=0)
+    """A rank without heartbeat for this long is marked LOST (and done for the current step)."""
+    poll_every_decode_steps: int = Field(8, ge=1)
+    """Default T: ranks poll PollStop every T decode steps while pre-generating."""
+    max_message_bytes: int = Field(64 * MiB, ge=64 * 1024)
+    """Largest gRPC message accepted or sent, in bytes."""
+    draft_store_budget_bytes: int = Field(1024 * MiB, ge=0)
+    """Byte budget of the draft store (4 B/token + key + 64 B/sequence); full -> rejected."""
+    max_tasks_per_step: int = Field(262_144, ge=1)
+    """Most pre-generation tasks (prompt x sample) one OpenStep may carry."""
+    max_tasks_per_claim: int = Field(1024, ge=1)
+    """Most tasks one ClaimTasks call hands out (larger requests are clamped)."""
+    max_prompt_tokens: int = Field(262_144, ge=1)
+    """Most prompt tokens of one pre-generation task."""
+    max_draft_tokens: int = Field(262_144, ge=1)
+    """Most tokens of one draft (and largest max_new_tokens of a task)."""
+    max_drafts_per_push: int = Field(4096, ge=1)
+    """Most drafts in one PushDrafts call."""
+    max_fetch_keys: int = Field(8192, ge=1)
+    """Most prompt keys in one FetchDrafts call."""
+    max_key_bytes: int = Field(1024, ge=1)
+    """Longest prompt_key / rank_id / address, in UTF-8 bytes."""
+    max_spans_per_report: int = Field(4096, ge=1)
+    """Most spans in one ReportSpans call."""
+    max_spans_per_rank_step: int = Field(65_536, ge=1)
+    """Spans kept per rank and step; more are dropped (counted, not an error)."""
+    timeline_keep_steps: int = Field(32, ge=1)
+    """How many recent steps the timeline keeps."""
+    shutdown_grace_s: float = Field(5.0, ge=0)
+    """On SIGTERM/SIGINT: seconds in-flight RPCs get before the server stops."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of the daemon."""
+
+    @model_validator(mode="after")
+    def _timeout_after_interval(self) -> SyncConfig:
+        if self.rank_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"rank_timeout_s ({self.rank_timeout_s}) must exceed heartbeat_interval_s "
+                f"({self.heartbeat_interval_s}), or every rank would be marked LOST"
+            )
+        return self

@@ -1,0 +1,211 @@
+"""The one mapping between `bubblespec.rpc.v1` messages and the plain types of `types.py`.
+
+Used by the daemon (requests in, replies out) and by `SyncClient` (the reverse), so both ends
+agree by construction. Unset `optional` proto fields become None (or the documented default).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+
+from bubblespec.rpc.v1 import synchronizer_pb2 as pb
+from bubblespec.synchronizer.types import (
+    Draft,
+    DraftStatus,
+    PregenTask,
+    RankInfo,
+    RankState,
+    SamplingParams,
+    ShardAssignment,
+    Span,
+    SpanKind,
+    StepEvent,
+    StepEventKind,
+    StepTimeline,
+    StoreStats,
+    SyncSnapshot,
+)
+
+RANK_STATE_TO_PB = {
+    RankState.UNSPECIFIED: pb.RANK_STATE_UNSPECIFIED,
+    RankState.IDLE: pb.RANK_STATE_IDLE,
+    RankState.DECODING: pb.RANK_STATE_DECODING,
+    RankState.PREGEN: pb.RANK_STATE_PREGEN,
+    RankState.UPDATING_WEIGHTS: pb.RANK_STATE_UPDATING_WEIGHTS,
+    RankState.LOST: pb.RANK_STATE_LOST,
+}
+RANK_STATE_FROM_PB = {v: k for k, v in RANK_STATE_TO_PB.items()}
+SPAN_KIND_TO_PB = {
+    SpanKind.DECODE: pb.SPAN_KIND_DECODE,
+    SpanKind.PREGEN: pb.SPAN_KIND_PREGEN,
+    SpanKind.IDLE: pb.SPAN_KIND_IDLE,
+}
+SPAN_KIND_FROM_PB = {v: k for k, v in SPAN_KIND_TO_PB.items()}
+EVENT_KIND_TO_PB = {
+    StepEventKind.OPENED: pb.STEP_EVENT_KIND_OPENED,
+    StepEventKind.STOP: pb.STEP_EVENT_KIND_STOP,
+    StepEventKind.CLOSED: pb.STEP_EVENT_KIND_CLOSED,
+}
+EVENT_KIND_FROM_PB = {v: k for k, v in EVENT_KIND_TO_PB.items()}
+DRAFT_STATUS_TO_PB = {
+    DraftStatus.STORED: pb.DRAFT_STATUS_STORED,
+    DraftStatus.REJECTED_FULL: pb.DRAFT_STATUS_REJECTED_FULL,
+    DraftStatus.REJECTED_STEP: pb.DRAFT_STATUS_REJECTED_STEP,
+    DraftStatus.REJECTED_GAP: pb.DRAFT_STATUS_REJECTED_GAP,
+}
+DRAFT_STATUS_FROM_PB = {v: k for k, v in DRAFT_STATUS_TO_PB.items()}
+
+
+def _opt(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
+    return pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+
+
+def sampling_from_pb(m: pb.SamplingParams) -> SamplingParams:
+    """Unset fields take the defaults (temperature 1, top_p 1, top_k off)."""
+    d = SamplingParams()
+    return SamplingParams(
+        temperature=m.temperature if m.HasField("temperature") else d.temperature,
+        top_p=m.top_p if m.HasField("top_p") else d.top_p,
+        top_k=m.top_k if m.HasField("top_k") else d.top_k,
+    )
+
+
+def task_to_pb(t: PregenTask) -> pb.PregenTask:
+    return pb.PregenTask(
+        prompt_key=t.prompt_key, prompt_token_ids=t.prompt_token_ids,
+        sample_index=t.sample_index, seed=t.seed, max_new_tokens=t.max_new_tokens,
+        sampling=sampling_to_pb(t.sampling),
+    )
+
+
+def task_from_pb(m: pb.PregenTask) -> PregenTask:
+    return PregenTask(m.prompt_key, list(m.prompt_token_ids), m.sample_index, m.seed,
+                      m.max_new_tokens, sampling_from_pb(m.sampling))
+
+
+def tasks_to_prompts(tasks: Sequence[PregenTask]) -> list[pb.PregenPrompt]:
+    """Group flat tasks by prompt (first-seen order) so each prompt's tokens travel once.
+
+    Raises ValueError when two tasks of one prompt_key disagree on tokens or parameters.
+    """
+    prompts: dict[str, tuple[PregenTask, pb.PregenPrompt]] = {}
+    for i, t in enumerate(tasks):
+        entry = prompts.get(t.prompt_key)
+        if entry is None:
+            msg = pb.PregenPrompt(
+                prompt_key=t.prompt_key, prompt_token_ids=t.prompt_token_ids,
+                max_new_tokens=t.max_new_tokens, sampling=sampling_to_pb(t.sampling))
+            entry = prompts[t.prompt_key] = (t, msg)
+        first, msg = entry
+        if (list(first.prompt_token_ids) != list(t.prompt_token_ids)
+                or first.max_new_tokens != t.max_new_tokens or first.sampling != t.sampling):
+            raise ValueError(f"tasks[{i}]: prompt_key {t.prompt_key!r} has different prompt "
+                             "tokens, max_new_tokens or sampling than an earlier task")
+        msg.samples.add(sample_index=t.sample_index, seed=t.seed)
+    return [msg for _, msg in prompts.values()]
+
+
+def prompts_to_tasks(prompts: Iterable[pb.PregenPrompt]) -> list[PregenTask]:
+    """Flatten prompts into tasks; the samples of a prompt share one token array."""
+    out = []
+    for p in prompts:
+        tokens = array("i", p.prompt_token_ids)
+        sampling = sampling_from_pb(p.sampling)
+        for s in p.samples:
+            out.append(PregenTask(p.prompt_key, tokens, s.sample_index, s.seed,
+                                  p.max_new_tokens, sampling))
+    return out
+
+
+def shard_from_pb(m: pb.ShardAssignment) -> ShardAssignment:
+    return ShardAssignment(m.rank_id, m.num_requests)
+
+
+def shard_to_pb(s: ShardAssignment) -> pb.ShardAssignment:
+    return pb.ShardAssignment(rank_id=s.rank_id, num_requests=s.num_requests)
+
+
+def draft_to_pb(d: Draft) -> pb.Draft:
+    return pb.Draft(prompt_key=d.prompt_key, sample_index=d.sample_index,
+                    token_ids=d.token_ids, complete=d.complete,
+                    weight_version=d.weight_version, offset=d.offset)
+
+
+def draft_from_pb(m: pb.Draft) -> Draft:
+    return Draft(m.prompt_key, m.sample_index, list(m.token_ids), m.complete,
+                 m.weight_version, m.offset)
+
+
+def span_to_pb(s: Span) -> pb.Span:
+    return pb.Span(kind=SPAN_KIND_TO_PB[s.kind], start_unix_s=s.start_unix_s,
+                   end_unix_s=s.end_unix_s, tokens=s.tokens)
+
+
+def span_from_pb(m: pb.Span) -> Span:
+    return Span(SPAN_KIND_FROM_PB[m.kind], m.start_unix_s, m.end_unix_s, m.tokens)
+
+
+def event_to_pb(e: StepEvent) -> pb.StepEvent:
+    return pb.StepEvent(kind=EVENT_KIND_TO_PB[e.kind], step=e.step, unix_s=e.unix_s)
+
+
+def event_from_pb(m: pb.StepEvent) -> StepEvent:
+    return StepEvent(EVENT_KIND_FROM_PB[m.kind], m.step, m.unix_s)
+
+
+def rank_info_to_pb(r: RankInfo) -> pb.RankInfo:
+    return pb.RankInfo(rank_id=r.rank_id, address=r.address, capacity=r.capacity,
+                       state=RANK_STATE_TO_PB[r.state], weight_version=r.weight_version,
+                       step=r.step, done_step=r.done_step,
+                       last_heartbeat_age_s=r.last_heartbeat_age_s)
+
+
+def rank_info_from_pb(m: pb.RankInfo) -> RankInfo:
+    return RankInfo(m.rank_id, m.address, _opt(m, "capacity"), RANK_STATE_FROM_PB[m.state],
+                    m.weight_version, _opt(m, "step"), _opt(m, "done_step"),
+                    m.last_heartbeat_age_s)
+
+
+def snapshot_to_pb(s: SyncSnapshot) -> pb.GetStateResponse:
+    return pb.GetStateResponse(
+        instance_id=s.instance_id, current_step=s.current_step, step_open=s.step_open,
+        stopped=s.stopped, ranks=[rank_info_to_pb(r) for r in s.ranks],
+        done_rank_ids=s.done_rank_ids, pending_rank_ids=s.pending_rank_ids,
+        queued_tasks=s.queued_tasks, claimed_tasks=s.claimed_tasks,
+        store=pb.DraftStoreStats(sequences=s.store.sequences, tokens=s.store.tokens,
+                                 bytes=s.store.bytes, budget_bytes=s.store.budget_bytes),
+    )
+
+
+def snapshot_from_pb(m: pb.GetStateResponse) -> SyncSnapshot:
+    st = m.store
+    return SyncSnapshot(
+        m.instance_id, _opt(m, "current_step"), m.step_open, m.stopped,
+        [rank_info_from_pb(r) for r in m.ranks], list(m.done_rank_ids),
+        list(m.pending_rank_ids), m.queued_tasks, m.claimed_tasks,
+        StoreStats(st.sequences, st.tokens, st.bytes, st.budget_bytes),
+    )
+
+
+def timeline_to_pb(t: StepTimeline) -> pb.StepTimeline:
+    ranks = sorted(set(t.spans) | set(t.done_unix_s))
+    return pb.StepTimeline(
+        step=t.step, opened_unix_s=t.opened_unix_s, stop_unix_s=t.stop_unix_s,
+        closed_unix_s=t.closed_unix_s, shards=[shard_to_pb(s) for s in t.shards],
+        ranks=[pb.RankTimeline(rank_id=r, spans=[span_to_pb(s) for s in t.spans.get(r, [])],
+                               done_unix_s=t.done_unix_s.get(r)) for r in ranks],
+    )
+
+
+def timeline_from_pb(m: pb.StepTimeline) -> StepTimeline:
+    return StepTimeline(
+        step=m.step, opened_unix_s=m.opened_unix_s, stop_unix_s=_opt(m, "stop_unix_s"),
+        closed_unix_s=_opt(m, "closed_unix_s"), shards=[shard_from_pb(s) for s in m.shards],
+        spans={r.rank_id: [span_from_pb(s) for s in r.spans] for r in m.ranks},
+        done_unix_s={r.rank_id: r.done_unix_s for r in m.ranks if r.HasField("done_unix_s")},
+    )

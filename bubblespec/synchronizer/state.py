@@ -1,0 +1,343 @@
+"""The synchronizer's state machine: ranks, the current step, its stop signal, its queue.
+
+Every method is synchronous and runs on the server's event loop, so each RPC's effect is
+atomic without locks. Methods take already-validated domain values (see `validate.py`) and
+raise `SyncError` (NOT_FOUND / FAILED_PRECONDITION) for requests that are well-formed but do
+not fit the state. Choices worth knowing:
+
+- Only one step is current. OpenStep(s) must be newer than the current step, except that
+  re-opening the *same, still open* step with byte-identical content is accepted as an
+  idempotent retry (`already_open`); anything else is INVALID_ARGUMENT.
+- A rank is done for step s when it reports done, heartbeats `done_step >= s`, has 0 requests
+  in s, is not in s's shards at all, or is marked LOST. Done is sticky within a step.
+- A LOST (or unknown) rank gets NOT_FOUND on rank-scoped mutating RPCs: it must re-register,
+  which always succeeds. Its claimed tasks went back to the queue when it was lost.
+- Late or early calls are answered, not failed, where the race is normal: PollStop of any
+  step other than the current one says stop; ClaimTasks after the stop returns nothing;
+  pushes to a step outside the accepting window get a per-draft REJECTED_STEP.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bubblespec.metrics.sync import SyncLevels, SyncMetrics
+from bubblespec.synchronizer.config import SyncConfig
+from bubblespec.synchronizer.pregen import TaskQueue
+from bubblespec.synchronizer.ranks import RankRegistry
+from bubblespec.synchronizer.store import DraftStore
+from bubblespec.synchronizer.timeline import EventHub, Timeline
+from bubblespec.synchronizer.types import (
+    Draft,
+    DraftStatus,
+    OpenStepResult,
+    PregenTask,
+    PushResult,
+    RankState,
+    ShardAssignment,
+    Span,
+    StepEvent,
+    StepEventKind,
+    StepTimeline,
+    SyncSnapshot,
+    invalid,
+    not_found,
+    precondition,
+)
+
+
+@dataclass
+class StepRecord:
+    """The current step."""
+
+    step: int
+    shards: dict[str, int]
+    content_key: bytes
+    queue: TaskQueue
+    opened_unix_s: float
+    opened_mono: float
+    done: set[str] = field(default_factory=set)
+    stop_unix_s: float | None = None
+    closed_unix_s: float | None = None
+
+    @property
+    def pending(self) -> list[str]:
+        """Participating ranks not done yet."""
+        return sorted(r for r in self.shards if r not in self.done)
+
+
+class SyncState:
+    """Ranks, step lifecycle, pre-generation queue, draft store, timeline and events."""
+
+    def __init__(self, config: SyncConfig, metrics: SyncMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.instance_id = uuid.uuid4().hex[:12]
+        self.ranks = RankRegistry(config.rank_timeout_s)
+        self.current: StepRecord | None = None
+        self.closed_through = -1  # every step <= this is over
+        self.store = DraftStore(config.draft_store_budget_bytes)
+        self.timeline = Timeline(config.timeline_keep_steps, config.max_spans_per_rank_step)
+        self.events = EventHub()
+
+    # ------------------------------------------------------------------ ranks
+
+    def register(self, rank_id: str, address: str, capacity: int | None, weight_version: int
+                 ) -> bool:
+        """(Re-)register a rank; True if it was known. A live re-registration means the rank
+        process restarted, so its claimed tasks go back to the queue."""
+        known = self.ranks.register(rank_id, address, capacity, weight_version)
+        if known and self.current is not None:
+            self._requeue(rank_id)
+        return known
+
+    def heartbeat(self, rank_id: str, state: RankState, weight_version: int, step: int | None,
+                  done_step: int | None) -> None:
+        """Record a heartbeat; a `done_step` covering the current step counts as ReportDone."""
+        self.ranks.heartbeat(rank_id, state, weight_version, step, done_step)
+        cur = self.current
+        if done_step is not None and cur is not None and done_step >= cur.step:
+            self._mark_done(cur, rank_id)
+
+    def reap(self) -> list[str]:
+        """Mark ranks without a recent heartbeat LOST: done for the step, tasks requeued."""
+        lost = self.ranks.reap()
+        for rank_id in lost:
+            self.metrics.ranks_lost.inc()
+            if self.current is not None:
+                self._requeue(rank_id)
+                self._mark_done(self.current, rank_id)
+        return lost
+
+    def _requeue(self, rank_id: str) -> None:
+        assert self.current is not None
+        n = self.current.queue.release(rank_id)
+        if n:
+            self.metrics.tasks_requeued.inc(n)
+
+    # ------------------------------------------------------------------ steps
+
+    def open_step(self, step: int, shards: Sequence[ShardAssignment],
+                  tasks: Sequence[PregenTask], content_key: bytes) -> OpenStepResult:
+        """Open `step` (closing the current one) with its shards and step+1's tasks."""
+        cur = self.current
+        if cur is not None and step == cur.step and cur.closed_unix_s is None:
+            if content_key == cur.content_key:
+                return OpenStepResult(step, len(cur.queue), True, cur.opened_unix_s)
+            raise invalid("step", f"step {step} is already open with different content")
+        if step <= self.closed_through or (cur is not None and step <= cur.step):
+            newest = cur.step if cur is not None else self.closed_through
+            raise invalid("step", f"step {step} is not newer than the current step {newest}")
+        for i, shard in enumerate(shards):
+            if shard.rank_id not in self.ranks:
+                raise not_found(f"shards[{i}].rank_id", f"rank {shard.rank_id!r} is not registered")
+            if self.ranks.is_lost(shard.rank_id):
+                raise precondition(f"shards[{i}].rank_id", f"rank {shard.rank_id!r} is LOST")
+        if cur is not None and cur.closed_unix_s is None:
+            self._close(cur)
+        now = time.time()
+        rec = StepRecord(step, {s.rank_id: s.num_requests for s in shards}, content_key,
+                         TaskQueue(step + 1, tasks), now, time.monotonic())
+        self.current = rec
+        self.timeline.open_step(step, shards, now)
+        self.events.publish(StepEvent(StepEventKind.OPENED, step, now))
+        for shard in shards:
+            if shard.num_requests == 0:
+                self._mark_done(rec, shard.rank_id)
+        self._maybe_stop(rec)
+        return OpenStepResult(step, len(rec.queue), False, now)
+
+    def close_step(self, step: int) -> tuple[float, int, int]:
+        """Close `step` (idempotent for steps already over); (closed time, drafts, tasks)."""
+        cur = self.current
+        if cur is None or step > cur.step:
+            raise precondition("step", f"step {step} is not open (current: {self._cur_text()})")
+        if step < cur.step or cur.closed_unix_s is not None:
+            past = self.timeline.get(step)
+            closed = past.closed_unix_s if past is not None else None
+            return closed or time.time(), 0, 0
+        dropped_tasks = cur.queue.queued
+        dropped_drafts = self._close(cur)
+        assert cur.closed_unix_s is not None
+        return cur.closed_unix_s, dropped_drafts, dropped_tasks
+
+    def _close(self, rec: StepRecord) -> int:
+        """Fire the stop signal if needed, then close: drafts of steps <= rec.step go."""
+        self._fire_stop(rec)
+        rec.closed_unix_s = time.time()
+        self.closed_through = rec.step
+        rec.queue = TaskQueue(rec.step + 1, ())
+        self.timeline.mark_closed(rec.step, rec.closed_unix_s)
+        self.events.publish(StepEvent(StepEventKind.CLOSED, rec.step, rec.closed_unix_s))
+        return self.store.drop_through(rec.step)
+
+    def report_done(self, step: int, rank_id: str) -> tuple[bool, list[str], bool]:
+        """A rank finished its shard; returns (stop fired, pending ranks, step over)."""
+        self.ranks.require_live(rank_id)
+        cur = self._require_step(step)
+        if cur is None:
+            return True, [], True
+        self._mark_done(cur, rank_id)
+        return cur.stop_unix_s is not None, cur.pending, False
+
+    def poll_stop(self, step: int) -> bool:
+        """True once `step`'s stop fired, and for any step that is not the current one."""
+        cur = self.current
+        return cur is None or cur.step != step or cur.stop_unix_s is not None
+
+    def _require_step(self, step: int) -> StepRecord | None:
+        """The current record if `step` is current and open; None if `step` is over."""
+        cur = self.current
+        if cur is None or step > cur.step:
+            raise precondition("step", f"step {step} is not open (current: {self._cur_text()})")
+        if step < cur.step or cur.closed_unix_s is not None:
+            return None
+        return cur
+
+    def _cur_text(self) -> str:
+        return "none" if self.current is None else str(self.current.step)
+
+    def _mark_done(self, rec: StepRecord, rank_id: str) -> None:
+        if rank_id not in rec.shards or rank_id in rec.done or rec.closed_unix_s is not None:
+            return
+        rec.done.add(rank_id)
+        self.timeline.mark_done(rec.step, rank_id, time.time())
+        self._maybe_stop(rec)
+
+    def _maybe_stop(self, rec: StepRecord) -> None:
+        if not rec.pending:
+            self._fire_stop(rec)
+
+    def _fire_stop(self, rec: StepRecord) -> None:
+        if rec.stop_unix_s is not None:
+            return
+        rec.stop_unix_s = time.time()
+        self.metrics.step_duration.observe(time.monotonic() - rec.opened_mono)
+        self.timeline.mark_stop(rec.step, rec.stop_unix_s)
+        self.events.publish(StepEvent(StepEventKind.STOP, rec.step, rec.stop_unix_s))
+
+    def event_snapshot(self, from_step: int) -> list[StepEvent]:
+        """Current state as events, for a new WatchStep follower of steps >= `from_step`."""
+        cur = self.current
+        if cur is None or cur.step < from_step:
+            return []
+        out = []
+        if from_step < cur.step:  # the watched step is over
+            past = self.timeline.get(from_step)
+            when = past.stop_unix_s if past and past.stop_unix_s else cur.opened_unix_s
+            out.append(StepEvent(StepEventKind.STOP, from_step, when))
+        out.append(StepEvent(StepEventKind.OPENED, cur.step, cur.opened_unix_s))
+        if cur.stop_unix_s is not None:
+            out.append(StepEvent(StepEventKind.STOP, cur.step, cur.stop_unix_s))
+        if cur.closed_unix_s is not None:
+            out.append(StepEvent(StepEventKind.CLOSED, cur.step, cur.closed_unix_s))
+        return out
+
+    # ------------------------------------------------------------------ pre-generation, drafts
+
+    def claim(self, step: int, rank_id: str, max_tasks: int
+              ) -> tuple[list[PregenTask], int, bool, int]:
+        """Tasks for a rank in its bubble: (tasks, target step, stop, remaining queued)."""
+        self.ranks.require_live(rank_id)
+        cur = self._require_step(step)
+        if cur is None or cur.stop_unix_s is not None:
+            return [], step + 1, True, 0
+        if rank_id in cur.shards and rank_id not in cur.done:
+            raise precondition(
+                "rank_id", f"rank {rank_id!r} has not reported done for step {step}: "
+                "pre-generation only runs in the bubble")
+        tasks = cur.queue.claim(rank_id, min(max_tasks, self.config.max_tasks_per_claim))
+        if tasks:
+            self.metrics.tasks_claimed.inc(len(tasks))
+        return tasks, cur.queue.target_step, False, cur.queue.queued
+
+    def accepts_drafts_for(self, step: int) -> bool:
+        """Drafts are taken for the current step and the next one, while not over."""
+        cur = self.current
+        return cur is not None and self.closed_through < step <= cur.step + 1
+
+    def push(self, step: int, rank_id: str, drafts: Sequence[Draft]) -> PushResult:
+        """Store drafts; per-draft statuses; complete drafts retire their tasks."""
+        self.ranks.require_live(rank_id)
+        cur = self.current
+        if not self.accepts_drafts_for(step):
+            statuses = [DraftStatus.REJECTED_STEP] * len(drafts)
+            why = f"step {step} does not take drafts (current: {self._cur_text()})"
+        else:
+            statuses = [self.store.put(step, d) for d in drafts]
+            why = ""
+            if cur is not None and step == cur.queue.target_step:
+                for d, st in zip(drafts, statuses):
+                    done = d.complete and st is DraftStatus.STORED
+                    if done and cur.queue.complete((d.prompt_key, d.sample_index)):
+                        self.metrics.tasks_completed.inc()
+        stored = sum(s is DraftStatus.STORED for s in statuses)
+        rejected = len(statuses) - stored
+        if stored:
+            self.metrics.drafts_stored.inc(stored)
+        for st in set(statuses) - {DraftStatus.STORED}:
+            self.metrics.drafts_rejected.labels(st.value).inc(statuses.count(st))
+        if DraftStatus.REJECTED_FULL in statuses:
+            why = (f"draft store full ({self.store.bytes} of {self.store.budget_bytes} bytes); "
+                   "keep going without storing more")
+        elif DraftStatus.REJECTED_GAP in statuses and not why:
+            why = "offset past the stored draft's length: resend from offset 0"
+        return PushResult(statuses, stored, rejected, why, self.store.bytes,
+                          self.store.budget_bytes)
+
+    def fetch(self, step: int, prompt_keys: Sequence[str]) -> tuple[list[Draft], bool]:
+        """Stored drafts of the given prompts, capped to fit in one reply."""
+        return self.store.fetch(step, prompt_keys, int(self.config.max_message_bytes * 0.9))
+
+    # ------------------------------------------------------------------ timeline, state
+
+    def report_spans(self, rank_id: str, step: int, spans: Sequence[Span]) -> tuple[int, int]:
+        """File spans under `step`; (stored, dropped). Spans of forgotten steps are dropped."""
+        self.ranks.require_live(rank_id)
+        cur = self.current
+        if cur is None or step > cur.step:
+            raise precondition("step", f"step {step} is not open (current: {self._cur_text()})")
+        return self.timeline.add_spans(step, rank_id, spans)
+
+    def get_timeline(self, step: int) -> StepTimeline:
+        """The timeline of a kept step (NOT_FOUND otherwise)."""
+        t = self.timeline.get(step)
+        if t is None:
+            raise not_found("step", f"no timeline for step {step} (kept: "
+                                    f"{self.timeline.kept_steps()})")
+        return t
+
+    def snapshot(self) -> SyncSnapshot:
+        """Everything GetState reports."""
+        cur = self.current
+        return SyncSnapshot(
+            instance_id=self.instance_id,
+            current_step=cur.step if cur else None,
+            step_open=cur is not None and cur.closed_unix_s is None,
+            stopped=cur is not None and cur.stop_unix_s is not None,
+            ranks=self.ranks.infos(),
+            done_rank_ids=sorted(cur.done) if cur else [],
+            pending_rank_ids=cur.pending if cur else [],
+            queued_tasks=cur.queue.queued if cur else 0,
+            claimed_tasks=cur.queue.claimed if cur else 0,
+            store=self.store.stats(),
+        )
+
+    def levels(self) -> SyncLevels:
+        """Gauge values for the metrics collector (read at scrape time)."""
+        cur = self.current
+        return SyncLevels(
+            ranks_by_state=self.ranks.count_by_state(),
+            step=cur.step if cur else None,
+            step_open=cur is not None and cur.closed_unix_s is None,
+            tasks_queued=cur.queue.queued if cur else 0,
+            tasks_claimed=cur.queue.claimed if cur else 0,
+            store_sequences=self.store.sequences,
+            store_tokens=self.store.tokens,
+            store_bytes=self.store.bytes,
+            store_budget_bytes=self.store.budget_bytes,
+            watchers=self.events.followers,
+        )

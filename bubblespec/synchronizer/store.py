@@ -1,0 +1,118 @@
+"""The draft store: pre-generated (partial) responses keyed by (step, prompt_key, sample_index).
+
+Bounded in bytes: a push that would exceed the budget is rejected (the stored version, if any,
+stays) rather than evicting another step's or prompt's drafts, so what a rank fetched is never
+silently thinned out and a pusher learns at once that more pushes are pointless. Tokens are
+kept as `array('i')`, so the accounted bytes are close to the real memory. Drafts of a step go
+when the step closes (`drop_through`).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from bubblespec.synchronizer.types import Draft, DraftStatus, StoreStats
+
+#: Accounted per stored sequence on top of 4 bytes per token and the key's UTF-8 bytes.
+SEQUENCE_OVERHEAD_BYTES = 64
+
+
+def sequence_cost(prompt_key: str, num_tokens: int) -> int:
+    """Bytes charged against the budget for one stored sequence."""
+    return SEQUENCE_OVERHEAD_BYTES + len(prompt_key.encode()) + 4 * num_tokens
+
+
+@dataclass
+class _Stored:
+    tokens: array
+    complete: bool
+    weight_version: int
+    nbytes: int
+
+
+class DraftStore:
+    """Drafts per step, prompt key and sample index, with a byte budget."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self._steps: dict[int, dict[str, dict[int, _Stored]]] = {}
+        self.bytes = 0
+        self.tokens = 0
+        self.sequences = 0
+
+    def put(self, step: int, draft: Draft) -> DraftStatus:
+        """Store, replace (offset 0) or extend (offset > 0) one draft; never raises when full."""
+        samples = self._steps.get(step, {}).get(draft.prompt_key, {})
+        old = samples.get(draft.sample_index)
+        old_len = len(old.tokens) if old else 0
+        if draft.offset > old_len:
+            return DraftStatus.REJECTED_GAP
+        new_len = draft.offset + len(draft.token_ids)
+        new_bytes = sequence_cost(draft.prompt_key, new_len)
+        delta = new_bytes - (old.nbytes if old else 0)
+        if delta > 0 and self.bytes + delta > self.budget_bytes:
+            return DraftStatus.REJECTED_FULL
+        if old is not None and draft.offset > 0:
+            del old.tokens[draft.offset :]
+            old.tokens.extend(draft.token_ids)
+            old.complete, old.weight_version, old.nbytes = (
+                draft.complete,
+                draft.weight_version,
+                new_bytes,
+            )
+        else:
+            stored = _Stored(array("i", draft.token_ids), draft.complete, draft.weight_version,
+                             new_bytes)
+            prompts = self._steps.setdefault(step, {})
+            prompts.setdefault(draft.prompt_key, {})[draft.sample_index] = stored
+            if old is None:
+                self.sequences += 1
+        self.bytes += delta
+        self.tokens += new_len - old_len
+        return DraftStatus.STORED
+
+    def fetch(
+        self, step: int, prompt_keys: Iterable[str], max_bytes: int | None = None
+    ) -> tuple[list[Draft], bool]:
+        """All drafts of the given prompt keys (every sample index, ascending), in key order.
+
+        Stops before the reply would exceed `max_bytes` (estimated wire size) and then says
+        so with `truncated=True`. The returned token arrays are the store's own: read-only.
+        """
+        prompts = self._steps.get(step, {})
+        out: list[Draft] = []
+        size = 0
+        seen: set[str] = set()
+        for key in prompt_keys:
+            if key in seen:
+                continue
+            seen.add(key)
+            for index in sorted(prompts.get(key, {})):
+                s = prompts[key][index]
+                size += s.nbytes + 16
+                if max_bytes is not None and size > max_bytes:
+                    return out, True
+                out.append(Draft(key, index, s.tokens, s.complete, s.weight_version))
+        return out, False
+
+    def drop_through(self, step: int) -> int:
+        """Drop the drafts of every step <= `step`; return how many sequences went."""
+        dropped = 0
+        for s in [s for s in self._steps if s <= step]:
+            for samples in self._steps.pop(s).values():
+                for stored in samples.values():
+                    dropped += 1
+                    self.bytes -= stored.nbytes
+                    self.tokens -= len(stored.tokens)
+        self.sequences -= dropped
+        return dropped
+
+    def steps(self) -> list[int]:
+        """Steps that currently hold drafts."""
+        return sorted(self._steps)
+
+    def stats(self) -> StoreStats:
+        """Fill level (sequences, tokens, accounted bytes, budget)."""
+        return StoreStats(self.sequences, self.tokens, self.bytes, self.budget_bytes)

@@ -1,0 +1,268 @@
+"""Plain data types of the synchronizer API, shared by the daemon and its client.
+
+Callers of `SyncClient` see only these (never protobuf objects); the daemon's state keeps the
+same types, and `convert.py` is the one place that maps them to and from `bubblespec.rpc.v1`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+#: Trailing-metadata key naming the request field an error is about.
+FIELD_METADATA_KEY = "bubblespec-field"
+
+
+class SyncError(Exception):
+    """An RPC failed (or, on the daemon, is about to fail) with a gRPC status code.
+
+    `field` is the request field at fault (e.g. `next_prompts[2].samples[0].seed`), or "".
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str, field: str = "", method: str = ""):
+        super().__init__(f"{method + ': ' if method else ''}{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.field = field
+        self.method = method
+
+
+class SyncUnavailable(SyncError):
+    """The synchronizer could not be reached in time (UNAVAILABLE or DEADLINE_EXCEEDED)."""
+
+
+def invalid(field_path: str, message: str) -> SyncError:
+    """INVALID_ARGUMENT about `field_path`; the message starts with the field's name."""
+    return SyncError(grpc.StatusCode.INVALID_ARGUMENT, f"{field_path}: {message}", field_path)
+
+
+def not_found(field_path: str, message: str) -> SyncError:
+    """NOT_FOUND about `field_path`."""
+    return SyncError(grpc.StatusCode.NOT_FOUND, f"{field_path}: {message}", field_path)
+
+
+def precondition(field_path: str, message: str) -> SyncError:
+    """FAILED_PRECONDITION about `field_path`: a valid request at the wrong moment."""
+    return SyncError(grpc.StatusCode.FAILED_PRECONDITION, f"{field_path}: {message}", field_path)
+
+
+class RankState(str, enum.Enum):
+    """What a rank is doing, as it reports in heartbeats (LOST is set by the daemon only)."""
+
+    UNSPECIFIED = "unspecified"
+    IDLE = "idle"
+    DECODING = "decoding"
+    PREGEN = "pregen"
+    UPDATING_WEIGHTS = "updating_weights"
+    LOST = "lost"
+
+
+class SpanKind(str, enum.Enum):
+    """Timeline span kinds."""
+
+    DECODE = "decode"
+    PREGEN = "pregen"
+    IDLE = "idle"
+
+
+class StepEventKind(str, enum.Enum):
+    """Events of the WatchStep stream."""
+
+    OPENED = "opened"
+    STOP = "stop"
+    CLOSED = "closed"
+
+
+class DraftStatus(str, enum.Enum):
+    """Outcome of one pushed draft."""
+
+    STORED = "stored"
+    REJECTED_FULL = "rejected_full"
+    REJECTED_STEP = "rejected_step"
+    REJECTED_GAP = "rejected_gap"
+    #: Client-side only: the push did not reach the store (synchronizer unreachable, or the
+    #: whole push refused, e.g. over the message size limit); nothing was stored.
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters of a pre-generation task (top_k <= 0 disables top-k)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class PregenTask:
+    """Generate one response (sample `sample_index`, seeded `seed`) for a next-step prompt."""
+
+    prompt_key: str
+    prompt_token_ids: Sequence[int]
+    sample_index: int
+    seed: int
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class ShardAssignment:
+    """How many requests of a step a rank runs."""
+
+    rank_id: str
+    num_requests: int
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A (partial) pre-generated response, keyed by (step, prompt_key, sample_index).
+
+    On push, `offset` > 0 appends: the stored draft is cut at `offset` and extended.
+    """
+
+    prompt_key: str
+    sample_index: int
+    token_ids: Sequence[int]
+    complete: bool = False
+    weight_version: int = 0
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of time a rank spent decoding, pre-generating or idle."""
+
+    kind: SpanKind
+    start_unix_s: float
+    end_unix_s: float
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """A step opened, its stop signal fired, or it closed."""
+
+    kind: StepEventKind
+    step: int
+    unix_s: float
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a rank learns when it registers."""
+
+    heartbeat_interval_s: float
+    rank_timeout_s: float
+    poll_every_decode_steps: int
+    current_step: int | None
+    instance_id: str
+    max_message_bytes: int
+    reregistered: bool
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    """Current step and its stop signal, as seen by the synchronizer instance `instance_id`."""
+
+    current_step: int | None
+    stop: bool
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class OpenStepResult:
+    """Outcome of OpenStep."""
+
+    step: int
+    num_tasks: int
+    already_open: bool
+    opened_unix_s: float
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Tasks handed to a rank; `stop` says the step's stop signal fired (no more will come)."""
+
+    tasks: list[PregenTask]
+    target_step: int
+    stop: bool
+    remaining: int
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """What a rank's heartbeat reports (see `SyncClient.run_heartbeats`)."""
+
+    state: RankState = RankState.IDLE
+    weight_version: int = 0
+    step: int | None = None
+    done_step: int | None = None
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """Per-draft statuses of a push, and the store's fill level after it."""
+
+    statuses: list[DraftStatus]
+    stored: int
+    rejected: int
+    message: str = ""
+    store_bytes: int = 0
+    budget_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """A rank as the synchronizer knows it."""
+
+    rank_id: str
+    address: str
+    capacity: int | None
+    state: RankState
+    weight_version: int
+    step: int | None
+    done_step: int | None
+    last_heartbeat_age_s: float
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Draft store fill level."""
+
+    sequences: int
+    tokens: int
+    bytes: int
+    budget_bytes: int
+
+
+@dataclass(frozen=True)
+class SyncSnapshot:
+    """GetState: ranks, current step and queue/store levels."""
+
+    instance_id: str
+    current_step: int | None
+    step_open: bool
+    stopped: bool
+    ranks: list[RankInfo]
+    done_rank_ids: list[str]
+    pending_rank_ids: list[str]
+    queued_tasks: int
+    claimed_tasks: int
+    store: StoreStats
+
+
+@dataclass
+class StepTimeline:
+    """One step: open/stop/close times, shards, and per-rank spans and done times."""
+
+    step: int
+    opened_unix_s: float
+    stop_unix_s: float | None = None
+    closed_unix_s: float | None = None
+    shards: list[ShardAssignment] = field(default_factory=list)
+    spans: dict[str, list[Span]] = field(default_factory=dict)
+    done_unix_s: dict[str, float] = field(default_factory=dict)
