@@ -11,6 +11,9 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "sync": ("bubblespec.synchronizer.server", "run the gRPC synchronizer daemon (+ draft store)"),
+    "gateway": ("bubblespec.gateway.server", "run the HTTP gateway in front of the rank servers"),
+    "up": ("bubblespec.cli.up", "start a local cluster: synchronizer, N ranks and a gateway"),
+    "rank": ("bubblespec.rank.server", "run a rank server (FastAPI + vLLM engine)"),
 }
 
 

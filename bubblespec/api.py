@@ -1,0 +1,94 @@
+"""HTTP request/response bodies shared by the rank server, the gateway and the client.
+
+Token-in/token-out with SGLang-style names (`input_ids`, `sampling_params`,
+`max_new_tokens`, `output_ids`, `meta_info`). Pure pydantic: no vLLM import.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingParams(_Body):
+    """Sampling parameters of a request (vLLM/SGLang meaning)."""
+
+    max_new_tokens: int = Field(128, ge=1, description="Most tokens to generate.")
+    temperature: float = Field(1.0, ge=0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1, description="-1 = off.")
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class ShardRequest(_Body):
+    """One prompt of a shard with all its samples (siblings stay on one rank)."""
+
+    index: int = Field(..., ge=0, description="Position of the prompt in the trainer's batch.")
+    input_ids: list[int] = Field(..., description="Prompt token ids.")
+    n: int = Field(1, ge=1, le=1024, description="Samples of this prompt on this rank.")
+    sample_offset: int = Field(0, ge=0, description="Sample index of the first sample.")
+    seeds: list[int] | None = Field(None, description="One seed per sample (optional).")
+    prompt_key: str | None = Field(None, description="Prompt-group key (default: hash of ids).")
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class StepShard(_Body):
+    """POST /v1/step_shard: run this rank's share of a step, then pre-generate."""
+
+    step: int = Field(..., ge=0)
+    requests: list[ShardRequest] = Field(default_factory=list)
+    pregen: bool = Field(True, description="Pre-generate next-step tasks once done.")
+    rerun: bool = Field(False, description="Work taken over from a lost rank (no done report).")
+
+
+class SampleOut(_Body):
+    """One sampled response."""
+
+    sample_index: int
+    output_ids: list[int]
+    output_logprobs: list[float]
+    meta_info: dict = Field(default_factory=dict, description=(
+        "finish_reason, weight_version, decode_steps, num_drafts, num_draft_tokens, "
+        "num_accepted_tokens, completion_tokens"))
+
+
+class PromptOut(_Body):
+    index: int
+    prompt_key: str
+    samples: list[SampleOut]
+
+
+class StepShardResult(_Body):
+    step: int
+    rank_id: str
+    results: list[PromptOut]
+    decode_seconds: float = 0.0
+    drafts_fetched_tokens: int = 0
+
+
+class GenerateRequest(_Body):
+    """POST /generate: SGLang-style single or batched token-in generation."""
+
+    input_ids: list[int] | list[list[int]]
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    n: int = Field(1, ge=1, le=1024)
+    seeds: list[int] | None = None
+
+
+class WeightUpdate(_Body):
+    """POST /v1/weights: reload safetensors from a directory visible to the rank."""
+
+    path: str = Field(..., min_length=1)
+    version: int | None = Field(None, ge=0, description="New weight version (default +1).")
+
+
+class RankState(_Body):
+    rank_id: str
+    state: str = Field(..., description="starting | idle | decoding | pregen")
+    weight_version: int
+    step: int | None = None
+    address: str = ""

@@ -1,0 +1,203 @@
+"""bubblespec's drafter inside vLLM (`speculative_config.method = "custom_class"`).
+
+Runs in the engine-core process and is called once per engine step with the tokens each
+request just emitted. Per request it keeps an incremental `Matcher` over its prompt
+group's suffix index, which holds the pushed pre-generated responses, the live and
+finished sibling responses and the prompt. It also counts, per request, forward passes,
+drafts, draft tokens and accepted tokens (vLLM keeps no per-request figures), and can wrap
+vLLM's own `ngram` / `suffix` proposers so the baselines are counted the same way.
+Drafts never affect what is sampled: vLLM verifies them (see DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from bubblespec.core import DraftParams, SuffixIndex
+from bubblespec.engine.types import parse_request_id
+from bubblespec.engine.vllm_glue import batch_view, install_cpu_sampler_fix, max_model_len
+
+_MAX_FINISHED_STATS = 200_000
+
+
+@dataclass
+class _Req:
+    group: str  # index group this request matches against
+    seq_id: tuple
+    matcher: Any
+    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # steps, drafts, dtok, acc
+    last_draft: int = 0
+
+
+class BubbleSpecProposer:
+    """vLLM custom_class proposer; configured through `WorkerExtension.bubblespec_configure`."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.vllm_config = vllm_config
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = max_model_len(vllm_config)
+        self.runner: Any = None
+        self.mode = "bubblespec"
+        self.inner: Any = None
+        self.pregen = self.siblings = self.self_context = True
+        self.history = False
+        self.params = DraftParams(max_spec_tokens=self.k)
+        self.index = SuffixIndex(max_depth=64, token_budget=4_000_000)
+        self.reqs: dict[str, _Req] = {}
+        self.finished: OrderedDict[str, tuple[int, int, int, int]] = OrderedDict()
+        self.prompts_added: set[str] = set()
+        self.drafts_by_group: dict[str, list[tuple]] = {}
+        install_cpu_sampler_fix()
+
+    # ------------------------------------------------------------------ control (RPC)
+    def bubblespec_configure(self, options: dict) -> str:
+        """Set mode ("bubblespec" | "ngram" | "suffix"), sources and draft parameters."""
+        self.mode = options.get("mode", "bubblespec")
+        if options.get("fault_biased_verifier"):  # negative control of the exactness tests
+            from bubblespec.engine.vllm_glue import install_biased_sampler
+
+            install_biased_sampler(float(options["fault_biased_verifier"]))
+        src = options.get("sources", {})
+        self.pregen = bool(src.get("pregen", True))
+        self.siblings = bool(src.get("siblings", True))
+        self.self_context = bool(src.get("self_context", True))
+        self.history = bool(src.get("history", False))
+        dp = options.get("draft", {})
+        self.params = DraftParams(
+            max_spec_tokens=min(int(dp.get("max_spec_tokens", self.k)), self.k),
+            max_spec_factor=float(dp.get("max_spec_factor", 1.0)),
+            max_spec_offset=float(dp.get("max_spec_offset", 0.0)),
+            min_token_prob=float(dp.get("min_token_prob", 0.1)))
+        self.index = SuffixIndex(max_depth=int(options.get("max_depth", 64)),
+                                 token_budget=int(options.get("token_budget", 4_000_000)))
+        if self.mode == "ngram":
+            from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+            cfg = copy.copy(self.vllm_config)
+            cfg.speculative_config = copy.copy(self.vllm_config.speculative_config)
+            cfg.speculative_config.prompt_lookup_min = int(options.get("ngram_min", 2))
+            cfg.speculative_config.prompt_lookup_max = int(options.get("ngram_max", 5))
+            self.inner = NgramProposer(cfg)
+        elif self.mode == "suffix":
+            from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+            self.inner = SuffixDecodingProposer(self.vllm_config)
+        return self.mode
+
+    def add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
+        """Store pre-generated responses: (group token, sample index, token ids)."""
+        if not self.pregen:
+            return 0
+        n = 0
+        for gtok, sample, ids in items:
+            seq_id = ("pre", gtok, int(sample), len(self.drafts_by_group.get(gtok, ())))
+            if ids:
+                self.index.add_sequence(seq_id, gtok, ids)
+                self.drafts_by_group.setdefault(gtok, []).append(seq_id)
+                n += len(ids)
+        return n
+
+    def release(self, groups: list[str]) -> int:
+        """A batch is over: drop its groups (keep finished outputs when history is on)."""
+        dropped = 0
+        for gtok in groups:
+            if self.history:
+                self.index.remove_sequences(self.drafts_by_group.pop(gtok, []))
+            else:
+                self.drafts_by_group.pop(gtok, None)
+                self.prompts_added.discard(gtok)
+                if gtok in self.index.groups():
+                    self.index.remove_group(gtok)
+                    dropped += 1
+        return dropped
+
+    def pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, int, int, int]]:
+        """Counters of finished requests by base id (finishing any still tracked)."""
+        wanted = set(req_ids)
+        for rid in [r for r in self.reqs if parse_request_id(r)[2] in wanted]:
+            self._finish(rid)
+        return {r: self.finished.pop(r) for r in req_ids if r in self.finished}
+
+    def index_stats(self) -> dict[str, int]:
+        return {"groups": len(self.index.groups()), "live_requests": len(self.reqs)}
+
+    # ------------------------------------------------------------------ per step
+    def _start(self, req_id: str, row: int, token_ids_cpu: Any, n_prompt: int,
+               n_tokens: int) -> _Req:
+        gtok, _sample, base = parse_request_id(req_id)
+        group = gtok if self.siblings else f"{gtok}/{base}"
+        prompt = token_ids_cpu[row, :n_prompt].tolist()
+        if self.self_context and group not in self.prompts_added:
+            self.index.add_sequence(("prompt", group), group, prompt)
+            self.prompts_added.add(group)
+        if not self.siblings and self.pregen:  # private group: copy the pushed drafts in
+            for sid in self.drafts_by_group.get(gtok, []):
+                self.index.add_sequence(("copy", group, sid), group,
+                                        self.index.sequence_tokens(sid))
+        seq_id = ("out", base, n_tokens)
+        done = token_ids_cpu[row, n_prompt:n_tokens].tolist()
+        if self.siblings or self.self_context:
+            self.index.add_sequence(seq_id, group, done, live=True)
+        matcher = self.index.matcher(group, prompt + done, use_global=False)
+        return _Req(group, seq_id, matcher)
+
+    def _finish(self, req_id: str) -> None:
+        st = self.reqs.pop(req_id)
+        if self.siblings or self.self_context:
+            self.index.finish_sequence(st.seq_id)
+        self.finished[parse_request_id(req_id)[2]] = tuple(st.stats)
+        while len(self.finished) > _MAX_FINISHED_STATS:
+            self.finished.popitem(last=False)
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
+                token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
+        req_ids, n_prompt = batch_view(self.runner)
+        if self.inner is not None:
+            inner = self._propose_inner(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        out: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            rid = req_ids[i]
+            st = self.reqs.get(rid)
+            n_tok = int(num_tokens_no_spec[i])
+            if st is None:
+                n_done = n_tok - len(sampled)
+                st = self.reqs[rid] = self._start(rid, i, token_ids_cpu, int(n_prompt[i]), n_done)
+            if not sampled:  # partial prefill: nothing emitted, nothing to draft
+                out.append([])
+                continue
+            stats = st.stats
+            stats[0] += 1
+            if st.last_draft:
+                stats[3] += len(sampled) - 1
+            if self.siblings or self.self_context:
+                self.index.extend_sequence(st.seq_id, sampled)
+            budget = min(self.k, self.max_model_len - n_tok - 1)
+            if self.inner is not None:
+                tokens = list(inner[i])[:max(budget, 0)]
+                st.matcher.extend(sampled)
+            elif budget > 0:
+                tokens = st.matcher.speculate(sampled, self.params).token_ids[:budget]
+            else:
+                st.matcher.extend(sampled)
+                tokens = []
+            st.last_draft = len(tokens)
+            if tokens:
+                stats[1] += 1
+                stats[2] += len(tokens)
+            out.append(tokens)
+        live = set(req_ids[: len(sampled_token_ids)])
+        for rid in [r for r in self.reqs if r not in live]:
+            self._finish(rid)
+        return out
+
+    def _propose_inner(self, sampled: list[list[int]], num_tokens_no_spec: Any,
+                       token_ids_cpu: Any) -> list[list[int]]:
+        if self.mode == "ngram":
+            return self.inner.propose(self.k, sampled, num_tokens_no_spec, token_ids_cpu)
+        return self.inner.propose(self.k, self.runner.input_batch, sampled)
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No draft model to load."""

@@ -1,0 +1,205 @@
+"""A rank's step logic: run its shard with drafts from the store, report done, then
+pre-generate the next step's tasks in the bubble until the synchronizer says stop.
+
+Degrades, never blocks: without a synchronizer (or when it is unreachable) the shard is
+decoded without shared drafts and no pre-generation happens; the step still completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from bubblespec.api import PromptOut, SampleOut, ShardRequest, StepShard, StepShardResult
+from bubblespec.engine.types import GenRequest, GenResult, SamplingSpec, prompt_key
+from bubblespec.metrics.rank import RankMetrics, set_state
+from bubblespec.rank.config import RankConfig
+from bubblespec.synchronizer.types import (Draft, PregenTask, RankState, RankStatus, Span,
+                                           SpanKind)
+
+log = logging.getLogger(__name__)
+
+
+def to_gen_request(r: ShardRequest) -> GenRequest:
+    sp = r.sampling_params
+    return GenRequest(
+        input_ids=list(r.input_ids), n=r.n, seeds=r.seeds, sample_offset=r.sample_offset,
+        group=r.prompt_key or prompt_key(list(r.input_ids)),
+        sampling=SamplingSpec(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
+                              top_p=sp.top_p, top_k=sp.top_k,
+                              stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos))
+
+
+def to_prompt_out(index: int, res: GenResult) -> PromptOut:
+    return PromptOut(index=index, prompt_key=res.group, samples=[SampleOut(
+        sample_index=s.sample_index, output_ids=s.output_ids, output_logprobs=s.output_logprobs,
+        meta_info={"finish_reason": s.finish_reason, "weight_version": s.weight_version,
+                   "decode_steps": s.decode_steps, "num_drafts": s.num_drafts,
+                   "num_draft_tokens": s.num_draft_tokens,
+                   "num_accepted_tokens": s.num_accepted_tokens,
+                   "completion_tokens": len(s.output_ids)}) for s in res.samples])
+
+
+class RankWorker:
+    """Owns the engine of one rank and its conversation with the synchronizer."""
+
+    def __init__(self, cfg: RankConfig, rank_id: str, engine: Any, sync: Any | None,
+                 metrics: RankMetrics) -> None:
+        self.cfg = cfg
+        self.rank_id = rank_id
+        self.engine = engine
+        self.sync = sync
+        self.m = metrics
+        self.state = "idle"
+        self.step: int | None = None
+        self.done_step: int | None = None
+        self._pregen_task: asyncio.Task | None = None
+        self._pregen_stop = asyncio.Event()
+        set_state(metrics, rank_id, "idle")
+
+    def _set(self, state: str) -> None:
+        self.state = state
+        set_state(self.m, self.rank_id, state)
+
+    def status(self) -> RankStatus:
+        """What the heartbeat reports."""
+        state = {"idle": RankState.IDLE, "decoding": RankState.DECODING,
+                 "pregen": RankState.PREGEN,
+                 "updating_weights": RankState.UPDATING_WEIGHTS}.get(self.state, RankState.IDLE)
+        return RankStatus(state=state, weight_version=self.engine.weight_version,
+                          step=self.step, done_step=self.done_step)
+
+    async def stop_pregen(self) -> None:
+        """Stop a running pre-generation (its partial drafts are pushed) and wait for it."""
+        task = self._pregen_task
+        if task is not None and not task.done():
+            self._pregen_stop.set()
+            await asyncio.gather(task, return_exceptions=True)
+        self._pregen_task = None
+
+    # ------------------------------------------------------------------ shard
+    async def run_shard(self, shard: StepShard) -> StepShardResult:
+        """Decode this rank's share of `shard.step`, then start pre-generation."""
+        reqs = [to_gen_request(r) for r in shard.requests]
+        for r in reqs:
+            self.engine.validate(r)
+        if not shard.rerun:
+            await self.stop_pregen()
+        t0 = time.time()
+        self._set("decoding")
+        self.step = shard.step
+        fetched = await self._fetch_drafts(shard.step, reqs)
+        try:
+            results = await self.engine.generate(reqs)
+        finally:
+            await self.engine.release_groups([r.group_key() for r in reqs])
+        t1 = time.time()
+        tokens = self._count(results)
+        self.m.shard_duration.labels(self.rank_id).observe(t1 - t0)
+        out = StepShardResult(step=shard.step, rank_id=self.rank_id,
+                              results=[to_prompt_out(r.index, g)
+                                       for r, g in zip(shard.requests, results)],
+                              decode_seconds=t1 - t0, drafts_fetched_tokens=fetched)
+        if self.sync is not None:
+            await self.sync.report_spans(self.rank_id, shard.step,
+                                         [Span(SpanKind.DECODE, t0, t1, tokens)])
+            if not shard.rerun:
+                await self.sync.report_done(shard.step, self.rank_id)
+        if not shard.rerun:
+            self.done_step = shard.step
+        self._set("idle")
+        if shard.pregen and not shard.rerun and self.sync is not None:
+            self._pregen_stop = asyncio.Event()
+            self._pregen_task = asyncio.create_task(self._pregen(shard.step, t1))
+        return out
+
+    def _count(self, results: list[GenResult]) -> int:
+        tokens = 0
+        lab = self.rank_id
+        for g in results:
+            for s in g.samples:
+                tokens += len(s.output_ids)
+                self.m.decode_steps.labels(lab).inc(s.decode_steps)
+                self.m.num_drafts.labels(lab).inc(s.num_drafts)
+                self.m.num_draft_tokens.labels(lab).inc(s.num_draft_tokens)
+                self.m.num_accepted_tokens.labels(lab).inc(s.num_accepted_tokens)
+        self.m.generation_tokens.labels(lab).inc(tokens)
+        return tokens
+
+    async def _fetch_drafts(self, step: int, reqs: list[GenRequest]) -> int:
+        if self.sync is None or not self.engine.speculative or not self.cfg.src_pregen:
+            return 0
+        drafts = await self.sync.fetch_drafts(step, sorted({r.group_key() for r in reqs}))
+        items = [(d.prompt_key, d.sample_index, list(d.token_ids)) for d in drafts if d.token_ids]
+        if items:
+            await self.engine.add_drafts(items)
+        n = sum(len(i[2]) for i in items)
+        self.m.drafts_fetched_tokens.labels(self.rank_id).inc(n)
+        return n
+
+    # ------------------------------------------------------------------ pre-generation
+    async def _pregen(self, step: int, done_at: float) -> None:
+        """Claim next-step tasks and generate them until the step's stop signal."""
+        assert self.sync is not None
+        t0, tokens, stopped = time.time(), 0, False
+        self._set("pregen")
+        try:
+            while not stopped and not self._pregen_stop.is_set():
+                claim = await self.sync.claim_tasks(step, self.rank_id, self.cfg.pregen_claim)
+                if claim.stop or not claim.tasks:
+                    stopped = claim.stop
+                    break
+                got, stopped = await self._pregen_batch(step, claim.target_step, claim.tasks)
+                tokens += got
+        except Exception:  # pre-generation is best effort: never take the rank down
+            log.exception("pre-generation of step %d failed", step + 1)
+        t1 = time.time()
+        if t1 > t0:
+            await self.sync.report_spans(self.rank_id, step,
+                                         [Span(SpanKind.PREGEN, t0, t1, tokens)])
+            self.m.pregen_seconds.labels(self.rank_id).inc(t1 - t0)
+        if not stopped and not self._pregen_stop.is_set():
+            stopped = await self.sync.wait_stop(step, self.rank_id, timeout_s=3600)
+        t2 = time.time()
+        if t2 > t1:
+            await self.sync.report_spans(self.rank_id, step, [Span(SpanKind.IDLE, t1, t2, 0)])
+        self.m.bubble_seconds.labels(self.rank_id).inc(t2 - done_at)
+        if self.state == "pregen":
+            self._set("idle")
+
+    async def _pregen_batch(self, step: int, target: int,
+                            tasks: list[PregenTask]) -> tuple[int, bool]:
+        """Generate one claimed batch; stop within T decode steps of the stop signal."""
+        reqs = [GenRequest(input_ids=list(t.prompt_token_ids), n=1, seeds=[t.seed],
+                           sample_offset=t.sample_index, group=t.prompt_key,
+                           sampling=SamplingSpec(
+                               max_new_tokens=t.max_new_tokens,
+                               temperature=t.sampling.temperature, top_p=t.sampling.top_p,
+                               top_k=t.sampling.top_k if t.sampling.top_k > 0 else -1))
+                for t in tasks]
+        stop_seen = False
+
+        async def should_stop() -> bool:
+            nonlocal stop_seen
+            if self._pregen_stop.is_set() or await self.sync.poll_stop(step, self.rank_id):
+                stop_seen = True
+            return stop_seen
+
+        results = await self.engine.generate(reqs, should_stop=should_stop,
+                                             poll_every=self.cfg.poll_every)
+        await self.engine.release_groups([r.group_key() for r in reqs])
+        drafts = [Draft(prompt_key=t.prompt_key, sample_index=t.sample_index,
+                        token_ids=g.samples[0].output_ids,
+                        complete=g.samples[0].finish_reason != "abort",
+                        weight_version=g.samples[0].weight_version)
+                  for t, g in zip(tasks, results)]
+        got = sum(len(d.token_ids) for d in drafts)
+        self.m.pregen_requests.labels(self.rank_id).inc(len(tasks))
+        self.m.pregen_tokens.labels(self.rank_id).inc(got)
+        res = await self.sync.push_drafts(target, self.rank_id, [d for d in drafts if d.token_ids])
+        stored = sum(len(d.token_ids) for d, st in zip([d for d in drafts if d.token_ids],
+                                                        res.statuses) if st.value == "stored")
+        self.m.pregen_pushed_tokens.labels(self.rank_id).inc(stored)
+        return got, stop_seen

@@ -1,0 +1,139 @@
+"""Exactness contract (DESIGN.md section 2) on real vLLM engines with the tiny model.
+
+- greedy: speculation on (every draft source, right and deliberately wrong drafts) gives
+  the same token ids as plain decoding;
+- sampled (T=1, and top-p < 1): the distribution of short sampled sequences under
+  speculation with adversarial drafts equals plain decoding's (chi-square two-sample test),
+  and a deliberately biased verifier (negative control) is caught by the same test;
+- returned log-probs equal an independent scoring pass (transformers) of the emitted tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from bubblespec.engine import GenRequest, SamplingSpec
+from bubblespec.tasks import default_task
+from tests.engine.conftest import model_dir, start_engine
+
+pytestmark = pytest.mark.engine
+
+N_SAMPLES = 1500  # per arm; a verifier boosting acceptance 3x fails with p << 1e-6
+SEQ_LEN = 3
+
+
+def _prompts(n: int, seed: int) -> list:
+    return default_task().make_prompts(n, seed)
+
+
+def test_greedy_identical_with_every_source_and_wrong_drafts(loop_runner, plain_engine,
+                                                             spec_engine) -> None:
+    prompts = _prompts(6, seed=11)
+    eos = default_task().eos_id
+    sp = SamplingSpec(max_new_tokens=160, temperature=0.0, stop_token_ids=[eos])
+    reqs = [GenRequest(input_ids=list(p.input_ids), n=2, sampling=sp) for p in prompts]
+    base = loop_runner.run(plain_engine.generate(reqs))
+    rng = random.Random(0)
+    vocab = spec_engine.vocab_size
+    drafts = []
+    for r, res in zip(reqs, base):
+        good = res.samples[0].output_ids
+        wrong = [rng.randrange(vocab) for _ in range(len(good))]
+        shifted = good[1:] + good[:1]  # right tokens at wrong positions
+        drafts += [(r.group_key(), 0, wrong), (r.group_key(), 1, shifted),
+                   (r.group_key(), 2, good)]
+    loop_runner.run(spec_engine.add_drafts(drafts))
+    spec = loop_runner.run(spec_engine.generate(reqs))
+    loop_runner.run(spec_engine.release_groups([r.group_key() for r in reqs]))
+    accepted = 0
+    for b, s in zip(base, spec):
+        for sb, ss in zip(b.samples, s.samples):
+            assert ss.output_ids == sb.output_ids
+            accepted += ss.num_accepted_tokens
+    assert accepted > 0, "drafts were never accepted: the test would not exercise verification"
+
+
+def _sample_counts(runner, engine, prompt_ids: list[int], top_p: float,
+                   drafts: list[list[int]]) -> Counter:
+    req = GenRequest(input_ids=prompt_ids, n=N_SAMPLES,
+                     sampling=SamplingSpec(max_new_tokens=SEQ_LEN, temperature=1.0,
+                                           top_p=top_p, ignore_eos=True))
+    if engine.speculative:
+        runner.run(engine.add_drafts([(req.group_key(), i, d) for i, d in enumerate(drafts)]))
+    res = runner.run(engine.generate([req]))[0]
+    if engine.speculative:
+        runner.run(engine.release_groups([req.group_key()]))
+        assert sum(s.num_accepted_tokens for s in res.samples) > 0
+    return Counter(tuple(s.output_ids) for s in res.samples)
+
+
+def _chi2_p(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square p-value; categories with few expected counts pooled."""
+    keys = sorted(set(a) | set(b), key=lambda k: -(a[k] + b[k]))
+    big = [k for k in keys if a[k] + b[k] >= 20]
+    table = [[a[k] for k in big], [b[k] for k in big]]
+    rest_a = sum(a.values()) - sum(table[0])
+    rest_b = sum(b.values()) - sum(table[1])
+    if rest_a + rest_b:
+        table[0].append(rest_a)
+        table[1].append(rest_b)
+    return float(chi2_contingency(np.array(table))[1])
+
+
+def _adversarial_drafts(counts: Counter) -> list[list[int]]:
+    """Moderately likely continuations (not the mode): the ones an over-eager verifier
+    would over-accept; many copies so the index always proposes them."""
+    common = [list(k) for k, _ in counts.most_common(4)[1:]]
+    return [common[i % len(common)] + common[i % len(common)] for i in range(48)]
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sampled_distribution_unchanged(loop_runner, plain_engine, spec_engine,
+                                        top_p: float) -> None:
+    prompt = list(_prompts(1, seed=5)[0].input_ids)
+    base = _sample_counts(loop_runner, plain_engine, prompt, top_p, [])
+    spec = _sample_counts(loop_runner, spec_engine, prompt, top_p, _adversarial_drafts(base))
+    p = _chi2_p(base, spec)
+    assert p > 1e-3, f"speculation changed the sampled distribution (p={p:.2e})"
+
+
+def test_negative_control_biased_verifier_is_caught(loop_runner, plain_engine) -> None:
+    prompt = list(_prompts(1, seed=5)[0].input_ids)
+    base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [])
+    biased = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
+                          fault_biased_verifier=3.0)
+    try:
+        bad = _sample_counts(loop_runner, biased, prompt, 1.0, _adversarial_drafts(base))
+    finally:
+        loop_runner.run(biased.shutdown())
+    p = _chi2_p(base, bad)
+    assert p < 1e-6, f"the test failed to catch a verifier that over-accepts drafts (p={p:.2e})"
+
+
+def test_logprobs_match_independent_scoring(loop_runner, spec_engine) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    prompts = _prompts(3, seed=21)
+    eos = default_task().eos_id
+    reqs = [GenRequest(input_ids=list(p.input_ids), n=2,
+                       sampling=SamplingSpec(max_new_tokens=96, temperature=1.0,
+                                             stop_token_ids=[eos])) for p in prompts]
+    res = loop_runner.run(spec_engine.generate(reqs))
+    model = LlamaForCausalLM.from_pretrained(model_dir(), torch_dtype=torch.float32).eval()
+    worst = 0.0
+    for req, r in zip(reqs, res):
+        for s in r.samples:
+            ids = torch.tensor([req.input_ids + s.output_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+            n_p = len(req.input_ids)
+            ref = [float(logp[n_p - 1 + i, t]) for i, t in enumerate(s.output_ids)]
+            assert len(s.output_logprobs) == len(s.output_ids)
+            worst = max(worst, float(np.max(np.abs(np.array(ref) - s.output_logprobs))))
+    assert worst < 2e-3, f"returned log-probs differ from the model's by up to {worst}"
