@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test bench-suffix bench-deps bench-engine lint clean
+.PHONY: install run test bench-suffix bench-deps bench-engine proto proto-check lint clean
 
 install: $(STAMP)
 
@@ -31,10 +31,22 @@ run: install
 bench-suffix: install
 	$(BIN)/python -m bench.suffix_bench
 
+# vLLM engines under each speculation mode on the tiny model (suffix column needs bench-deps).
+bench-engine: install
+	$(BIN)/python -m bench.engine_bench
+
+# Regenerate the checked-in gRPC code from proto/ (tests fail if it is stale).
+proto: install
+	$(BIN)/python -m bubblespec.rpc.gen
+
+proto-check: install
+	$(BIN)/python -m bubblespec.rpc.gen --check
+
 # arctic-inference's C++ suffix tree, the reference for bench-suffix (not in CI).
 bench-deps: install
 	$(BIN)/pip install -q nanobind==2.9.2 scikit-build-core cmake
-	$(BIN)/pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
+	# arctic's CMake finds the first python3 on PATH: make it the venv's (it has nanobind).
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
 
 lint: install
 	$(BIN)/ruff check bubblespec tests bench
