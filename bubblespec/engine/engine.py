@@ -24,6 +24,8 @@ from bubblespec.engine.types import (GenRequest, GenResult, InvalidRequest, Samp
                                      SpecMode, group_token, make_request_id)
 from bubblespec.engine.validate import validate_request
 
+KEY_ARG = "bubblespec_keyed_seed"  # same name as bubblespec.engine.keyed.KEY_ARG
+
 log = logging.getLogger(__name__)
 
 StopHook = Callable[[], Awaitable[bool]]
@@ -87,6 +89,7 @@ class RolloutEngine:
         llm = AsyncLLM.from_engine_args(args)
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len))
+        await llm.collective_rpc("bubblespec_install_keyed")
         if spec is not None:
             await llm.collective_rpc("bubblespec_configure", args=(eng._proposer_options(),))
         log.info("engine started in %.1f s (model %s, spec %s)", time.monotonic() - t0,
@@ -104,6 +107,16 @@ class RolloutEngine:
                           "min_token_prob": c.min_token_prob},
                 "token_budget": c.index_token_budget,
                 "fault_biased_verifier": c.fault_biased_verifier}
+
+    async def set_sources(self, pregen: bool, siblings: bool, self_context: bool,
+                          history: bool = False) -> None:
+        """Switch draft sources between batches (resets the draft index)."""
+        self.cfg = self.cfg.model_copy(update={"src_pregen": pregen, "src_siblings": siblings,
+                                               "src_self": self_context,
+                                               "src_history": history})
+        if self.speculative:
+            await self.llm.collective_rpc("bubblespec_configure",
+                                          args=(self._proposer_options(),))
 
     @property
     def speculative(self) -> bool:
@@ -187,11 +200,15 @@ class RolloutEngine:
             for j in range(req.n):
                 sample_index = req.sample_offset + j
                 seed = req.seeds[j] if req.seeds else None
+                keyed = req.sampling.seed_mode == "keyed" and s.temperature > 0
+                if keyed and seed is None:
+                    raise InvalidRequest("seeds", "keyed sampling needs one seed per sample")
                 sp = SamplingParams(
                     n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                     max_tokens=s.max_new_tokens, stop_token_ids=list(s.stop_token_ids),
-                    ignore_eos=s.ignore_eos, seed=seed, logprobs=0, detokenize=False,
-                    output_kind=RequestOutputKind.DELTA)
+                    ignore_eos=s.ignore_eos, seed=None if keyed else seed, logprobs=0,
+                    detokenize=False, output_kind=RequestOutputKind.DELTA,
+                    extra_args={KEY_ARG: seed} if keyed else None)
                 sub = _Sub(ri, sample_index, make_request_id(req.group_key(), sample_index,
                                                              f"{uid}{j}"), [], [])
                 subs.append(sub)
@@ -246,4 +263,8 @@ class RolloutEngine:
         return results
 
     async def shutdown(self) -> None:
-        self.llm.shutdown()
+        """Stop the engine processes (idempotent)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.shutdown()
+            del llm  # let AsyncLLM.__del__ run now, not at interpreter exit

@@ -52,6 +52,9 @@ class SamplingSpec:
     top_k: int = -1
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    seed_mode: str = "default"
+    """"default": vLLM's sampler; "keyed": keyed Gumbel noise per (seed, position),
+    bit-reproducible with speculation on or off (needs a seed per sample)."""
 
 
 @dataclass

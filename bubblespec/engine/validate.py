@@ -42,6 +42,11 @@ def validate_request(req: GenRequest, vocab_size: int, max_model_len: int) -> No
         if not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InvalidRequest(f"sampling_params.stop_token_ids[{i}]",
                                  f"token id {t!r} outside [0, {vocab_size})")
+    if s.seed_mode not in ("default", "keyed"):
+        raise InvalidRequest("sampling_params.seed_mode",
+                             f"must be 'default' or 'keyed', got {s.seed_mode!r}")
+    if s.seed_mode == "keyed" and s.temperature > 0 and req.seeds is None:
+        raise InvalidRequest("seeds", "seed_mode 'keyed' needs one seed per sample")
     if req.seeds is not None:
         if len(req.seeds) != req.n:
             raise InvalidRequest("seeds", f"needs one seed per sample ({req.n}), got "

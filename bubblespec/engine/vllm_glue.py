@@ -126,6 +126,16 @@ class WorkerExtension:
         drafter.runner = self.model_runner  # type: ignore[attr-defined]
         return drafter.bubblespec_configure(options)
 
+    def bubblespec_install_keyed(self) -> bool:
+        """Install keyed-noise sampling for requests that opt in (any spec mode)."""
+        from bubblespec.engine.keyed import KeyedSampling
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        if getattr(runner, "_bubblespec_keyed", None) is None:
+            runner._bubblespec_keyed = KeyedSampling(runner)
+            runner._bubblespec_keyed.install()
+        return True
+
     def bubblespec_add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
         return self._drafter().add_drafts(items)
 
