@@ -30,6 +30,8 @@ class _Req:
     matcher: Any
     stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # steps, drafts, dtok, acc
     last_draft: int = 0
+    aligned: list[int] | None = None  # pre-generated response with this sample index
+    n_out: int = 0  # output tokens so far
 
 
 class BubbleSpecProposer:
@@ -50,6 +52,7 @@ class BubbleSpecProposer:
         self.finished: OrderedDict[str, tuple[int, int, int, int]] = OrderedDict()
         self.prompts_added: set[str] = set()
         self.drafts_by_group: dict[str, list[tuple]] = {}
+        self.aligned: dict[tuple[str, int], list[int]] = {}
         install_cpu_sampler_fix()
 
     # ------------------------------------------------------------------ control (RPC)
@@ -95,6 +98,7 @@ class BubbleSpecProposer:
         for gtok, sample, ids in items:
             seq_id = ("pre", gtok, int(sample), len(self.drafts_by_group.get(gtok, ())))
             if ids:
+                self.aligned[(gtok, int(sample))] = list(ids)
                 self.index.add_sequence(seq_id, gtok, ids)
                 self.drafts_by_group.setdefault(gtok, []).append(seq_id)
                 n += len(ids)
@@ -103,6 +107,8 @@ class BubbleSpecProposer:
     def release(self, groups: list[str]) -> int:
         """A batch is over: drop its groups (keep finished outputs when history is on)."""
         dropped = 0
+        dead = set(groups)
+        self.aligned = {k: v for k, v in self.aligned.items() if k[0] not in dead}
         for gtok in groups:
             if self.history:
                 self.index.remove_sequences(self.drafts_by_group.pop(gtok, []))
@@ -127,7 +133,7 @@ class BubbleSpecProposer:
     # ------------------------------------------------------------------ per step
     def _start(self, req_id: str, row: int, token_ids_cpu: Any, n_prompt: int,
                n_tokens: int) -> _Req:
-        gtok, _sample, base = parse_request_id(req_id)
+        gtok, sample, base = parse_request_id(req_id)
         group = gtok if self.siblings else f"{gtok}/{base}"
         prompt = token_ids_cpu[row, :n_prompt].tolist()
         if self.self_context and group not in self.prompts_added:
@@ -142,7 +148,10 @@ class BubbleSpecProposer:
         if self.siblings or self.self_context:
             self.index.add_sequence(seq_id, group, done, live=True)
         matcher = self.index.matcher(group, prompt + done, use_global=False)
-        return _Req(group, seq_id, matcher)
+        aligned = self.aligned.get((gtok, sample)) if self.pregen else None
+        if aligned is not None and aligned[: len(done)] != done:
+            aligned = None
+        return _Req(group, seq_id, matcher, aligned=aligned, n_out=len(done))
 
     def _finish(self, req_id: str) -> None:
         st = self.reqs.pop(req_id)
@@ -175,14 +184,16 @@ class BubbleSpecProposer:
             if self.siblings or self.self_context:
                 self.index.extend_sequence(st.seq_id, sampled)
             budget = min(self.k, self.max_model_len - n_tok - 1)
+            tokens = self._aligned_draft(st, sampled, budget)
             if self.inner is not None:
                 tokens = list(inner[i])[:max(budget, 0)]
+                st.matcher.extend(sampled)
+            elif tokens:
                 st.matcher.extend(sampled)
             elif budget > 0:
                 tokens = st.matcher.speculate(sampled, self.params).token_ids[:budget]
             else:
                 st.matcher.extend(sampled)
-                tokens = []
             st.last_draft = len(tokens)
             if tokens:
                 stats[1] += 1
@@ -192,6 +203,20 @@ class BubbleSpecProposer:
         for rid in [r for r in self.reqs if r not in live]:
             self._finish(rid)
         return out
+
+    @staticmethod
+    def _aligned_draft(st: _Req, sampled: list[int], budget: int) -> list[int]:
+        """Continue the aligned pre-generated response while the output still equals its
+        prefix (with keyed sampling it is a coupled prediction); [] once it diverged."""
+        start = st.n_out
+        st.n_out += len(sampled)
+        al = st.aligned
+        if al is None:
+            return []
+        if al[start : st.n_out] != sampled:
+            st.aligned = None
+            return []
+        return al[st.n_out : st.n_out + max(budget, 0)]
 
     def _propose_inner(self, sampled: list[list[int]], num_tokens_no_spec: Any,
                        token_ids_cpu: Any) -> list[list[int]]:
