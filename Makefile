@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test bench-suffix bench-deps bench-engine proto proto-check lint clean
+.PHONY: install run up test bench-suffix bench-deps bench-engine proto proto-check lint clean
 
 install: $(STAMP)
 
@@ -25,8 +25,13 @@ $(STAMP): pyproject.toml
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
+# driving rollout steps with pre-generation in the bubble; prints a per-step table.
 run: install
-	$(BIN)/python -m bench.suffix_bench
+	$(BIN)/python -m bubblespec.cli.run_demo
+
+up: install
+	$(BIN)/bubblespec up
 
 bench-suffix: install
 	$(BIN)/python -m bench.suffix_bench

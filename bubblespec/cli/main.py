@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("bubblespec.gateway.server", "run the HTTP gateway in front of the rank servers"),
     "up": ("bubblespec.cli.up", "start a local cluster: synchronizer, N ranks and a gateway"),
     "rank": ("bubblespec.rank.server", "run a rank server (FastAPI + vLLM engine)"),
+    "health": ("bubblespec.cli.health", "probe a process: gRPC health or HTTP /health_generate"),
+    "simulate": ("bubblespec.cli.simulate", "model rollout steps at scale (modelled figures)"),
 }
 
 

@@ -69,6 +69,10 @@ class GatewayMetrics:
                                         "Draft tokens proposed.", registry=r)
         self.num_accepted_tokens = Counter("bubblespec_gateway_spec_decode_num_accepted_tokens",
                                            "Draft tokens accepted.", registry=r)
+        self.pregen_accepted_tokens = Counter(
+            "bubblespec_gateway_pregen_accepted_tokens",
+            "Accepted draft tokens that came from pre-generated responses (as ranks report "
+            "them in meta_info.num_accepted_pregen_tokens).", registry=r)
         self.pregen_fetched_tokens = Counter(
             "bubblespec_gateway_pregen_fetched_tokens",
             "Pre-generated draft tokens the ranks fetched at step start.", registry=r)

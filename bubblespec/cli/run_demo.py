@@ -1,0 +1,179 @@
+"""`make run`: a local cluster, a few rollout steps with pre-generation, a per-step table.
+
+    python -m bubblespec.cli.run_demo [--steps 4] [--prompts 8] [--n 4] [--ranks 2]
+                                      [--rank-arg=--spec-mode=none] [--gateway-url URL]
+
+Starts `LocalCluster(ranks=2)` (unless `--gateway-url` points at a running gateway), rolls out
+`--steps` steps of the embedded task through the blocking client, each step passing the next
+step's prompts so that ranks that finish early pre-generate them, and prints per step: wall
+time, per-rank busy / bubble / pre-gen seconds (from the synchronizer's timeline), tokens
+pre-generated in the bubble, draft tokens fetched at step start, decode steps (target
+forward passes: slowest rank, and summed over ranks), tokens per forward, draft acceptance
+and mean reward. `run_steps` is the loop to grow into GRPO (an `on_step` hook gets each
+step's prompts and results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bubblespec.cli.up import ClusterError, LocalCluster
+from bubblespec.client import BubbleSpecClient, BubbleSpecError, RolloutResult, StepReport
+
+
+@dataclass
+class StepRecord:
+    """One rollout step as the demo saw it."""
+
+    step: int
+    wall_s: float
+    mean_reward: float
+    num_samples: int
+    result: RolloutResult = field(repr=False)
+    report: StepReport | None = field(default=None, repr=False)
+
+
+OnStep = Callable[[int, Sequence[Any], RolloutResult], None]
+
+
+def run_steps(client: BubbleSpecClient, task: Any, steps: int, prompts_per_step: int, n: int,
+              sampling: dict[str, Any], seed: int = 0, on_step: OnStep | None = None,
+              log: Callable[[str], None] = print) -> list[StepRecord]:
+    """Roll out `steps` steps; step k uses `task.make_prompts(prompts, seed + k)` and passes
+    step k+1's prompts ahead for pre-generation (the last step passes none)."""
+    batches = [task.make_prompts(prompts_per_step, seed + k) for k in range(steps + 1)]
+    records = []
+    for k in range(steps):
+        nxt = batches[k + 1] if k + 1 < steps else None
+        t0 = time.monotonic()
+        res = client.rollout(batches[k], n=n, sampling_params=sampling, next_prompts=nxt)
+        wall = time.monotonic() - t0
+        rewards = [task.reward(p, s.output_ids) for p, pr in zip(batches[k], res.prompts)
+                   for s in pr.samples]
+        rec = StepRecord(res.step, wall, sum(rewards) / max(1, len(rewards)), len(rewards), res)
+        records.append(rec)
+        c = res.counters
+        log(f"step {res.step}: {wall:.2f} s, {c.completion_tokens} tokens, reward "
+            f"{rec.mean_reward:.3f}" + (f", warnings: {res.warnings}" if res.warnings else ""))
+        if on_step is not None:
+            on_step(res.step, batches[k], res)
+    return records
+
+
+def attach_reports(client: BubbleSpecClient, records: list[StepRecord],
+                   settle_s: float = 1.0) -> None:
+    """Fetch each step's timeline (after `settle_s`, so late pre-gen spans are filed)."""
+    time.sleep(settle_s)
+    for rec in records:
+        try:
+            rec.report = client.step_timeline(rec.step)
+        except BubbleSpecError as e:
+            print(f"step {rec.step}: no timeline ({e})", file=sys.stderr)
+
+
+def format_table(records: list[StepRecord]) -> str:
+    """The per-step table (one row per step, per-rank columns busy/bubble/pregen seconds)."""
+    rank_ids = sorted({r.rank_id for rec in records if rec.report for r in rec.report.ranks}
+                      | {r.rank_id for rec in records for r in rec.result.ranks})
+    head = ["step", "wall s"] + [f"{r} busy/bubl/pgen s" for r in rank_ids] + [
+        "bubble %", "pregen tok", "fetched tok", "dec steps crit", "dec steps tot",
+        "tok/fwd", "accept %", "reward"]
+    rows = []
+    for rec in records:
+        c = rec.result.counters
+        by = {r.rank_id: r for r in rec.report.ranks} if rec.report else {}
+        cells = [str(rec.step), f"{rec.wall_s:.2f}"]
+        for r in rank_ids:
+            b = by.get(r)
+            cells.append(f"{b.busy_s:.2f}/{b.bubble_s:.2f}/{b.pregen_s:.2f}" if b else "-")
+        rep = rec.report
+        bubble = rep.bubble_fraction if rep and rep.bubble_fraction is not None else None
+        acc = c.num_accepted_tokens / c.num_draft_tokens if c.num_draft_tokens else None
+        cells += [f"{100 * bubble:.0f}" if bubble is not None else "-",
+                  str(rep.pregen_tokens) if rep else "-", str(c.drafts_fetched_tokens),
+                  str(c.decode_steps_critical), str(c.decode_steps_total),
+                  f"{c.tokens_per_forward:.2f}", f"{100 * acc:.0f}" if acc is not None else "-",
+                  f"{rec.mean_reward:.3f}"]
+        rows.append(cells)
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+    notes = ("busy = decode spans; bubble = step wall - busy; pgen = pre-generation inside "
+             "the bubble;\npregen tok = generated in this step's bubble for the next step; "
+             "fetched tok = drafts\nthe ranks fetched at this step's start; dec steps = target "
+             "forward passes (crit = slowest rank,\ntot = summed over ranks); tok/fwd = "
+             "completion tokens / per-request forward passes.")
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), "",
+                      notes])
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bubblespec.cli.run_demo",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=0, help="0: the task's budget")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed of the first step")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--rank-arg", action="append", default=[], metavar="ARG")
+    p.add_argument("--log-dir", default=None)
+    p.add_argument("--gateway-url", default=None, help="use a running gateway")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the records")
+    return p.parse_args(list(argv))
+
+
+def run(args: argparse.Namespace, url: str) -> list[StepRecord]:
+    from bubblespec.tasks import default_task
+
+    task = default_task()
+    sampling = {"temperature": args.temperature,
+                "max_new_tokens": args.max_new_tokens or task.max_new_tokens}
+    with BubbleSpecClient(url) as client:
+        client.wait_ready(timeout_s=120)
+        records = run_steps(client, task, args.steps, args.prompts, args.n, sampling,
+                            seed=args.seed)
+        attach_reports(client, records)
+    print()
+    print(format_table(records))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"step": r.step, "wall_s": r.wall_s, "mean_reward": r.mean_reward,
+                        "counters": asdict(r.result.counters),
+                        "ranks": [asdict(x) for x in r.result.ranks],
+                        "bubbles": [asdict(x) for x in r.report.ranks] if r.report else None}
+                       for r in records], f, indent=1)
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.gateway_url:
+            run(args, args.gateway_url)
+            return 0
+        print(f"starting a local cluster with {args.ranks} rank(s) (engines take ~20 s)...",
+              flush=True)
+        with LocalCluster(ranks=args.ranks, model=args.model, rank_args=args.rank_arg,
+                          log_dir=args.log_dir) as cluster:
+            print(f"cluster ready: gateway {cluster.gateway_url}, logs {cluster.log_dir}",
+                  flush=True)
+            run(args, cluster.gateway_url)
+        return 0
+    except ClusterError as e:
+        print(f"run_demo: cluster failed: {e}", file=sys.stderr)
+        return 1
+    except BubbleSpecError as e:
+        print(f"run_demo: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

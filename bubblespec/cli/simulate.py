@@ -1,0 +1,197 @@
+"""`bubblespec simulate`: MODELLED projection of synchronous rollout steps at scale.
+
+A discrete-event model (bubblespec/sim) of one rollout step after another over R ranks, with
+per-rank continuous batching, a decode-step time model of a GPU engine, pre-generation in the
+bubble with PollStop every T decode steps, and acceptance figures per mode. Every figure it
+prints or writes is modelled, not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bubblespec.sim.engine_time import (
+    COMPUTE_EFFICIENCY,
+    ENGINE_OVERHEAD_S,
+    GPUS,
+    HBM_EFFICIENCY,
+    PER_TOKEN_EXTRA_S,
+    EngineTime,
+)
+from bubblespec.sim.model import SimConfig, simulate
+from bubblespec.sim.policy import default_modes, load_accept_json, merge_modes, parse_mode_flag
+from bubblespec.sim.report import TAG, lines_preamble, lines_table, plot, to_json
+from bubblespec.sim.workload import LengthSource, length_stats
+
+EPILOG = f"""\
+All output is MODELLED. Engine time per forward = t_fixed + t_token*W + t_flop*max(0, W-ridge)
++ t_kv*C (W: forward tokens = running x (1 + drafted); C: context tokens read). Presets derive
+them for --params-b billion bf16 parameters from NVIDIA datasheets ({', '.join(
+    f'{k}: {bw / 1e12:g} TB/s, {fl / 1e12:g} TFLOP/s' for k, (bw, fl) in GPUS.items())}) at
+{HBM_EFFICIENCY:.0%} of HBM bandwidth and {COMPUTE_EFFICIENCY:.0%} of FLOP/s, plus
+{ENGINE_OVERHEAD_S * 1e3:g} ms engine overhead and {PER_TOKEN_EXTRA_S * 1e6:g} us per token
+(assumptions; see bubblespec/sim/engine_time.py). H100 defaults: t_fixed 7.99 ms, t_flop
+32.5 us, ridge 184 tokens, t_kv 48.9 ns (Llama-3.1-8B: 16.06 GB weights, 128 KiB KV/token).
+
+--accept-json takes what `bubblespec bench` measured: {{"MODE": {{"accepted_per_forward": x,
+"pregen_coverage": y, "drafted_per_forward": d}}, ...}} (accepted excludes the bonus token);
+bubblespec* modes (not *siblings*) pre-generate; their covered-position acceptance is solved
+from x at coverage y, the uncovered one taken from bubblespec_siblings or suffix (details in
+bubblespec/sim/policy.py). Without it the modes are ASSUMED defaults: ngram 0.3/1.2, suffix
+0.7/2.5, bubblespec 1.5/4.0 covered and 0.7/2.5 uncovered (accepted/drafted per forward).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bubblespec simulate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    a = p.add_argument
+    a("--ranks", default="8,16,32,64,128,256,512,1024",
+      help="comma-separated rank counts R (default 8..1024, powers of two)")
+    a("--lengths", help="response lengths JSON: a list of ints, or {'lengths': [...], "
+      "'by_prompt': [[...], ...]} (by_prompt keeps sibling correlation), e.g. dumped by "
+      "`bubblespec bench`. Default: SYNTHETIC log-normal (see --median-len)")
+    a("--length-scale", type=float, default=1.0,
+      help="multiply file lengths (map a small model's task onto longer responses; default 1)")
+    a("--median-len", type=float, default=2000.0,
+      help="synthetic default: median response tokens (default 2000, assumed long-CoT RL)")
+    a("--tail-ratio", type=float, default=6.0,
+      help="synthetic default: p99/median (default 6, the long tail of RL rollouts)")
+    a("--sibling-corr", type=float, default=0.5,
+      help="synthetic default: share of log-length variance shared by a prompt's samples "
+      "(default 0.5, assumed)")
+    a("--max-new-tokens", type=int, default=16384,
+      help="synthetic default: length cap (default 16384, a common RL max response length)")
+    a("--prompts-per-rank", type=int, default=8,
+      help="prompts per rank per step, batch grows with R (default 8: x n=16 = 128 "
+      "sequences per GPU, a typical GRPO load)")
+    a("--prompts", type=int, help="fixed prompts per step for every R (strong scaling)")
+    a("--n", type=int, default=16, help="samples per prompt (default 16, GRPO/DAPO group)")
+    a("--max-num-seqs", type=int, default=256,
+      help="concurrent sequences per rank (default 256, vLLM's max_num_seqs default)")
+    a("--assign", choices=("round_robin", "lpt"), default="round_robin",
+      help="prompt-to-rank assignment (default round_robin = the gateway's LPT on fresh "
+      "prompts, which balances counts)")
+    a("--lpt-noise", type=float, default=0.5,
+      help="log-sd of the work estimate's error for --assign lpt and --pregen-order "
+      "longest_first (default 0.5, assumed; 0 = oracle)")
+    a("--prompt-len", type=int, default=256,
+      help="prompt tokens (KV context and prefill; default 256, assumed math prompts)")
+    a("--steps", type=int, default=4, help="rollout steps per mode (default 4)")
+    a("--warmup-steps", type=int, default=1,
+      help="leading steps left out of the summary (default 1: step 0 has no pre-generated "
+      "drafts, as the bench reports steps after step 0)")
+    a("--poll-every", "-T", type=int, default=8,
+      help="T: decode steps between PollStop calls while pre-generating (default 8, "
+      "bubblespec/rank/config.py poll_every)")
+    a("--pregen-claim", type=int, default=16,
+      help="tasks claimed per pre-generation batch (default 16, bubblespec/rank/config.py "
+      "pregen_claim)")
+    a("--pregen-order", choices=("breadth_first", "longest_first"), default="breadth_first",
+      help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
+      "is beyond the design)")
+    a("--pregen-accept", default="0/0",
+      help="ACC/DRAFTED per forward while pre-generating (default 0/0: plain decoding)")
+    a("--rpc-ms", type=float, default=0.5,
+      help="synchronizer RPC latency in ms (default 0.5, assumed in-cluster gRPC; measure "
+      "with python -m bubblespec.synchronizer.bench)")
+    a("--accept-json", help="acceptance figures per mode from `bubblespec bench` (see below)")
+    a("--mode", action="append", default=[], metavar="SPEC",
+      help="add or replace a mode: NAME=ACC/DRAFTED or "
+      "NAME=pregen:ACC_COV/DRAFTED_COV,ACC_UNC/DRAFTED_UNC (repeatable)")
+    a("--only-modes", help="comma-separated mode names to keep (the baseline is always kept)")
+    a("--accept-cv", type=float, default=0.0,
+      help="coefficient of variation of per-request acceptance (gamma; default 0 = means)")
+    a("--gpu", choices=sorted(GPUS), default="h100", help="engine-time preset (default h100)")
+    a("--params-b", type=float, default=8.03,
+      help="model parameters in billions, bf16 (default 8.03, Llama-3.1-8B)")
+    a("--kv-bytes-per-token", type=float, default=131072.0,
+      help="KV bytes per context token (default 131072: 2 x 32 layers x 8 KV heads x 128 x 2 B)")
+    a("--t-fixed-ms", type=float, help="override t_fixed (ms per forward)")
+    a("--t-token-us", type=float, help="override t_token (us per forward token)")
+    a("--t-flop-us", type=float, help="override t_flop (us per token above the ridge)")
+    a("--ridge-tokens", type=float, help="override the roofline ridge (tokens per forward)")
+    a("--t-kv-ns", type=float, help="override t_kv (ns per context token read)")
+    a("--seed", type=int, default=0, help="random seed; same seed, same output (default 0)")
+    a("--out", help="directory for simulate.json and simulate.png (modelled)")
+    return p
+
+
+def _f(x: float | None, scale: float) -> float | None:
+    return None if x is None else x * scale
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.monotonic()
+
+    def err(msg: str) -> int:
+        print(f"{TAG} bubblespec simulate: error: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
+        if not ranks or min(ranks) < 1:
+            raise ValueError("--ranks needs positive integers")
+        pa, pd = (float(x) for x in args.pregen_accept.split("/"))
+        et = EngineTime.preset(args.gpu, args.params_b, 2.0, args.kv_bytes_per_token)
+        et = et.with_overrides(t_fixed=_f(args.t_fixed_ms, 1e-3), t_token=_f(args.t_token_us, 1e-6),
+                               t_flop=_f(args.t_flop_us, 1e-6), ridge=args.ridge_tokens,
+                               t_kv=_f(args.t_kv_ns, 1e-9))
+        if args.lengths:
+            lengths = LengthSource.from_json(args.lengths, args.length_scale)
+        else:
+            lengths = LengthSource.default(args.median_len, args.tail_ratio, args.sibling_corr,
+                                           args.max_new_tokens)
+        notes: list[str] = []
+        modes = default_modes()
+        if args.accept_json:
+            modes, notes = load_accept_json(args.accept_json)
+        modes = merge_modes(modes, [parse_mode_flag(m) for m in args.mode])
+        if args.only_modes:
+            keep = {x.strip() for x in args.only_modes.split(",")}
+            modes = [m for m in modes if m.is_baseline or m.name in keep]
+        cfg = SimConfig(prompts_per_rank=args.prompts_per_rank, prompts=args.prompts, n=args.n,
+                        max_num_seqs=args.max_num_seqs, assign=args.assign,
+                        lpt_noise=args.lpt_noise, prompt_len=args.prompt_len,
+                        steps=args.steps, warmup_steps=args.warmup_steps,
+                        poll_every=args.poll_every, pregen_claim=args.pregen_claim,
+                        pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
+                        rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv, seed=args.seed)
+        if cfg.steps < 1 or cfg.poll_every < 1 or cfg.pregen_claim < 1 or cfg.max_num_seqs < 1:
+            raise ValueError("--steps, -T, --pregen-claim and --max-num-seqs must be >= 1")
+        if cfg.prompts is not None and cfg.prompts < max(ranks):
+            notes.append(f"{cfg.prompts} prompts over up to {max(ranks)} ranks: some ranks "
+                         "get no prompt (all bubble)")
+        stats = length_stats(lengths.sample(np.random.default_rng(args.seed), 4096, cfg.n))
+        results = simulate(cfg, ranks, modes, et, lengths)
+    except (ValueError, OSError, KeyError) as e:
+        return err(str(e))
+    lines = lines_preamble(cfg, et, lengths, stats, modes, notes) + lines_table(results)
+    for line in lines:
+        print(line)
+    if args.out:
+        import json
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "simulate.json").write_text(json.dumps(
+            to_json(cfg, ranks, et, lengths, stats, modes, notes, results), indent=1))
+        try:
+            plot(results, out / "simulate.png",
+                 f"{et.gpu}, {lengths.description[:70]}")
+            print(f"{TAG} wrote {out / 'simulate.json'} and {out / 'simulate.png'}")
+        except ImportError:
+            print(f"{TAG} wrote {out / 'simulate.json'}; no plot: matplotlib is not installed")
+    print(f"{TAG} simulated {len(ranks)} rank counts x {len(modes)} modes in "
+          f"{time.monotonic() - t0:.1f} s (wall time of the simulator, not of a rollout)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Python client of the bubblespec gateway (sync and async), with typed results.
+
+    from bubblespec.client import BubbleSpecClient
+    with BubbleSpecClient("http://127.0.0.1:8000") as c:
+        res = c.rollout([[1, 5, 9]], n=4, sampling_params={"temperature": 1.0},
+                        next_prompts=[[1, 7, 3]])
+        res.prompts[0].samples[2].output_ids
+"""
+
+from __future__ import annotations
+
+from bubblespec.client.client import AsyncBubbleSpecClient, BubbleSpecClient
+from bubblespec.client.types import (
+    BubbleSpecError,
+    BubbleSpecUnavailable,
+    PromptResult,
+    RankBubble,
+    RankInfo,
+    RankShard,
+    Rerun,
+    RolloutCounters,
+    RolloutResult,
+    Sample,
+    StepReport,
+    WeightsResult,
+)
+
+__all__ = [
+    "AsyncBubbleSpecClient", "BubbleSpecClient", "BubbleSpecError", "BubbleSpecUnavailable",
+    "PromptResult", "RankBubble", "RankInfo", "RankShard", "Rerun", "RolloutCounters",
+    "RolloutResult", "Sample", "StepReport", "WeightsResult",
+]

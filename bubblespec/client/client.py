@@ -1,0 +1,240 @@
+"""Python clients of the gateway: `BubbleSpecClient` (blocking) and `AsyncBubbleSpecClient`.
+
+Both speak the gateway's HTTP API (see `bubblespec.gateway.server`) and return the typed
+dataclasses of `types.py`. Every failure is a `BubbleSpecError` carrying the HTTP status,
+the gateway's message and the request field at fault; `BubbleSpecUnavailable` when the
+gateway cannot be reached or has no rank to run on (503/504).
+
+Prompts may be given as token id lists, as text (tokenized by the gateway), as
+`{"input_ids": ...}` / `{"text": ...}` dicts, or as objects with an `input_ids` attribute
+(e.g. the embedded task's `Prompt`). Sampling parameters: a dict, or anything with
+`model_dump()` (the `bubblespec.api.SamplingParams` model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+from typing_extensions import Self
+
+from bubblespec.client.types import (
+    BubbleSpecError,
+    BubbleSpecUnavailable,
+    RankInfo,
+    RolloutResult,
+    StepReport,
+    WeightsResult,
+)
+
+DEFAULT_TIMEOUT_S = 3700.0
+"""A rollout may take as long as the gateway's rollout deadline (1 h by default)."""
+
+
+def prompt_json(p: Any) -> dict[str, Any]:
+    """One prompt as the gateway wants it."""
+    if isinstance(p, str):
+        return {"text": p}
+    if isinstance(p, Mapping):
+        return dict(p)
+    ids = getattr(p, "input_ids", None)
+    if ids is None:
+        ids = p
+    return {"input_ids": [int(t) for t in ids]}
+
+
+def sampling_json(sp: Any) -> dict[str, Any]:
+    if sp is None:
+        return {}
+    if isinstance(sp, Mapping):
+        return dict(sp)
+    if hasattr(sp, "model_dump"):
+        return sp.model_dump()
+    if dataclasses.is_dataclass(sp) and not isinstance(sp, type):
+        return dataclasses.asdict(sp)
+    raise TypeError(f"sampling_params: expected a dict or a model, got {type(sp).__name__}")
+
+
+def rollout_body(prompts: Sequence[Any], n: int, sampling_params: Any, seeds: Any,
+                 next_prompts: Sequence[Any] | None, step: int | None, next_seeds: Any,
+                 return_logprobs: bool, pregen: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompts": [prompt_json(p) for p in prompts], "n": n,
+                            "sampling_params": sampling_json(sampling_params),
+                            "return_logprobs": return_logprobs, "pregen": pregen}
+    if step is not None:
+        body["step"] = step
+    if seeds is not None:
+        body["seeds"] = [[int(s) for s in row] for row in seeds]
+    if next_prompts is not None:
+        body["next_prompts"] = [prompt_json(p) for p in next_prompts]
+    if next_seeds is not None:
+        body["next_seeds"] = [[int(s) for s in row] for row in next_seeds]
+    return body
+
+
+def check(response: httpx.Response, route: str) -> Any:
+    """The JSON body of a 200 reply; BubbleSpecError (with status and field) otherwise."""
+    if response.status_code == 200:
+        return response.json()
+    detail, field = response.text[:1000], ""
+    try:
+        body = response.json()
+        if isinstance(body, dict):
+            d = body.get("detail", detail)
+            detail = d if isinstance(d, str) else str(d)
+            field = str(body.get("field") or "")
+    except ValueError:
+        pass
+    cls = BubbleSpecUnavailable if response.status_code in (502, 503, 504) else BubbleSpecError
+    raise cls(response.status_code, detail, field, route)
+
+
+def _unreachable(base_url: str, route: str, e: Exception) -> BubbleSpecUnavailable:
+    return BubbleSpecUnavailable(0, f"cannot reach the gateway at {base_url}: "
+                                    f"{type(e).__name__}: {e}", "", route)
+
+
+class _Common:
+    def __init__(self, base_url: str, token: str | None, timeout_s: float,
+                 connect_timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        if "://" not in self.base_url:
+            self.base_url = "http://" + self.base_url
+        self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self.headers = {"authorization": f"Bearer {token}"} if token else {}
+
+
+class BubbleSpecClient(_Common):
+    """Blocking client of one gateway (`base_url` like `http://127.0.0.1:8000`)."""
+
+    def __init__(self, base_url: str, token: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0) -> None:
+        super().__init__(base_url, token, timeout_s, connect_timeout_s)
+        self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout,
+                                  headers=self.headers)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, route: str, body: Any = None) -> Any:
+        try:
+            r = self._http.request(method, route, json=body)
+        except httpx.HTTPError as e:
+            raise _unreachable(self.base_url, route, e) from None
+        return check(r, route)
+
+    def rollout(self, prompts: Sequence[Any], n: int = 1, sampling_params: Any = None,
+                seeds: Sequence[Sequence[int]] | None = None,
+                next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
+                next_seeds: Sequence[Sequence[int]] | None = None, return_logprobs: bool = True,
+                pregen: bool = True) -> RolloutResult:
+        """Roll out `n` samples per prompt as one step (the next one unless `step` is given);
+        `next_prompts` are pre-generated in this step's bubble."""
+        body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
+                            return_logprobs, pregen)
+        return RolloutResult.from_json(self._request("POST", "/v1/rollout", body))
+
+    def update_weights(self, path: str, version: int | None = None) -> WeightsResult:
+        """Reload weights from `path` (visible to the ranks) on every rank."""
+        body: dict[str, Any] = {"path": str(path)}
+        if version is not None:
+            body["version"] = version
+        return WeightsResult(**self._request("POST", "/v1/weights", body))
+
+    def step_timeline(self, step: int) -> StepReport:
+        """Bubble figures of `step` per rank, and the gateway's summary of its rollout."""
+        return StepReport.from_json(self._request("GET", f"/v1/steps/{int(step)}"))
+
+    def ranks(self) -> list[RankInfo]:
+        """The ranks the gateway sees, with state and weight version."""
+        data = self._request("GET", "/v1/ranks")
+        return [RankInfo(**{k: r.get(k) for k in RankInfo.__dataclass_fields__ if k in r})
+                for r in data["ranks"]]
+
+    def health(self) -> dict[str, Any]:
+        """GET /health_generate: the readiness report; BubbleSpecUnavailable when not ready."""
+        return self._request("GET", "/health_generate")
+
+    def wait_ready(self, timeout_s: float = 120.0, period_s: float = 0.5) -> dict[str, Any]:
+        """Poll `health()` until ready; the last error after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.health()
+            except BubbleSpecUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(period_s)
+
+
+class AsyncBubbleSpecClient(_Common):
+    """Async client of one gateway; same methods as `BubbleSpecClient`, awaited."""
+
+    def __init__(self, base_url: str, token: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0) -> None:
+        super().__init__(base_url, token, timeout_s, connect_timeout_s)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
+                                       headers=self.headers)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _request(self, method: str, route: str, body: Any = None) -> Any:
+        try:
+            r = await self._http.request(method, route, json=body)
+        except httpx.HTTPError as e:
+            raise _unreachable(self.base_url, route, e) from None
+        return check(r, route)
+
+    async def rollout(self, prompts: Sequence[Any], n: int = 1, sampling_params: Any = None,
+                      seeds: Sequence[Sequence[int]] | None = None,
+                      next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
+                      next_seeds: Sequence[Sequence[int]] | None = None,
+                      return_logprobs: bool = True, pregen: bool = True) -> RolloutResult:
+        body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
+                            return_logprobs, pregen)
+        return RolloutResult.from_json(await self._request("POST", "/v1/rollout", body))
+
+    async def update_weights(self, path: str, version: int | None = None) -> WeightsResult:
+        body: dict[str, Any] = {"path": str(path)}
+        if version is not None:
+            body["version"] = version
+        return WeightsResult(**await self._request("POST", "/v1/weights", body))
+
+    async def step_timeline(self, step: int) -> StepReport:
+        return StepReport.from_json(await self._request("GET", f"/v1/steps/{int(step)}"))
+
+    async def ranks(self) -> list[RankInfo]:
+        data = await self._request("GET", "/v1/ranks")
+        return [RankInfo(**{k: r.get(k) for k in RankInfo.__dataclass_fields__ if k in r})
+                for r in data["ranks"]]
+
+    async def health(self) -> dict[str, Any]:
+        return await self._request("GET", "/health_generate")
+
+    async def wait_ready(self, timeout_s: float = 120.0, period_s: float = 0.5
+                         ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await self.health()
+            except BubbleSpecUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(period_s)

@@ -1,0 +1,78 @@
+"""Configuration of the gateway (`bubblespec gateway --help` shows these fields).
+
+Sources, by precedence: CLI flags > env (`BUBBLESPEC_GATEWAY_<FIELD>`) > YAML (`--config`) >
+defaults (see `bubblespec/config.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from bubblespec.config import BaseConfig
+
+ENV_PREFIX = "BUBBLESPEC_GATEWAY_"
+MiB = 1024 * 1024
+
+
+class GatewayConfig(BaseConfig):
+    """bubblespec gateway: the trainer's one address; shards rollouts over the rank servers."""
+
+    host: str = "127.0.0.1"
+    """Interface the HTTP server binds (0.0.0.0 for all)."""
+    port: int = Field(8000, ge=0, le=65535)
+    """HTTP port."""
+    sync_address: str = ""
+    """host:port of the synchronizer (empty: no synchronizer; ranks decode without drafts)."""
+    sync_token: SecretStr | None = None
+    """Bearer token for the synchronizer's mutating RPCs."""
+    sync_timeout_s: float = Field(2.0, gt=0)
+    """Deadline of each synchronizer RPC, seconds."""
+    ranks: list[str] = Field(default_factory=list)
+    """Static rank servers (`http://host:port` or `host:port`), besides those registered at the
+    synchronizer; e.g. `["127.0.0.1:8101", "127.0.0.1:8102"]`."""
+    discover_ranks: bool = True
+    """Also use the ranks registered (and not LOST) at the synchronizer."""
+    token: SecretStr | None = None
+    """Bearer token required on the mutating routes (POST /v1/rollout, POST /v1/weights)."""
+    rank_token: SecretStr | None = None
+    """Bearer token sent to the rank servers' POST routes."""
+    run_seed: int = Field(0, ge=0, lt=2**63)
+    """Run seed: per-sample seeds are derived from (run seed, step, prompt key, sample index)
+    when the trainer gives none, and the next step's pre-generation uses the same rule."""
+    tokenizer: str = ""
+    """tokenizer.json, or a model directory holding one, for text prompts (empty: the
+    embedded task's tokenizer)."""
+    vocab_size: int = Field(0, ge=-1)
+    """Token ids must be below this (0: the tokenizer's vocabulary size; -1: no check)."""
+    max_prompts: int = Field(16_384, ge=1)
+    """Most prompts in one rollout (and in next_prompts)."""
+    max_prompt_tokens: int = Field(131_072, ge=1)
+    """Most tokens of one prompt."""
+    max_n: int = Field(1024, ge=1, le=1024)
+    """Most samples per prompt."""
+    max_new_tokens: int = Field(131_072, ge=1)
+    """Largest sampling_params.max_new_tokens accepted."""
+    max_body_bytes: int = Field(256 * MiB, ge=1024)
+    """Largest accepted HTTP request body, bytes (413 beyond)."""
+    rollout_timeout_s: float = Field(3600.0, gt=0)
+    """Deadline of one rollout (all ranks, re-runs included), seconds."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """TCP connect deadline towards a rank, seconds."""
+    probe_timeout_s: float = Field(3.0, gt=0)
+    """Deadline of a rank state probe (GET /v1/state), seconds."""
+    weights_timeout_s: float = Field(900.0, gt=0)
+    """Deadline of a weight update on each rank, seconds."""
+    max_reruns: int = Field(8, ge=0)
+    """Most shard re-runs (after rank failures) in one rollout before giving up."""
+    length_ema: float = Field(0.5, gt=0, le=1)
+    """Weight of the newest observation in the per-prompt response-length estimate."""
+    length_keys: int = Field(1_000_000, ge=1)
+    """Most prompt keys whose response length is remembered (oldest forgotten first)."""
+    split_samples: bool = True
+    """When a batch has fewer prompts than live ranks, split a prompt's samples over ranks."""
+    keep_steps: int = Field(64, ge=1)
+    """Rollout summaries kept for GET /v1/steps/{step}."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level."""

@@ -1,0 +1,151 @@
+"""Turning a rollout request into checked token ids, prompt keys and seeds.
+
+Everything the trainer can get wrong is caught here with a 4xx naming the field (the ranks
+check again, but a trainer should hear about `prompts[3].input_ids[7]`, not about a rank's
+shard). Text prompts are tokenized with the configured tokenizer (a `tokenizer.json`, or a
+model directory holding one) or the embedded task's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bubblespec.gateway.config import GatewayConfig
+from bubblespec.gateway.schema import GatewayError, PromptIn, RolloutRequest
+from bubblespec.gateway.seeds import assign_keys
+
+
+class PromptTokenizer:
+    """Text -> token ids (with BOS), and the vocabulary size ids are checked against."""
+
+    def __init__(self, spec: str = "") -> None:
+        self.spec = spec
+        self._tok = None
+        self._task = None
+        self._vocab: int | None = None
+
+    def _load(self) -> None:
+        if self._vocab is not None:
+            return
+        if self.spec:
+            from tokenizers import Tokenizer
+
+            path = Path(self.spec)
+            if path.is_dir():
+                path = path / "tokenizer.json"
+            self._tok = Tokenizer.from_file(str(path))
+            self._vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        else:
+            from bubblespec.tasks import default_task
+
+            self._task = default_task()
+            self._vocab = self._task.vocab_size
+
+    @property
+    def vocab_size(self) -> int:
+        self._load()
+        assert self._vocab is not None
+        return self._vocab
+
+    def encode(self, text: str) -> list[int]:
+        self._load()
+        if self._tok is not None:
+            return list(self._tok.encode(text).ids)
+        assert self._task is not None
+        return self._task.encode(text, add_bos=True)
+
+
+@dataclass
+class Prepared:
+    """A checked rollout request."""
+
+    prompts: list[list[int]]
+    keys: list[str]
+    seeds: list[list[int]] | None
+    next_prompts: list[list[int]]
+    next_seeds: list[list[int]] | None
+
+
+class Preparer:
+    """Checks requests against the config's limits and tokenizes text prompts."""
+
+    def __init__(self, config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer or PromptTokenizer(config.tokenizer)
+
+    def vocab_limit(self) -> int | None:
+        v = self.config.vocab_size
+        if v < 0:
+            return None
+        return v or self.tokenizer.vocab_size
+
+    def _ids(self, prompts: Sequence[PromptIn], name: str, vocab: int | None) -> list[list[int]]:
+        c = self.config
+        if len(prompts) > c.max_prompts:
+            raise GatewayError(422, f"{len(prompts)} prompts; at most {c.max_prompts}", name)
+        out = []
+        for i, p in enumerate(prompts):
+            if p.input_ids is not None:
+                ids, what = list(p.input_ids), "input_ids"
+            else:
+                assert p.text is not None
+                if len(p.text) > 16 * c.max_prompt_tokens:
+                    raise GatewayError(422, "text too long", f"{name}[{i}].text")
+                try:
+                    ids, what = self.tokenizer.encode(p.text), "text"
+                except Exception as e:  # noqa: BLE001 (a broken tokenizer must not be a 500)
+                    raise GatewayError(422, f"cannot tokenize: {e}", f"{name}[{i}].text") from None
+            if len(ids) > c.max_prompt_tokens:
+                raise GatewayError(422, f"{len(ids)} tokens; at most {c.max_prompt_tokens}",
+                                   f"{name}[{i}].{what}")
+            if vocab is not None:
+                for j, t in enumerate(ids):
+                    if t >= vocab:
+                        raise GatewayError(422, f"token id {t} outside [0, {vocab})",
+                                           f"{name}[{i}].input_ids[{j}]")
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def _seeds(seeds: list[list[int]] | None, num_prompts: int, n: int, name: str
+               ) -> list[list[int]] | None:
+        if seeds is None:
+            return None
+        if len(seeds) != num_prompts:
+            raise GatewayError(422, f"needs one list per prompt ({num_prompts}), got "
+                                    f"{len(seeds)}", name)
+        for i, s in enumerate(seeds):
+            if len(s) != n:
+                raise GatewayError(422, f"needs one seed per sample ({n}), got {len(s)}",
+                                   f"{name}[{i}]")
+        return [list(s) for s in seeds]
+
+    def prepare(self, req: RolloutRequest) -> Prepared:
+        """Check `req` (GatewayError 422 naming the field) and tokenize its prompts."""
+        c = self.config
+        sp = req.sampling_params
+        if req.n > c.max_n:
+            raise GatewayError(422, f"at most {c.max_n} samples per prompt", "n")
+        if sp.max_new_tokens > c.max_new_tokens:
+            raise GatewayError(422, f"at most {c.max_new_tokens}", "sampling_params.max_new_tokens")
+        if not math.isfinite(sp.temperature):
+            raise GatewayError(422, "must be finite", "sampling_params.temperature")
+        if not math.isfinite(sp.top_p):
+            raise GatewayError(422, "must be finite", "sampling_params.top_p")
+        if sp.top_k == 0:
+            raise GatewayError(422, "must be -1 (off) or >= 1", "sampling_params.top_k")
+        vocab = self.vocab_limit()
+        for j, t in enumerate(sp.stop_token_ids):
+            if t < 0 or (vocab is not None and t >= vocab):
+                raise GatewayError(422, f"token id {t} outside [0, {vocab})",
+                                   f"sampling_params.stop_token_ids[{j}]")
+        prompts = self._ids(req.prompts, "prompts", vocab)
+        seeds = self._seeds(req.seeds, len(prompts), req.n, "seeds")
+        next_prompts = self._ids(req.next_prompts or [], "next_prompts", vocab)
+        if req.next_seeds is not None and req.next_prompts is None:
+            raise GatewayError(422, "next_seeds needs next_prompts", "next_seeds")
+        next_seeds = self._seeds(req.next_seeds, len(next_prompts), req.n, "next_seeds")
+        return Prepared(prompts, assign_keys(prompts), seeds, next_prompts, next_seeds)

@@ -1,0 +1,356 @@
+"""One rollout step end to end, and weight updates: what the gateway's POST routes do.
+
+A rollout (one at a time, under a lock): discover live ranks -> close the previous step and
+record its bubble figures -> shard the batch (LPT) -> open the step at the synchronizer with
+the shard sizes and the next step's pre-generation tasks -> run the shards concurrently,
+re-running those of failed ranks (`dispatch`) -> put the samples back in request order ->
+learn response lengths -> answer. The synchronizer being unreachable degrades the step
+(ranks decode without drafts) and says so in `warnings`; it never fails it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import grpc
+
+from bubblespec.gateway.bubbles import step_bubbles
+from bubblespec.gateway.config import GatewayConfig
+from bubblespec.gateway.dispatch import DispatchError, DispatchResult, dispatch
+from bubblespec.gateway.prepare import Prepared, Preparer
+from bubblespec.gateway.ranks import Discovery, RankCallError, RankEndpoint, RankPool
+from bubblespec.gateway.schema import (
+    GatewayError,
+    PromptResult,
+    RankShard,
+    Rerun,
+    RolloutCounters,
+    RolloutRequest,
+    RolloutResponse,
+    SampleResult,
+    WeightUpdate,
+)
+from bubblespec.gateway.seeds import pregen_tasks, step_seeds
+from bubblespec.gateway.shard import (
+    AssemblyError,
+    LengthEstimator,
+    WorkItem,
+    assemble,
+    lpt,
+    make_items,
+)
+from bubblespec.metrics.gateway import GatewayMetrics
+from bubblespec.synchronizer.client import SyncClient
+from bubblespec.synchronizer.types import SyncError, SyncUnavailable
+
+log = logging.getLogger("bubblespec.gateway.rollout")
+
+_META = ("finish_reason", "weight_version", "completion_tokens", "decode_steps", "num_drafts",
+         "num_draft_tokens", "num_accepted_tokens", "num_accepted_pregen_tokens")
+
+
+def _sample(d: dict[str, Any], with_logprobs: bool) -> SampleResult:
+    meta = d.get("meta_info") or {}
+    fields = {k: meta[k] for k in _META if meta.get(k) is not None}
+    fields.setdefault("completion_tokens", len(d["output_ids"]))
+    return SampleResult(sample_index=d["sample_index"], output_ids=d["output_ids"],
+                        output_logprobs=d["output_logprobs"] if with_logprobs else None,
+                        **fields)
+
+
+class Rollouts:
+    """The rollout and weight-update logic behind the gateway's routes."""
+
+    def __init__(self, config: GatewayConfig, pool: RankPool, sync: SyncClient | None,
+                 metrics: GatewayMetrics, preparer: Preparer | None = None) -> None:
+        self.config = config
+        self.pool = pool
+        self.sync = sync
+        self.metrics = metrics
+        self.preparer = preparer or Preparer(config)
+        self.estimator = LengthEstimator(config.length_ema, config.length_keys)
+        self.lock = asyncio.Lock()
+        self.last_step: int | None = None
+        self.summaries: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self.last_discovery: Discovery | None = None
+        self._unobserved: list[int] = []
+
+    # ------------------------------------------------------------------ helpers
+
+    async def discover(self) -> Discovery:
+        d = await self.pool.discover()
+        self.last_discovery = d
+        return d
+
+    def rank_counts(self) -> tuple[int, int]:
+        d = self.last_discovery
+        return (0, 0) if d is None else (len(d.ranks), len(d.ready))
+
+    def _next_step(self, d: Discovery) -> int:
+        if self.last_step is not None:
+            return self.last_step + 1
+        cur = d.snapshot.current_step if d.snapshot is not None else None
+        return 0 if cur is None else cur + 1
+
+    async def _finish_previous(self, sync_ok: bool, close: bool = True) -> None:
+        """Close the previous step and record the bubble figures of steps now final."""
+        if self.sync is None or not sync_ok:
+            return
+        t = self.config.sync_timeout_s
+        if self.last_step is not None and close:
+            try:
+                await self.sync.close_step(self.last_step, timeout_s=t)
+            except SyncError as e:
+                log.info("close_step(%d): %s", self.last_step, e)
+        for step in self._unobserved[-4:]:
+            try:
+                b = step_bubbles(await self.sync.get_timeline(step, timeout_s=t))
+            except SyncError:
+                continue
+            m = self.metrics
+            m.step_bubble_fraction.observe(b.bubble_fraction)
+            m.step_pregen_share.observe(b.pregen_share)
+            for r in b.ranks:
+                m.step_bubble.labels(r.rank_id).observe(r.bubble_s)
+                m.step_pregen.labels(r.rank_id).observe(r.pregen_s)
+                m.pregen_tokens.labels(r.rank_id).inc(r.pregen_tokens)
+        self._unobserved.clear()
+
+    @staticmethod
+    def _current_ranks(ready: list[RankEndpoint], warnings: list[str]) -> list[RankEndpoint]:
+        """Ready ranks at the newest weight version (stale ones would break on-policy)."""
+        versions = [r.weight_version for r in ready if r.weight_version is not None]
+        if not versions:
+            return ready
+        newest = max(versions)
+        stale = [r for r in ready if r.weight_version is not None and r.weight_version < newest]
+        for r in stale:
+            warnings.append(f"rank {r.rank_id} left out: weight version {r.weight_version} "
+                            f"< {newest}")
+        return [r for r in ready if r not in stale]
+
+    async def _open(self, step: int, assignment: dict[str, list[WorkItem]],
+                    ranks: dict[str, RankEndpoint], tasks: list, warnings: list[str]) -> bool:
+        """Open the step at the synchronizer; False (with a warning) when it is unreachable."""
+        shards = {r: sum(it.n for it in items) for r, items in assignment.items()
+                  if ranks[r].registered}
+        if self.sync is None:
+            return False
+        if not shards:
+            warnings.append("no rank is registered at the synchronizer: no pre-generation")
+            return False
+        try:
+            await self.sync.open_step(step, shards, tasks, timeout_s=self.config.sync_timeout_s)
+            return True
+        except SyncUnavailable as e:
+            warnings.append(f"synchronizer unreachable ({e.code.name}): ranks decode without "
+                            "drafts, no pre-generation this step")
+            self.metrics.sync_unavailable.inc()
+            return False
+        except SyncError as e:
+            if e.code is grpc.StatusCode.INVALID_ARGUMENT and e.field == "step":
+                raise GatewayError(409, e.message, "step") from None
+            if e.code is grpc.StatusCode.INVALID_ARGUMENT and e.field.startswith("next_prompts"):
+                raise GatewayError(422, f"synchronizer: {e.message}", e.field) from None
+            if e.field.startswith("shards"):
+                raise  # a rank went away between discovery and OpenStep: caller retries
+            raise GatewayError(502, f"synchronizer refused OpenStep: {e}") from None
+
+    # ------------------------------------------------------------------ rollout
+
+    async def rollout(self, req: RolloutRequest) -> RolloutResponse:
+        """Run one step (see the module docstring); GatewayError for what the trainer sees."""
+        prep = self.preparer.prepare(req)
+        async with self.lock:
+            t0 = time.monotonic()
+            resp = await self._rollout(req, prep, t0)
+            self.metrics.rollout_duration.observe(time.monotonic() - t0)
+            return resp
+
+    async def _rollout(self, req: RolloutRequest, prep: Prepared, t0: float) -> RolloutResponse:
+        c = self.config
+        warnings: list[str] = []
+        d = await self.discover()
+        if self.sync is not None and not d.sync_ok:
+            warnings.append(f"synchronizer unreachable: {d.sync_error}; ranks decode without "
+                            "drafts, no pre-generation this step")
+            self.metrics.sync_unavailable.inc()
+        ready = self._current_ranks(d.ready, warnings)
+        if not ready:
+            known = "; ".join(f"{r.rank_id}: {r.error or r.state}" for r in d.ranks) or "none"
+            raise GatewayError(503, f"no rank is ready (known ranks: {known})")
+        step = req.step if req.step is not None else self._next_step(d)
+        await self._finish_previous(d.sync_ok, close=step != self.last_step)
+        sp = req.sampling_params
+        seeds = step_seeds(c.run_seed, step, prep.keys, req.n, prep.seeds)
+        tasks = []
+        if prep.next_prompts and req.pregen:
+            tasks = pregen_tasks(c.run_seed, step + 1, prep.next_prompts, req.n, sp,
+                                 prep.next_seeds)
+        by_id = {r.rank_id: r for r in ready}
+        opened = False
+        for _attempt in range(3):
+            items = make_items(prep.keys, prep.prompts, req.n, seeds, self.estimator,
+                               sp.max_new_tokens, len(by_id), c.split_samples)
+            assignment = lpt(items, sorted(by_id))
+            if not d.sync_ok:
+                break
+            try:
+                opened = await self._open(step, assignment, by_id, tasks, warnings)
+                break
+            except SyncError as e:  # a rank named in the shards is gone: leave it out
+                bad = next((r for r in sorted(assignment) if repr(r) in e.message), None)
+                if bad is None or len(by_id) == 1:
+                    raise GatewayError(502, f"synchronizer refused OpenStep: {e}") from None
+                warnings.append(f"rank {bad} left out: {e.message}")
+                by_id.pop(bad)
+        else:
+            warnings.append("could not open the step at the synchronizer: no pre-generation")
+        self.last_step = step
+        if opened:
+            self._unobserved.append(step)
+
+        # without the synchronizer there is nothing to claim and no stop signal to wait for
+        pregen = req.pregen and opened
+
+        async def call(rank_id: str, its: list[WorkItem], rerun: bool, timeout_s: float
+                       ) -> dict[str, Any]:
+            body = {"step": step, "pregen": pregen, "rerun": rerun, "requests": [
+                {"index": it.index, "input_ids": list(it.input_ids), "n": it.n,
+                 "sample_offset": it.sample_offset, "prompt_key": it.key,
+                 "seeds": None if it.seeds is None else list(it.seeds),
+                 "sampling_params": sp.model_dump()} for it in its]}
+            return await self.pool.post(by_id[rank_id], "/v1/step_shard", body, timeout_s)
+
+        async def on_failure(rank_id: str, reason: str) -> None:
+            self.metrics.rank_failures.labels(rank_id).inc()
+            warnings.append(f"rank {rank_id} failed mid-step: {reason}")
+            if opened and self.sync is not None:  # the stop signal must not wait for it
+                await self.sync.report_done(step, rank_id, timeout_s=c.sync_timeout_s)
+
+        remaining = c.rollout_timeout_s - (time.monotonic() - t0)
+        try:
+            res = await dispatch(assignment, call, timeout_s=remaining,
+                                 max_reruns=c.max_reruns, on_failure=on_failure,
+                                 send_empty=bool(tasks) and opened)
+        except DispatchError as e:
+            raise GatewayError(e.status, str(e), e.field) from None
+        try:
+            ordered = assemble(req.n, len(prep.prompts), res.samples)
+        except AssemblyError as e:  # dispatch checked every reply: a bug if it happens
+            raise GatewayError(502, f"incomplete results: {e}") from None
+        return self._respond(step, req, prep, ordered, res, by_id, warnings, t0)
+
+    def _respond(self, step: int, req: RolloutRequest, prep: Prepared,
+                 ordered: list[list[dict[str, Any]]], res: DispatchResult,
+                 ranks: dict[str, RankEndpoint], warnings: list[str], t0: float
+                 ) -> RolloutResponse:
+        prompts: list[PromptResult] = []
+        per_rank: dict[str, RankShard] = {r: RankShard(rank_id=r) for r in sorted(ranks)}
+        for index, samples in enumerate(ordered):
+            out = [_sample(s, req.return_logprobs) for s in samples]
+            rank_ids = sorted({s["rank_id"] for s in samples})
+            prompts.append(PromptResult(index=index, prompt_key=prep.keys[index],
+                                        rank_id=",".join(rank_ids),
+                                        input_ids=prep.prompts[index], samples=out))
+            self.estimator.observe(prep.keys[index],
+                                   sum(s.completion_tokens for s in out) / len(out))
+            for s, o in zip(samples, out):
+                rs = per_rank[s["rank_id"]]
+                rs.num_samples += 1
+                rs.completion_tokens += o.completion_tokens
+                rs.decode_steps = max(rs.decode_steps, o.decode_steps)
+            for r in rank_ids:
+                per_rank[r].num_prompts += 1
+        for run in res.runs:
+            rs = per_rank[run.rank_id]
+            rs.rerun = rs.rerun or run.rerun
+            if run.result is not None:
+                rs.decode_seconds += run.result.decode_seconds
+                rs.drafts_fetched_tokens += run.result.drafts_fetched_tokens
+        for r, why in res.failed.items():
+            per_rank[r].failed = why
+        samples_all = [s for p in prompts for s in p.samples]
+        k = RolloutCounters(
+            completion_tokens=sum(s.completion_tokens for s in samples_all),
+            decode_steps_critical=max((r.decode_steps for r in per_rank.values()), default=0),
+            decode_steps_total=sum(r.decode_steps for r in per_rank.values()),
+            request_decode_steps=sum(s.decode_steps for s in samples_all),
+            num_drafts=sum(s.num_drafts for s in samples_all),
+            num_draft_tokens=sum(s.num_draft_tokens for s in samples_all),
+            num_accepted_tokens=sum(s.num_accepted_tokens for s in samples_all),
+            num_accepted_pregen_tokens=sum(s.num_accepted_pregen_tokens or 0
+                                           for s in samples_all),
+            drafts_fetched_tokens=sum(r.drafts_fetched_tokens for r in per_rank.values()))
+        if k.request_decode_steps:
+            k.tokens_per_forward = k.completion_tokens / k.request_decode_steps
+        wall = time.monotonic() - t0
+        resp = RolloutResponse(
+            step=step, prompts=prompts, counters=k, ranks=list(per_rank.values()),
+            weight_versions=sorted({s.weight_version for s in samples_all}),
+            reruns=[Rerun(from_rank=a, to_rank=b, indices=ix, reason=why)
+                    for a, b, ix, why in res.reruns],
+            wall_s=wall, warnings=warnings)
+        self._record(resp, len(samples_all))
+        return resp
+
+    def _record(self, resp: RolloutResponse, num_samples: int) -> None:
+        m, k = self.metrics, resp.counters
+        m.rollout_prompts.inc(len(resp.prompts))
+        m.rollout_samples.inc(num_samples)
+        m.completion_tokens.inc(k.completion_tokens)
+        m.decode_steps.inc(k.decode_steps_total)
+        m.decode_steps_critical.inc(k.decode_steps_critical)
+        m.num_drafts.inc(k.num_drafts)
+        m.num_draft_tokens.inc(k.num_draft_tokens)
+        m.num_accepted_tokens.inc(k.num_accepted_tokens)
+        m.pregen_accepted_tokens.inc(k.num_accepted_pregen_tokens)
+        m.pregen_fetched_tokens.inc(k.drafts_fetched_tokens)
+        m.reruns.inc(len(resp.reruns))
+        self.summaries[resp.step] = {
+            "step": resp.step, "wall_s": resp.wall_s, "num_prompts": len(resp.prompts),
+            "num_samples": num_samples, "weight_versions": resp.weight_versions,
+            "counters": k.model_dump(), "ranks": [r.model_dump() for r in resp.ranks],
+            "reruns": [r.model_dump() for r in resp.reruns], "warnings": resp.warnings}
+        while len(self.summaries) > self.config.keep_steps:
+            self.summaries.popitem(last=False)
+
+    # ------------------------------------------------------------------ weights
+
+    async def update_weights(self, body: WeightUpdate) -> dict[str, Any]:
+        """Reload weights on every ready rank, all to the same version; 502 if any fails."""
+        async with self.lock:
+            d = await self.discover()
+            ready = d.ready
+            if not ready:
+                raise GatewayError(503, "no rank is ready to take the weights")
+            version = body.version
+            if version is None:
+                version = max((r.weight_version or 0 for r in ready), default=0) + 1
+            payload = {"path": body.path, "version": version}
+            results = await asyncio.gather(*(
+                self.pool.post(r, "/v1/weights", payload, self.config.weights_timeout_s)
+                for r in ready), return_exceptions=True)
+            versions: dict[str, int] = {}
+            errors: list[RankCallError] = []
+            for r, out in zip(ready, results):
+                if isinstance(out, RankCallError):
+                    errors.append(out)
+                elif isinstance(out, BaseException):
+                    raise out
+                else:
+                    versions[r.rank_id] = int(out.get("weight_version", version))
+            if errors:
+                ok = ", ".join(f"{r} (version {v})" for r, v in sorted(versions.items()))
+                bad = "; ".join(str(e) for e in errors)
+                if len(errors) == len(ready) and all(e.bad_request for e in errors):
+                    raise GatewayError(400, f"weight update refused: {bad}",
+                                       errors[0].field or "path")
+                raise GatewayError(502, f"weight update failed: {bad}"
+                                        + (f"; updated: {ok}" if ok else ""))
+            skipped = {r.rank_id: r.error or r.state for r in d.ranks if not r.ready}
+            return {"weight_version": version, "ranks": versions, "skipped": skipped}

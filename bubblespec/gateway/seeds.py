@@ -1,0 +1,88 @@
+"""Prompt keys and per-sample seeds of a step, and the next step's pre-generation tasks.
+
+Keyed-noise sampling (DESIGN.md section 2) couples a pre-generated response with the real one
+only when both use the same seed for the same (prompt, sample index). So seeds are a pure
+function of (run seed, step, prompt key, sample index): the gateway derives step s+1's seeds
+when it hands out step s+1's pre-generation tasks during step s, and derives the very same
+seeds when the trainer rolls out step s+1 without giving seeds.
+
+Prompt keys: `prompt_key(ids)` for the first occurrence of a prompt in a batch, and
+`<key>~<k>` for its k-th repeat, so that repeated prompts get their own samples (own seeds,
+own drafts) instead of colliding in the draft store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+
+from bubblespec.api import SamplingParams
+from bubblespec.engine.types import prompt_key
+from bubblespec.synchronizer.types import PregenTask
+from bubblespec.synchronizer.types import SamplingParams as SyncSampling
+
+SEED_LIMIT = 2**63
+"""Seeds lie in [0, 2^63) (what the engine accepts)."""
+
+_PERSON = b"bubblespec-seed"
+
+
+def assign_keys(prompts: Sequence[Sequence[int]]) -> list[str]:
+    """Prompt-group key of each prompt of a batch; repeats get `~1`, `~2`, ... suffixes."""
+    seen: Counter[str] = Counter()
+    keys = []
+    for ids in prompts:
+        base = prompt_key(list(ids))
+        k = seen[base]
+        seen[base] += 1
+        keys.append(base if k == 0 else f"{base}~{k}")
+    return keys
+
+
+def base_key(key: str) -> str:
+    """The key without a repeat suffix (what response lengths are learned under)."""
+    return key.split("~", 1)[0]
+
+
+def derive_seed(run_seed: int, step: int, key: str, sample_index: int) -> int:
+    """The seed of sample `sample_index` of prompt `key` in `step` (deterministic, 63 bits)."""
+    h = hashlib.blake2b(f"{run_seed}:{step}:{key}:{sample_index}".encode(), digest_size=8,
+                        person=_PERSON)
+    return int.from_bytes(h.digest(), "big") % SEED_LIMIT
+
+
+def derive_seeds(run_seed: int, step: int, key: str, n: int) -> list[int]:
+    """Seeds of samples 0..n-1 of prompt `key` in `step`."""
+    return [derive_seed(run_seed, step, key, i) for i in range(n)]
+
+
+def step_seeds(run_seed: int, step: int, keys: Sequence[str], n: int,
+               given: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+    """Seeds of every prompt of a step: the trainer's when given, else derived."""
+    if given is not None:
+        return [list(s) for s in given]
+    return [derive_seeds(run_seed, step, k, n) for k in keys]
+
+
+def sync_sampling(sp: SamplingParams) -> SyncSampling:
+    """The synchronizer's sampling parameters of a task (top_k <= 0: off)."""
+    return SyncSampling(temperature=sp.temperature, top_p=sp.top_p,
+                        top_k=max(0, sp.top_k))
+
+
+def pregen_tasks(run_seed: int, next_step: int, prompts: Sequence[Sequence[int]], n: int,
+                 sampling: SamplingParams, seeds: Sequence[Sequence[int]] | None = None
+                 ) -> list[PregenTask]:
+    """Pre-generation tasks for `next_step`: n samples per distinct next prompt, prompt-major.
+
+    Keys and seeds are exactly those `next_step`'s rollout of the same prompts will use.
+    """
+    keys = assign_keys(prompts)
+    all_seeds = step_seeds(run_seed, next_step, keys, n, seeds)
+    spec = sync_sampling(sampling)
+    return [
+        PregenTask(prompt_key=key, prompt_token_ids=list(ids), sample_index=i,
+                   seed=all_seeds[p][i], max_new_tokens=sampling.max_new_tokens, sampling=spec)
+        for p, (key, ids) in enumerate(zip(keys, prompts)) for i in range(n)
+    ]

@@ -1,0 +1,74 @@
+"""`bubblespec up` / LocalCluster without engines: a child that dies during start stops
+the rest and is reported with its log tail; ports are distinct; shutdown leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bubblespec.cli.up import ClusterError, LocalCluster, free_ports
+
+from .helpers import REPO_ROOT
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie not yet reaped still answers kill(0): check its state
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = free_ports(20)
+    assert len(set(ports)) == 20 and all(p > 0 for p in ports)
+
+
+def test_child_dying_during_start_stops_everything(tmp_path: Path) -> None:
+    c = LocalCluster(ranks=2, log_dir=tmp_path, model=str(tmp_path),
+                     rank_args=["--no-such-flag"], start_timeout_s=60, grace_s=3)
+    with pytest.raises(ClusterError) as e:
+        c.start()
+    msg = str(e.value)
+    assert "exited with code 2 during start" in msg and "no-such-flag" in msg
+    assert msg.split(" exited")[0] in ("r0", "r1")
+    for child in c.children.values():
+        if child.proc is not None:
+            assert _gone(child.proc.pid), child.name
+    assert (tmp_path / "sync.log").exists() and (tmp_path / "r0.log").exists()
+
+
+def test_up_command_exits_nonzero_with_the_log_tail(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "bubblespec.cli.main", "up", "--ranks", "1", "--model",
+         str(tmp_path), "--rank-arg=--no-such-flag", "--log-dir", str(tmp_path), "--grace-s", "3"],
+        check=False, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "r0 exited with code 2" in r.stderr and "no-such-flag" in r.stderr
+
+
+def test_up_help_and_bad_args() -> None:
+    r = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "up", "--help"],
+                       check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert r.returncode == 0 and "--rank-arg" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "up", "--ranks", "0"],
+                       check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert r.returncode == 2
+
+
+@pytest.mark.engine
+def test_engine_start_failure_fails_fast_with_the_reason(tmp_path: Path) -> None:
+    c = LocalCluster(ranks=1, log_dir=tmp_path, model=str(tmp_path / "no-model"),
+                     start_timeout_s=240, grace_s=5)
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="r0: engine start failed"):
+        c.start()
+    assert time.monotonic() - t0 < 200
+    assert all(_gone(ch.proc.pid) for ch in c.children.values() if ch.proc is not None)

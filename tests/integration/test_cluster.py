@@ -1,0 +1,260 @@
+"""The whole system on loopback: a real `bubblespec sync`, two real rank servers (vLLM
+engines on the embedded tiny model) and the gateway, all child processes of one
+`LocalCluster` shared by this module (engines take ~20 s and ~1.2 GB each to start).
+
+Order matters: the fault tests come last (synchronizer down and back, a rank killed
+mid-step, then the last rank killed). Set BUBBLESPEC_TEST_MODEL to use another model dir.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bubblespec.cli.up import LocalCluster
+from bubblespec.client import BubbleSpecClient, BubbleSpecError, BubbleSpecUnavailable
+from bubblespec.client.types import RolloutResult
+from bubblespec.tasks.addchain import MAX_STEPS
+
+pytestmark = pytest.mark.engine
+
+
+def _model_dir() -> str | None:
+    if os.environ.get("BUBBLESPEC_TEST_MODEL"):
+        return os.environ["BUBBLESPEC_TEST_MODEL"]
+    try:
+        from bubblespec.tasks import default_model_dir
+
+        return str(default_model_dir())
+    except FileNotFoundError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    model = _model_dir()
+    if model is None:
+        pytest.skip("no model: build bubblespec/assets/tiny-llama or set BUBBLESPEC_TEST_MODEL")
+    log_dir = tmp_path_factory.mktemp("cluster-logs")
+    c = LocalCluster(ranks=2, model=model, log_dir=log_dir, start_timeout_s=300,
+                     sync_args=["--heartbeat-interval-s", "0.5", "--rank-timeout-s", "5"])
+    with c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[BubbleSpecClient]:
+    with BubbleSpecClient(cluster.gateway_url, timeout_s=600) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def task() -> Any:
+    from bubblespec.tasks import default_task
+
+    return default_task()
+
+
+SAMPLING = {"temperature": 1.0, "max_new_tokens": 600}
+LONG = {"temperature": 1.0, "max_new_tokens": 600, "ignore_eos": True}  # seconds of decoding
+
+
+def check_result(res: RolloutResult, prompts: list[Any], n: int) -> None:
+    assert len(res.prompts) == len(prompts)
+    for i, (p, pr) in enumerate(zip(prompts, res.prompts)):
+        assert pr.index == i and pr.input_ids == list(p.input_ids)
+        assert [s.sample_index for s in pr.samples] == list(range(n))
+        for s in pr.samples:
+            assert s.output_ids and len(s.output_logprobs) == len(s.output_ids)
+            assert s.finish_reason in ("stop", "length")
+            assert s.completion_tokens == len(s.output_ids)
+            assert s.decode_steps >= 1
+
+
+def test_rollout_in_request_order_over_both_ranks(client: BubbleSpecClient, task: Any) -> None:
+    prompts = task.make_prompts(8, 101)
+    res = client.rollout(prompts, n=3, sampling_params=SAMPLING)
+    check_result(res, prompts, 3)
+    assert res.warnings == []
+    assert {r.rank_id for r in res.ranks if r.num_prompts} == {"r0", "r1"}
+    assert len(res.weight_versions) == 1
+    c = res.counters
+    assert c.completion_tokens == sum(s.completion_tokens for p in res.prompts
+                                      for s in p.samples)
+    assert 1 <= c.decode_steps_critical <= c.decode_steps_total
+    assert c.tokens_per_forward >= 1.0
+
+
+def test_text_prompts_and_greedy_match_token_prompts(client: BubbleSpecClient,
+                                                     task: Any) -> None:
+    p = task.make_prompt(12, 7, 5)
+    greedy = {"temperature": 0.0, "max_new_tokens": 100}
+    a = client.rollout([p.text, p], n=2, sampling_params=greedy, return_logprobs=False)
+    outs = [s.output_ids for pr in a.prompts for s in pr.samples]
+    assert all(o == outs[0] for o in outs)
+    assert a.prompts[0].input_ids == list(p.input_ids)
+    assert a.prompts[0].samples[0].output_logprobs is None
+
+
+def test_greedy_reproduces_across_steps_whatever_the_drafts(client: BubbleSpecClient,
+                                                            task: Any) -> None:
+    prompts = task.make_prompts(4, 202)
+    greedy = {"temperature": 0.0, "max_new_tokens": 300}
+    a = client.rollout(prompts, n=2, sampling_params=greedy, next_prompts=prompts)
+    b = client.rollout(prompts, n=2, sampling_params=greedy)  # now with pre-generated drafts
+    assert b.step == a.step + 1
+    assert a.output_ids() == b.output_ids()
+
+
+@pytest.mark.xfail(reason="seeded sampling is reproducible under speculation only with the "
+                          "keyed-noise sampler (DESIGN.md section 2), not in the engine yet",
+                   strict=False)
+def test_explicit_seeds_reproduce_across_steps(client: BubbleSpecClient, task: Any) -> None:
+    prompts = task.make_prompts(4, 202)
+    seeds = [[1000 * i + j for j in range(2)] for i in range(4)]
+    a = client.rollout(prompts, n=2, sampling_params=SAMPLING, seeds=seeds)
+    b = client.rollout(prompts, n=2, sampling_params=SAMPLING, seeds=seeds)
+    assert b.step == a.step + 1
+    assert a.output_ids() == b.output_ids()
+
+
+def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task: Any) -> None:
+    # one long and one short prompt: the short one's rank has a bubble to pre-generate in
+    now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
+    nxt = [task.make_prompt(9, 4, 40), task.make_prompt(21, 2, 30)]
+    a = client.rollout(now, n=2, sampling_params=SAMPLING, next_prompts=nxt)
+    assert {r.rank_id for r in a.ranks if r.num_prompts} == {"r0", "r1"}
+    b = client.rollout(nxt, n=2, sampling_params=SAMPLING)
+    assert b.step == a.step + 1
+    assert b.counters.drafts_fetched_tokens > 0, b.counters
+    print("pre-gen feed:", b.counters)
+    time.sleep(0.5)
+    rep = client.step_timeline(a.step)
+    assert rep.complete and {r.rank_id for r in rep.ranks} == {"r0", "r1"}
+    assert rep.rollout is not None and rep.rollout["step"] == a.step
+    fast = min(rep.ranks, key=lambda r: r.busy_s)
+    slow = max(rep.ranks, key=lambda r: r.busy_s)
+    assert fast.bubble_s > 0 and 0 < fast.bubble_fraction <= 1
+    assert fast.pregen_s > 0 and fast.pregen_tokens > 0
+    assert slow.bubble_fraction < fast.bubble_fraction
+    assert rep.pregen_tokens == sum(r.pregen_tokens for r in rep.ranks)
+
+
+def test_ranks_health_and_metrics(client: BubbleSpecClient, cluster: LocalCluster) -> None:
+    ranks = {r.rank_id: r for r in client.ranks()}
+    assert set(ranks) == {"r0", "r1"}
+    assert all(r.ready and r.registered for r in ranks.values())
+    assert client.health()["ranks_ready"] == 2
+    text = httpx.get(cluster.gateway_url + "/metrics").text
+    assert "bubblespec_gateway_rollout_duration_seconds_count" in text
+    assert "bubblespec_gateway_pregen_fetched_tokens_total" in text
+    assert "bubblespec_step_bubble_seconds_bucket" in text
+
+
+def test_weight_update_fans_out(client: BubbleSpecClient, task: Any) -> None:
+    model = _model_dir()
+    assert model is not None
+    before = {r.rank_id: r.weight_version for r in client.ranks()}
+    w = client.update_weights(model)
+    assert w.weight_version == max(v or 0 for v in before.values()) + 1
+    assert w.ranks == {"r0": w.weight_version, "r1": w.weight_version}
+    res = client.rollout(task.make_prompts(4, 303), n=1, sampling_params=SAMPLING)
+    assert res.weight_versions == [w.weight_version]
+    with pytest.raises(BubbleSpecError) as e:
+        client.update_weights("/nonexistent/weights")
+    assert e.value.status in (400, 422, 502)
+    assert "r0" in e.value.detail or "r1" in e.value.detail
+
+
+def test_rank_refusal_names_the_field(client: BubbleSpecClient, task: Any) -> None:
+    with pytest.raises(BubbleSpecError) as e:
+        client.rollout(task.make_prompts(2, 404), n=1,
+                       sampling_params={"max_new_tokens": 5000})  # > the ranks' model length
+    assert e.value.status == 400
+    assert "max_new_tokens" in e.value.field
+
+
+def test_synchronizer_down_then_back(client: BubbleSpecClient, cluster: LocalCluster,
+                                     task: Any) -> None:
+    cluster.kill("sync")
+    prompts = task.make_prompts(4, 505)
+    res = client.rollout(prompts, n=2, sampling_params=SAMPLING, next_prompts=prompts)
+    check_result(res, prompts, 2)
+    assert any("synchronizer" in w for w in res.warnings), res.warnings
+    cluster.restart("sync")
+    deadline = time.monotonic() + 30
+    while not all(r.registered for r in client.ranks()):  # ranks re-register on heartbeat
+        assert time.monotonic() < deadline, client.ranks()
+        time.sleep(0.5)
+    res = client.rollout(prompts, n=2, sampling_params=SAMPLING)
+    assert res.warnings == []
+    check_result(res, prompts, 2)
+
+
+def _wait_decoding(cluster: LocalCluster, rank: str, timeout_s: float = 60) -> None:
+    url = cluster.rank_urls[rank] + "/v1/state"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).json().get("state") == "decoding":
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{rank} never started decoding")
+
+
+def _rollout_in_thread(client: BubbleSpecClient, **kw: Any) -> tuple[threading.Thread, dict]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = client.rollout(**kw)
+        except BubbleSpecError as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalCluster,
+                                       task: Any) -> None:
+    prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(6)]
+    t, out = _rollout_in_thread(client, prompts=prompts, n=2, sampling_params=LONG)
+    _wait_decoding(cluster, "r1")
+    cluster.kill("r1")
+    t.join(300)
+    assert "result" in out, out.get("error")
+    res: RolloutResult = out["result"]
+    check_result(res, prompts, 2)
+    assert res.reruns and all(r.from_rank == "r1" and r.to_rank == "r0" for r in res.reruns)
+    assert any("r1" in w for w in res.warnings)
+    by = {r.rank_id: r for r in res.ranks}
+    assert by["r1"].failed and by["r1"].num_samples == 0
+    assert by["r0"].num_samples == 12 and by["r0"].rerun
+    assert {pr.rank_id for pr in res.prompts} == {"r0"}
+
+
+def test_last_rank_lost_is_503_naming_it(client: BubbleSpecClient, cluster: LocalCluster,
+                                         task: Any) -> None:
+    prompts = [task.make_prompt(i, 3, MAX_STEPS) for i in range(4)]
+    t, out = _rollout_in_thread(client, prompts=prompts, n=2, sampling_params=LONG)
+    _wait_decoding(cluster, "r0")
+    cluster.kill("r0")
+    t.join(120)
+    err = out.get("error")
+    assert isinstance(err, BubbleSpecUnavailable), out
+    assert err.status == 503 and "r0" in err.detail
+
+
+def test_logs_were_written(cluster: LocalCluster) -> None:
+    for name in ("sync", "r0", "r1", "gateway"):
+        assert Path(cluster.children[name].log_path).stat().st_size > 0
