@@ -6,6 +6,8 @@ Token-in/token-out with SGLang-style names (`input_ids`, `sampling_params`,
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -22,6 +24,9 @@ class SamplingParams(_Body):
     top_k: int = Field(-1, ge=-1, description="-1 = off.")
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    seed_mode: Literal["default", "keyed"] = Field("default", description=(
+        "keyed: keyed Gumbel noise per (seed, position); bit-reproducible with speculation "
+        "on or off, and pre-generation with the same seeds is coupled to the rollout."))
 
 
 class ShardRequest(_Body):

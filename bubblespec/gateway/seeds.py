@@ -68,7 +68,8 @@ def step_seeds(run_seed: int, step: int, keys: Sequence[str], n: int,
 def sync_sampling(sp: SamplingParams) -> SyncSampling:
     """The synchronizer's sampling parameters of a task (top_k <= 0: off)."""
     return SyncSampling(temperature=sp.temperature, top_p=sp.top_p,
-                        top_k=max(0, sp.top_k))
+                        top_k=max(0, sp.top_k), seed_mode=sp.seed_mode,
+                        stop_token_ids=tuple(sp.stop_token_ids))
 
 
 def pregen_tasks(run_seed: int, next_step: int, prompts: Sequence[Sequence[int]], n: int,

@@ -29,7 +29,8 @@ def to_gen_request(r: ShardRequest) -> GenRequest:
         group=r.prompt_key or prompt_key(list(r.input_ids)),
         sampling=SamplingSpec(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
                               top_p=sp.top_p, top_k=sp.top_k,
-                              stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos))
+                              stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
+                              seed_mode=sp.seed_mode))
 
 
 def to_prompt_out(index: int, res: GenResult) -> PromptOut:
@@ -161,13 +162,21 @@ class RankWorker:
                                          [Span(SpanKind.PREGEN, t0, t1, tokens)])
             self.m.pregen_seconds.labels(self.rank_id).inc(t1 - t0)
         if not stopped and not self._pregen_stop.is_set():
-            stopped = await self.sync.wait_stop(step, self.rank_id, timeout_s=3600)
+            await self._wait_stop_or_cancel(step)
         t2 = time.time()
         if t2 > t1:
             await self.sync.report_spans(self.rank_id, step, [Span(SpanKind.IDLE, t1, t2, 0)])
         self.m.bubble_seconds.labels(self.rank_id).inc(t2 - done_at)
         if self.state == "pregen":
             self._set("idle")
+
+    async def _wait_stop_or_cancel(self, step: int) -> None:
+        """Idle until the step's stop signal or a local stop (next shard, weight update)."""
+        waiter = asyncio.create_task(self.sync.wait_stop(step, self.rank_id, timeout_s=3600))
+        local = asyncio.create_task(self._pregen_stop.wait())
+        await asyncio.wait([waiter, local], return_when=asyncio.FIRST_COMPLETED)
+        for t in (waiter, local):
+            t.cancel()
 
     async def _pregen_batch(self, step: int, target: int,
                             tasks: list[PregenTask]) -> tuple[int, bool]:
@@ -177,7 +186,9 @@ class RankWorker:
                            sampling=SamplingSpec(
                                max_new_tokens=t.max_new_tokens,
                                temperature=t.sampling.temperature, top_p=t.sampling.top_p,
-                               top_k=t.sampling.top_k if t.sampling.top_k > 0 else -1))
+                               top_k=t.sampling.top_k if t.sampling.top_k > 0 else -1,
+                               stop_token_ids=list(t.sampling.stop_token_ids),
+                               seed_mode=t.sampling.seed_mode))
                 for t in tasks]
         stop_seen = False
 

@@ -62,7 +62,8 @@ def _opt(msg, name: str):
 
 
 def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
-    return pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    return pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                             seed_mode=s.seed_mode, stop_token_ids=list(s.stop_token_ids))
 
 
 def sampling_from_pb(m: pb.SamplingParams) -> SamplingParams:
@@ -72,6 +73,8 @@ def sampling_from_pb(m: pb.SamplingParams) -> SamplingParams:
         temperature=m.temperature if m.HasField("temperature") else d.temperature,
         top_p=m.top_p if m.HasField("top_p") else d.top_p,
         top_k=m.top_k if m.HasField("top_k") else d.top_k,
+        seed_mode=m.seed_mode if m.HasField("seed_mode") else d.seed_mode,
+        stop_token_ids=tuple(m.stop_token_ids),
     )
 
 

@@ -95,6 +95,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    seed_mode: str = "default"
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

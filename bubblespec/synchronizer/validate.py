@@ -109,6 +109,12 @@ class Validator:
             raise invalid(f"{path}.sampling.top_p", f"must be in (0, 1], got {sp.top_p}")
         if sp.HasField("top_k") and sp.top_k < -1:
             raise invalid(f"{path}.sampling.top_k", f"must be >= -1, got {sp.top_k}")
+        if sp.HasField("seed_mode") and sp.seed_mode not in ("default", "keyed"):
+            raise invalid(f"{path}.sampling.seed_mode",
+                          f"must be 'default' or 'keyed', got {sp.seed_mode!r}")
+        for j, t in enumerate(sp.stop_token_ids):
+            if t < 0:
+                raise invalid(f"{path}.sampling.stop_token_ids[{j}]", f"must be >= 0, got {t}")
         if not p.samples:
             raise invalid(f"{path}.samples", "must hold at least one sample")
         indices: set[int] = set()
