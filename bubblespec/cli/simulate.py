@@ -183,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         (out / "simulate.json").write_text(json.dumps(
             to_json(cfg, ranks, et, lengths, stats, modes, notes, results), indent=1))
         try:
+            kind = "synthetic" if lengths.synthetic else "empirical"
+            src = "from " + Path(args.accept_json).name if args.accept_json else "assumed"
             plot(results, out / "simulate.png",
-                 f"{et.gpu}, {lengths.description[:70]}")
+                 f"{et.gpu} engine model; {kind} lengths; acceptance {src}")
             print(f"{TAG} wrote {out / 'simulate.json'} and {out / 'simulate.png'}")
         except ImportError:
             print(f"{TAG} wrote {out / 'simulate.json'}; no plot: matplotlib is not installed")

@@ -113,14 +113,13 @@ def test_greedy_reproduces_across_steps_whatever_the_drafts(client: BubbleSpecCl
     assert a.output_ids() == b.output_ids()
 
 
-@pytest.mark.xfail(reason="seeded sampling is reproducible under speculation only with the "
-                          "keyed-noise sampler (DESIGN.md section 2), not in the engine yet",
-                   strict=False)
 def test_explicit_seeds_reproduce_across_steps(client: BubbleSpecClient, task: Any) -> None:
+    """Keyed sampling: same seeds, same responses, whatever drafts the second step had."""
     prompts = task.make_prompts(4, 202)
     seeds = [[1000 * i + j for j in range(2)] for i in range(4)]
-    a = client.rollout(prompts, n=2, sampling_params=SAMPLING, seeds=seeds)
-    b = client.rollout(prompts, n=2, sampling_params=SAMPLING, seeds=seeds)
+    keyed = {**SAMPLING, "seed_mode": "keyed"}
+    a = client.rollout(prompts, n=2, sampling_params=keyed, seeds=seeds)
+    b = client.rollout(prompts, n=2, sampling_params=keyed, seeds=seeds)
     assert b.step == a.step + 1
     assert a.output_ids() == b.output_ids()
 

@@ -1,0 +1,17 @@
+"""`bubblespec simulate`: a discrete-event model of synchronous RL rollout at scale.
+
+Everything here is MODELLED, never measured: per-rank continuous batching over R ranks
+(`rollout`), a decode-step time model of a GPU engine (`engine_time`), pre-generation of the
+next step in the bubble with PollStop every T decode steps (`pregen`), acceptance figures per
+rollout mode (`policy`), response lengths from a bench dump or a labelled synthetic default
+(`workload`), the step loop and summaries (`model`), and the table / JSON / plot (`report`).
+Pure Python + numpy; matplotlib only for the plot, imported when plotting.
+"""
+
+from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.model import SimConfig, Summary, run_scenario, simulate
+from bubblespec.sim.policy import ModeSpec, default_modes
+from bubblespec.sim.workload import LengthSource
+
+__all__ = ["EngineTime", "LengthSource", "ModeSpec", "SimConfig", "Summary", "default_modes",
+           "run_scenario", "simulate"]

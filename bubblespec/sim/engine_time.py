@@ -1,0 +1,118 @@
+"""Decode-step (forward pass) time of one GPU inference engine, as the simulator models it.
+
+All figures here are MODELLED, derived from datasheet numbers and stated efficiencies; none
+was measured on a GPU by this project.
+
+One forward pass of a rank's engine (continuous batching, every running sequence advances by
+one forward) takes
+
+    t = t_fixed + t_token * W + t_flop * max(0, W - ridge) + t_kv * C
+
+- W: tokens in the forward = sum over running sequences of (1 + drafted tokens verified);
+- C: context tokens whose KV cache is read = sum over running sequences of their length so
+  far (prompt + generated);
+- t_fixed: reading the weights once from HBM plus the engine's per-step overhead (scheduler,
+  sampler, kernel-launch gaps with CUDA graphs);
+- t_token: per-token work that is not hidden under the weight read (norms, rotary, KV write,
+  logits and sampling);
+- t_flop * max(0, W - ridge): the compute-bound excess of the roofline. Below `ridge` tokens
+  the GEMMs are memory-bound and extra tokens (for instance verified draft tokens) are nearly
+  free; above it each token costs its FLOPs;
+- t_kv: reading one context token's K and V in attention (memory-bound).
+
+Prefill of a prompt (when a sequence is admitted) costs `prompt_tokens * t_flop` (compute
+bound); with prefix caching the n samples of a prompt share it.
+
+Default derivation (Llama-3.1-8B in bf16 on one GPU, vLLM):
+- weights 8.03e9 params x 2 B = 16.06 GB; KV per token = 2 (K,V) x 32 layers x 8 KV heads x
+  128 dims x 2 B = 131,072 B; FLOPs per token = 2 x 8.03e9 = 16.06 GFLOP;
+- H100 SXM: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16; H200: 4.8 TB/s HBM3e, 989 TFLOP/s
+  (NVIDIA datasheets);
+- stated efficiencies: 80% of peak HBM bandwidth in decode GEMV/attention kernels, 50% of peak
+  FLOP/s in the compute-bound regime, 2 ms engine overhead per step, 5 us per-token extras.
+=> H100: t_fixed = 16.06e9 / (0.8 x 3.35e12) + 2 ms = 5.99 + 2 = 7.99 ms; t_flop = 32.5 us;
+   ridge = 5.99 ms / 32.5 us = 184 tokens; t_kv = 131072 / (0.8 x 3.35e12) = 48.9 ns.
+   H200: t_fixed = 6.18 ms, t_flop = 32.5 us, ridge = 129 tokens, t_kv = 34.1 ns.
+A step of 128 running sequences at ~2.5k context on an H100 then takes ~8 + 0.6 + 15.6 =
+~24 ms (~5k tokens/s per GPU), in line with published vLLM decode figures for 8B models.
+Not modelled: KV-cache capacity (preemption), tensor parallelism, CPU stalls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# NVIDIA datasheet figures: HBM bandwidth (bytes/s), dense bf16 tensor FLOP/s.
+GPUS: dict[str, tuple[float, float]] = {
+    "h100": (3.35e12, 989e12),
+    "h200": (4.8e12, 989e12),
+}
+HBM_EFFICIENCY = 0.8
+"""Share of peak HBM bandwidth reached by decode kernels (stated assumption)."""
+COMPUTE_EFFICIENCY = 0.5
+"""Share of peak FLOP/s reached in compute-bound GEMMs (stated assumption)."""
+ENGINE_OVERHEAD_S = 2e-3
+"""Per-step engine overhead: scheduling, sampling, launch gaps (stated assumption)."""
+PER_TOKEN_EXTRA_S = 5e-6
+"""Per-token work not hidden under the weight read (stated assumption)."""
+
+
+@dataclass(frozen=True)
+class EngineTime:
+    """Parameters of the forward-time model (seconds); see the module docstring."""
+
+    t_fixed: float
+    """Seconds per forward regardless of batch: weight read + engine overhead."""
+    t_token: float
+    """Seconds per token in the forward (memory-bound extras)."""
+    t_flop: float
+    """Seconds of compute per token above the roofline ridge, and per prefill token."""
+    ridge: float
+    """Tokens per forward below which the GEMMs stay memory-bound."""
+    t_kv: float
+    """Seconds per context token whose KV is read in attention."""
+    gpu: str = "custom"
+    """Preset the figures came from."""
+
+    @classmethod
+    def preset(cls, gpu: str = "h100", params_b: float = 8.03, bytes_per_param: float = 2.0,
+               kv_bytes_per_token: float = 131072.0) -> EngineTime:
+        """Figures derived for `params_b` billion parameters on `gpu` (module docstring)."""
+        if gpu not in GPUS:
+            raise ValueError(f"unknown gpu preset {gpu!r}; known: {sorted(GPUS)}")
+        bw, flops = GPUS[gpu]
+        t_weights = params_b * 1e9 * bytes_per_param / (HBM_EFFICIENCY * bw)
+        t_flop = 2 * params_b * 1e9 / (COMPUTE_EFFICIENCY * flops)
+        return cls(t_fixed=t_weights + ENGINE_OVERHEAD_S, t_token=PER_TOKEN_EXTRA_S,
+                   t_flop=t_flop, ridge=t_weights / t_flop,
+                   t_kv=kv_bytes_per_token / (HBM_EFFICIENCY * bw), gpu=gpu)
+
+    def with_overrides(self, **kw: float | None) -> EngineTime:
+        """A copy with the given fields replaced (None values are ignored)."""
+        d = asdict(self)
+        changed = {k: v for k, v in kw.items() if v is not None}
+        if changed:
+            d.update(changed)
+            d["gpu"] = f"{self.gpu}+overrides"
+        return EngineTime(**d)
+
+    def per_forward(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """Seconds of one forward with `tokens` tokens, before the KV term."""
+        return (self.t_fixed + self.t_token * tokens
+                + self.t_flop * np.maximum(0.0, np.asarray(tokens, dtype=float) - self.ridge))
+
+    def segment(self, m: np.ndarray, tokens: np.ndarray, ctx0: np.ndarray,
+                growth: np.ndarray) -> np.ndarray:
+        """Seconds of `m` consecutive forwards with `tokens` tokens each, whose context sum
+        starts at `ctx0` and grows by `growth` per forward (arithmetic series)."""
+        m = np.asarray(m, dtype=float)
+        return (m * self.per_forward(tokens)
+                + self.t_kv * (m * ctx0 + growth * m * (m - 1) / 2.0))
+
+    def describe(self) -> dict[str, float | str]:
+        """Human-unit figures for reports."""
+        return {"gpu": self.gpu, "t_fixed_ms": self.t_fixed * 1e3,
+                "t_token_us": self.t_token * 1e6, "t_flop_us": self.t_flop * 1e6,
+                "ridge_tokens": self.ridge, "t_kv_ns": self.t_kv * 1e9}

@@ -1,0 +1,221 @@
+"""Discrete-event model of synchronous RL rollout over R ranks, with and without bubblespec.
+
+Everything this module produces is MODELLED (see engine_time, policy and workload for where
+each figure comes from). One scenario = one rank count R; it draws `steps` consecutive
+rollout steps (common random numbers: every mode sees the same lengths), and for each mode:
+
+1. step s: every rank decodes its shard (rollout.build_timeline); the step's rollout ends when
+   the slowest rank finishes (F_max); the bubble of rank r is F_max - F_r;
+2. in a pre-generating mode, idle ranks pre-generate step s+1 in the bubble
+   (pregen.simulate_pregen); the covered prefixes feed step s+1's acceptance, and the step
+   is charged until the last rank stopped pre-generating (conservative: the stop lag counts);
+3. step 0 has no pre-generated drafts (nothing ran before it); the summary averages steps
+   >= warmup_steps (default 1, as the bench reports "all steps after step 0").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.policy import ModeSpec
+from bubblespec.sim.pregen import breadth_first, simulate_pregen
+from bubblespec.sim.rollout import Requests, build_timeline
+from bubblespec.sim.workload import LengthSource, assign_prompts
+
+
+@dataclass
+class SimConfig:
+    """Workload and scheduling parameters (defaults and their sources in `--help`)."""
+
+    prompts_per_rank: int = 8
+    """Prompts per rank when `prompts` is None (weak scaling: the batch grows with R)."""
+    prompts: int | None = None
+    """Fixed prompts per step across all R (strong scaling), or None."""
+    n: int = 16
+    """Samples per prompt (GRPO group size)."""
+    max_num_seqs: int = 256
+    """Concurrent sequences per rank (vLLM max_num_seqs)."""
+    assign: str = "round_robin"
+    """Prompt-to-rank assignment: round_robin or lpt."""
+    lpt_noise: float = 0.5
+    """Log-sd of the LPT work estimate's error (0 = oracle)."""
+    prompt_len: int = 256
+    """Prompt tokens per request (initial KV context; prefill once per prompt)."""
+    steps: int = 4
+    """Rollout steps simulated per mode."""
+    warmup_steps: int = 1
+    """Leading steps left out of the summary (step 0 has no pre-generated drafts)."""
+    poll_every: int = 8
+    """T: decode steps between PollStop calls while pre-generating."""
+    pregen_claim: int = 16
+    """Tasks a rank claims per pre-generation batch."""
+    pregen_accepted: float = 0.0
+    """Draft tokens accepted per forward while pre-generating (0: plain decoding)."""
+    pregen_drafted: float = 0.0
+    """Draft tokens verified per forward while pre-generating."""
+    pregen_order: str = "breadth_first"
+    """Task queue order: breadth_first (the synchronizer's) or longest_first (estimated
+    length, with the `lpt_noise` error; beyond the design, to size the value of length
+    prediction)."""
+    rpc_s: float = 0.5e-3
+    """Latency of one synchronizer RPC (claim, push, poll answer)."""
+    accept_cv: float = 0.0
+    """Coefficient of variation of per-request acceptance (gamma); 0 = every request at the
+    mode's mean."""
+    seed: int = 0
+
+
+@dataclass
+class StepResult:
+    """One (R, mode, step), modelled."""
+
+    step: int
+    step_time_s: float
+    rollout_time_s: float
+    tokens: int
+    cp_forwards: int
+    total_forwards: int
+    bubble_s: float
+    """Rank-seconds idle (or pre-generating) before F_max, summed over ranks."""
+    pregen_busy_s: float
+    coverage: float
+    """Token share of this step covered by drafts pre-generated in the previous step."""
+    pregen_tokens: int
+    stop_lag_s: float
+
+
+@dataclass
+class Summary:
+    """One (R, mode) over the summarised steps, modelled."""
+
+    ranks: int
+    mode: str
+    step_time_s: float
+    throughput_tok_s: float
+    cp_decode_steps: float
+    total_decode_steps: float
+    bubble_fraction: float
+    pregen_bubble_share: float
+    coverage: float
+    stop_lag_s: float
+    speedup: float = 1.0
+    cp_reduction: float = 0.0
+    steps: list[StepResult] = field(default_factory=list)
+
+    def row(self) -> dict:
+        d = asdict(self)
+        d.pop("steps")
+        return d
+
+
+def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, np.ndarray]:
+    """Lengths, rank assignment and acceptance multipliers for every step of a scenario."""
+    rng = np.random.default_rng([cfg.seed, ranks])
+    prompts = cfg.prompts if cfg.prompts is not None else cfg.prompts_per_rank * ranks
+    if prompts < 1 or cfg.n < 1:
+        raise ValueError("need at least one prompt and one sample")
+    L = np.stack([lengths.sample(rng, prompts, cfg.n) for _ in range(cfg.steps)])
+    assign = np.stack([assign_prompts(L[s], ranks, cfg.assign, cfg.lpt_noise, rng)
+                       for s in range(cfg.steps)])
+    if cfg.accept_cv > 0:
+        k = 1.0 / cfg.accept_cv ** 2
+        mult = rng.gamma(k, 1.0 / k, size=L.shape)
+    else:
+        mult = np.ones(L.shape)
+    if cfg.pregen_order == "breadth_first":
+        order = np.stack([breadth_first(prompts, cfg.n)] * cfg.steps)
+    elif cfg.pregen_order == "longest_first":
+        est = L.reshape(cfg.steps, -1) * np.exp(cfg.lpt_noise * rng.standard_normal(
+            (cfg.steps, prompts * cfg.n)))
+        order = np.argsort(-est, axis=1, kind="stable")
+    else:
+        raise ValueError(f"unknown pregen order {cfg.pregen_order!r}")
+    return {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order}
+
+
+def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
+              covered: np.ndarray, mode: ModeSpec, et: EngineTime) -> Requests:
+    prompts, n = L.shape
+    size = prompts * n
+    first = np.zeros((prompts, n))
+    first[:, 0] = cfg.prompt_len * et.t_flop
+    m = mult.ravel()
+    cov = np.minimum(covered, L.ravel()) if mode.uses_pregen else np.zeros(size, np.int64)
+    return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
+                    acc_cov=mode.accepted_covered * m, acc_unc=mode.accepted * m,
+                    drafted_cov=np.full(size, mode.drafted_covered),
+                    drafted_unc=np.full(size, mode.drafted),
+                    prefill=first.ravel(), prompt_len=float(cfg.prompt_len))
+
+
+def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec, et: EngineTime,
+             drawn: dict[str, np.ndarray]) -> list[StepResult]:
+    """All steps of one mode at one R."""
+    L, A, M = drawn["lengths"], drawn["assign"], drawn["mult"]
+    covered = np.zeros(L[0].size, dtype=np.int64)
+    out = []
+    for s in range(cfg.steps):
+        req = _requests(cfg, L[s], A[s], M[s], covered, mode, et)
+        tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
+        F = tl.finish_t
+        fmax = float(F.max())
+        slow = int(np.argmax(F))
+        tokens = int(L[s].sum())
+        cov_share = float(req.covered.sum()) / max(tokens, 1)
+        busy, lag, ptok = 0.0, 0.0, 0
+        step_time = fmax
+        covered = np.zeros(L[0].size, dtype=np.int64)
+        if mode.uses_pregen and s + 1 < cfg.steps:
+            pg = simulate_pregen(F, L[s + 1], et, cfg.poll_every, cfg.pregen_claim,
+                                 cfg.rpc_s, cfg.prompt_len, cfg.pregen_accepted,
+                                 cfg.pregen_drafted, drawn["pregen_order"][s + 1])
+            covered = pg.covered
+            busy = float(pg.busy_in_bubble.sum())
+            step_time = max(fmax, float(pg.stop_t.max()))
+            lag = step_time - fmax
+            ptok = pg.pregen_tokens
+        out.append(StepResult(s, step_time, fmax, tokens, int(tl.finish_k[slow]),
+                              int(tl.finish_k.sum()), float((fmax - F).sum()), busy, cov_share,
+                              ptok, lag))
+    return out
+
+
+def summarise(ranks: int, mode: str, steps: list[StepResult], warmup: int) -> Summary:
+    use = steps[warmup:] if len(steps) > warmup else steps[-1:]
+    t = sum(x.step_time_s for x in use)
+    roll = sum(x.rollout_time_s for x in use)
+    bub = sum(x.bubble_s for x in use)
+    tok = sum(x.tokens for x in use)
+    return Summary(
+        ranks=ranks, mode=mode, step_time_s=t / len(use), throughput_tok_s=tok / max(t, 1e-12),
+        cp_decode_steps=sum(x.cp_forwards for x in use) / len(use),
+        total_decode_steps=sum(x.total_forwards for x in use) / len(use),
+        bubble_fraction=bub / max(ranks * roll, 1e-12),
+        pregen_bubble_share=sum(x.pregen_busy_s for x in use) / bub if bub > 0 else 0.0,
+        coverage=sum(x.coverage * x.tokens for x in use) / max(tok, 1),
+        stop_lag_s=max(x.stop_lag_s for x in use), steps=steps)
+
+
+def run_scenario(cfg: SimConfig, ranks: int, modes: list[ModeSpec], et: EngineTime,
+                 lengths: LengthSource) -> list[Summary]:
+    """Every mode at one R; speedups against the first baseline mode (else the first mode)."""
+    if ranks < 1:
+        raise ValueError("ranks must be >= 1")
+    drawn = draw_steps(cfg, ranks, lengths)
+    out = [summarise(ranks, m.name, run_mode(cfg, ranks, m, et, drawn), cfg.warmup_steps)
+           for m in modes]
+    base = next((s for s, m in zip(out, modes) if m.is_baseline), out[0])
+    for s in out:
+        s.speedup = base.step_time_s / s.step_time_s if s.step_time_s > 0 else 1.0
+        s.cp_reduction = (1.0 - s.cp_decode_steps / base.cp_decode_steps
+                          if base.cp_decode_steps > 0 else 0.0)
+    return out
+
+
+def simulate(cfg: SimConfig, ranks: list[int], modes: list[ModeSpec], et: EngineTime,
+             lengths: LengthSource) -> list[Summary]:
+    """All scenarios, in the order of `ranks` then `modes`."""
+    return [s for r in ranks for s in run_scenario(cfg, r, modes, et, lengths)]

@@ -1,0 +1,141 @@
+"""Scenario-level properties: bubble, speedup, monotonicity, determinism (modelled)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from bubblespec.sim.model import SimConfig, run_scenario
+from bubblespec.sim.policy import (
+    ModeSpec,
+    default_modes,
+    load_accept_json,
+    merge_modes,
+    parse_mode_flag,
+    solve_covered,
+)
+from bubblespec.sim.workload import LengthSource, assign_prompts
+
+SMALL = {"prompts_per_rank": 4, "n": 8, "steps": 3, "max_num_seqs": 64}
+SHORT = LengthSource.default(median=300, max_new_tokens=3000)
+
+
+def by_name(rows):
+    return {s.mode: s for s in rows}
+
+
+@pytest.mark.parametrize("assign", ["round_robin", "lpt"])
+def test_equal_lengths_give_no_bubble(tmp_path, et, assign):
+    p = tmp_path / "l.json"
+    p.write_text(json.dumps([777]))
+    rows = run_scenario(SimConfig(**SMALL, assign=assign, lpt_noise=0.0), 8, default_modes(), et,
+                        LengthSource.from_json(p))
+    for s in rows:
+        assert s.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+        assert s.coverage == 0 and s.stop_lag_s == 0
+
+
+def test_zero_acceptance_gives_speedup_one(et):
+    modes = [ModeSpec("none", 0, 0), ModeSpec("zero", 0, 0),
+             ModeSpec("bubblespec_zero", 0, 0, True, 0, 0), ModeSpec("costly", 0, 4)]
+    rows = by_name(run_scenario(SimConfig(**SMALL), 16, modes, et, SHORT))
+    assert rows["zero"].speedup == pytest.approx(1.0, abs=1e-12)
+    assert rows["zero"].cp_reduction == pytest.approx(0.0, abs=1e-12)
+    # pre-generating with useless drafts only adds the (bounded) stop lag
+    assert rows["bubblespec_zero"].speedup <= 1.0
+    assert rows["bubblespec_zero"].speedup > 0.99
+    assert rows["costly"].speedup <= 1.0  # verifying drafts that are never accepted costs
+
+
+def test_speedup_is_monotone_in_acceptance(et):
+    accs = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+    modes = [ModeSpec("none", 0, 0)] + [ModeSpec(f"a{a}", a, 4.0) for a in accs]
+    modes += [ModeSpec(f"p{a}", 0.5, 4.0, True, a, 4.0) for a in accs]
+    for r in (8, 32):
+        rows = by_name(run_scenario(SimConfig(**SMALL), r, modes, et, SHORT))
+        for prefix in ("a", "p"):
+            sp = [rows[f"{prefix}{a}"].speedup for a in accs]
+            assert all(x <= y + 1e-12 for x, y in itertools.pairwise(sp)), (prefix, sp)
+
+
+def test_deterministic_under_seed(et):
+    a = run_scenario(SimConfig(**SMALL, seed=7), 16, default_modes(), et, SHORT)
+    b = run_scenario(SimConfig(**SMALL, seed=7), 16, default_modes(), et, SHORT)
+    c = run_scenario(SimConfig(**SMALL, seed=8), 16, default_modes(), et, SHORT)
+    assert [s.row() for s in a] == [s.row() for s in b]
+    assert [s.row() for s in a] != [s.row() for s in c]
+
+
+def test_pregen_only_in_pregen_modes_and_shares_are_fractions(et):
+    rows = by_name(run_scenario(SimConfig(**SMALL), 16, default_modes(), et, SHORT))
+    assert rows["bubblespec"].coverage > 0 and rows["suffix"].coverage == 0
+    for s in rows.values():
+        assert 0 <= s.bubble_fraction < 1 and 0 <= s.pregen_bubble_share <= 1 + 1e-9
+        assert 0 <= s.coverage <= 1
+
+
+def test_synthetic_lengths_have_the_stated_shape():
+    rng = np.random.default_rng(0)
+    x = LengthSource.default(max_new_tokens=10**9).sample(rng, 20000, 4)
+    ratio = np.percentile(x, 99) / np.median(x)
+    assert 5.4 < ratio < 6.6 and 1900 < np.median(x) < 2100
+    logs = np.log(x)
+    corr = np.corrcoef(logs[:, 0], logs[:, 1])[0, 1]
+    assert 0.45 < corr < 0.55
+
+
+def test_length_files(tmp_path):
+    rng = np.random.default_rng(0)
+    (tmp_path / "a.json").write_text(json.dumps([5, 6, 7]))
+    (tmp_path / "b.json").write_text(json.dumps({"by_prompt": [[10, 11], [1000, 1001]]}))
+    a = LengthSource.from_json(tmp_path / "a.json", scale=2.0).sample(rng, 10, 3)
+    assert set(np.unique(a)) <= {10, 12, 14}
+    b = LengthSource.from_json(tmp_path / "b.json").sample(rng, 50, 4)
+    assert np.all((b.max(axis=1) < 20) | (b.min(axis=1) > 900))  # siblings stay together
+    (tmp_path / "c.json").write_text(json.dumps({"x": 1}))
+    with pytest.raises(ValueError):
+        LengthSource.from_json(tmp_path / "c.json")
+
+
+def test_lpt_balances_better_than_round_robin_with_an_oracle():
+    rng = np.random.default_rng(1)
+    L = rng.lognormal(7, 1, size=(64, 4))
+    loads = [np.bincount(assign_prompts(L, 8, how, 0.0), weights=L.sum(1), minlength=8)
+             for how in ("round_robin", "lpt")]
+    assert loads[1].max() <= loads[0].max()
+
+
+def test_accept_json_and_mode_flags(tmp_path):
+    p = tmp_path / "acc.json"
+    p.write_text(json.dumps({"nospec": {"accepted_per_forward": 0},
+                             "suffix": {"accepted_per_forward": 0.8, "drafted_per_forward": 3},
+                             "bubblespec": {"tokens_per_forward": 2.5, "pregen_coverage": 0.5}}))
+    modes, notes = load_accept_json(p)
+    m = {x.name: x for x in modes}
+    assert modes[0].name == "nospec" and m["nospec"].is_baseline
+    bs = m["bubblespec"]
+    assert bs.uses_pregen and bs.accepted == pytest.approx(0.8)
+    # harmonic mixing reproduces the overall figure
+    mix = 0.5 / (1 + bs.accepted_covered) + 0.5 / (1 + bs.accepted)
+    assert 1 / mix - 1 == pytest.approx(1.5)
+    assert any("suffix" in n for n in notes)
+    assert solve_covered(1.0, 1.0, 0.2) == pytest.approx(1.0)
+    rows = tmp_path / "rows.json"  # bench/engine_bench.py rows
+    rows.write_text(json.dumps([{"mode": "nospec", "accepted_per_forward": 0.0},
+                                {"mode": "bubblespec_siblings", "accepted_per_forward": 0.4},
+                                {"mode": "bubblespec_pregen", "accepted_per_forward": 2.0}]))
+    m2 = {x.name: x for x in load_accept_json(rows)[0]}
+    assert not m2["bubblespec_siblings"].uses_pregen and m2["bubblespec_pregen"].uses_pregen
+    assert m2["bubblespec_pregen"].accepted == pytest.approx(0.4)
+    assert m2["bubblespec_pregen"].accepted_covered == pytest.approx(2.0)
+    f = parse_mode_flag("mine=pregen:2/5,0.5/2")
+    assert (f.accepted_covered, f.drafted_covered, f.accepted, f.drafted) == (2, 5, 0.5, 2)
+    merged = merge_modes(default_modes(), [f, parse_mode_flag("suffix=1/3")])
+    assert next(x.name for x in merged) == "none" and {x.name: x for x in merged}[
+        "suffix"].accepted == 1
+    for bad in ("x=1", "x=2/1", "x=pregen:1/2"):
+        with pytest.raises(ValueError):
+            parse_mode_flag(bad)
