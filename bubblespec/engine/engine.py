@@ -267,4 +267,5 @@ class RolloutEngine:
         llm, self.llm = self.llm, None
         if llm is not None:
             llm.shutdown()
-            del llm  # let AsyncLLM.__del__ run now, not at interpreter exit
+            llm.shutdown = lambda *a, **k: None  # AsyncLLM.__del__ would shut down again
+            # at interpreter exit, when vLLM's module globals are already gone

@@ -1,0 +1,133 @@
+"""`make bench-engine`: decode steps of one rollout batch under each speculation mode.
+
+Setup (tiny model, its task, temperature 1.0): batch B0 is sampled with the shipped
+weights and one GRPO update turns them into new weights; meanwhile the OLD weights
+pre-generate responses for the next batch B1 (what a rank does in its bubble). Then B1 is
+rolled out with the NEW weights under each mode, same prompts and seeds:
+(a) no speculation, (b) vLLM ngram, (c) vLLM suffix (needs `make bench-deps`),
+(d) bubblespec with siblings only, (e) bubblespec with pre-generated drafts + siblings.
+Decode steps = target forward passes that emitted tokens, summed over requests. Since
+sampled lengths differ between modes, reductions are computed per generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import tempfile
+import time
+
+from bubblespec.engine import EngineConfig, GenRequest, SamplingSpec
+from bubblespec.engine.engine import RolloutEngine
+from bubblespec.tasks import default_model_dir, default_task
+from bubblespec.train.grpo import Rollout, Trainer
+
+
+def requests(prompts: list, n: int, seed: int, max_new: int, eos: int,
+             seed_mode: str = "default") -> list[GenRequest]:
+    return [GenRequest(input_ids=list(p.input_ids), n=n,
+                       seeds=[seed * 100_003 + i * 1_009 + j for j in range(n)],
+                       sampling=SamplingSpec(max_new_tokens=max_new, temperature=1.0,
+                                             stop_token_ids=[eos], seed_mode=seed_mode))
+            for i, p in enumerate(prompts)]
+
+
+def summarise(name: str, results: list, secs: float) -> dict:
+    samples = [s for r in results for s in r.samples]
+    steps = sum(s.decode_steps for s in samples)
+    toks = sum(len(s.output_ids) for s in samples)
+    acc = sum(s.num_accepted_tokens for s in samples)
+    return {"mode": name, "requests": len(samples), "steps": steps, "tokens": toks,
+            "steps_per_req": steps / len(samples), "tokens_per_req": toks / len(samples),
+            "tokens_per_forward": toks / max(steps, 1), "accepted_per_forward": acc / max(steps, 1),
+            "wall_s": secs}
+
+
+async def run_mode(name: str, cfg: EngineConfig, reqs: list[GenRequest]) -> dict:
+    eng = await RolloutEngine.start(cfg)
+    try:
+        t = time.monotonic()
+        res = await eng.generate(reqs)
+        return summarise(name, res, time.monotonic() - t)
+    finally:
+        await eng.shutdown()
+
+
+async def main(args: argparse.Namespace) -> None:
+    task = default_task()
+    old_dir = args.model or str(default_model_dir())
+    b0 = task.make_prompts(args.prompts, seed=args.seed)
+    b1 = task.make_prompts(args.prompts, seed=args.seed + 1)
+    r0 = requests(b0, args.n, 0, task.max_new_tokens, task.eos_id)
+    r1 = requests(b1, args.n, 1, task.max_new_tokens, task.eos_id)
+    k1 = requests(b1, args.n, 1, task.max_new_tokens, task.eos_id, seed_mode="keyed")
+    new_dir = tempfile.mkdtemp(prefix="bubblespec-newweights-")
+    rows = []
+    # Old weights: sample B0 (the step that trains) and pre-generate B1 in "the bubble".
+    eng = await RolloutEngine.start(EngineConfig(model=old_dir, spec_mode="bubblespec"))
+    try:
+        out0 = await eng.generate(r0)
+        pregen = await eng.generate(r1)
+        pregen_keyed = await eng.generate(k1)
+        trainer = Trainer(old_dir, lr=args.lr, threads=2)
+        stats = trainer.step([Rollout(list(p.input_ids), [s.output_ids for s in o.samples],
+                                      [s.output_logprobs for s in o.samples],
+                                      [task.reward(p, s.output_ids) for s in o.samples])
+                              for p, o in zip(b0, out0)])
+        trainer.save(new_dir)
+        print(f"GRPO update on B0: mean reward {stats['mean_reward']:.3f}, loss "
+              f"{stats['loss']:.4f}, max |logprob gap| {stats['max_abs_logprob_gap']:.2e}")
+        await eng.update_weights(new_dir)
+        await eng.set_sources(pregen=False, siblings=True, self_context=False)
+        t = time.monotonic()
+        rows.append(summarise("bubblespec_siblings", await eng.generate(r1),
+                              time.monotonic() - t))
+        await eng.set_sources(pregen=True, siblings=True, self_context=False)
+        await eng.add_drafts([(r.group_key(), s.sample_index, s.output_ids)
+                              for r, o in zip(r1, pregen) for s in o.samples])
+        t = time.monotonic()
+        rows.append(summarise("bubblespec_pregen", await eng.generate(r1),
+                              time.monotonic() - t))
+        await eng.release_groups([r.group_key() for r in r1])
+        await eng.add_drafts([(r.group_key(), s.sample_index, s.output_ids)
+                              for r, o in zip(k1, pregen_keyed) for s in o.samples])
+        t = time.monotonic()
+        rows.append(summarise("bubblespec_pregen_keyed", await eng.generate(k1),
+                              time.monotonic() - t))
+    finally:
+        await eng.shutdown()
+    rows.insert(0, await run_mode("nospec", EngineConfig(model=new_dir, spec_mode="none"), r1))
+    rows.insert(1, await run_mode("ngram", EngineConfig(model=new_dir, spec_mode="ngram"), r1))
+    if importlib.util.find_spec("arctic_inference"):
+        rows.insert(2, await run_mode("suffix", EngineConfig(model=new_dir, spec_mode="suffix"),
+                                      r1))
+    else:
+        print("vLLM suffix: arctic-inference not installed (run `make bench-deps`)")
+    base = rows[0]["steps"] / max(rows[0]["tokens"], 1)
+    print(f"\n{args.prompts} prompts x n={args.n}, T=1.0, k={EngineConfig().num_speculative_tokens}")
+    hdr = ("mode", "steps/req", "tokens/req", "tokens/fwd", "accepted/fwd", "wall_s")
+    print("{:<22}{:>10}{:>12}{:>12}{:>14}{:>9}".format(*hdr))
+    red = {}
+    for r in rows:
+        print(f"{r['mode']:<22}{r['steps_per_req']:>10.1f}{r['tokens_per_req']:>12.1f}"
+              f"{r['tokens_per_forward']:>12.2f}{r['accepted_per_forward']:>14.2f}"
+              f"{r['wall_s']:>9.1f}")
+        red[r["mode"]] = 1 - (r["steps"] / max(r["tokens"], 1)) / base
+    fmt = {k: (f"{red[k]:.3f}" if k in red else "n/a") for k in
+           ("ngram", "suffix", "bubblespec_siblings", "bubblespec_pregen")}
+    print(f"bubblespec_pregen_keyed (keyed-noise sampling, issue 7): "
+          f"{red.get('bubblespec_pregen_keyed', float('nan')):.3f}")
+    print("decode_step_reduction_vs_nospec: ngram={ngram} suffix={suffix} "
+          "bubblespec_siblings={bubblespec_siblings} bubblespec_pregen={bubblespec_pregen}"
+          .format(**fmt))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--model", default="", help="model dir (default: the embedded model)")
+    asyncio.run(main(ap.parse_args()))
