@@ -1,0 +1,104 @@
+"""GRPO on a HF causal LM in torch: group-normalised advantages, PPO-clipped ratio
+against the rollout's own log-probs, one optimiser step per rollout batch.
+
+The ratio is taken against the log-probs the rollout service returned for the emitted
+tokens; with exact (on-policy) rollouts the first step's ratio is 1 up to float error,
+which `Trainer.step` reports as `max_abs_logprob_gap` (a live exactness check).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One prompt's group of samples, as the rollout service returned them."""
+
+    prompt_ids: list[int]
+    outputs: list[list[int]]
+    logprobs: list[list[float]]
+    rewards: list[float]
+
+
+def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """(r - mean) / (std + eps) within one prompt's group (all zero if rewards are equal)."""
+    n = len(rewards)
+    mean = sum(rewards) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+    return [(r - mean) / (std + eps) if std > 0 else 0.0 for r in rewards]
+
+
+class Trainer:
+    """Holds the policy and its optimiser; `step` takes one GRPO update."""
+
+    def __init__(self, model_dir: str, lr: float = 3e-4, clip: float = 0.2,
+                 max_grad_norm: float = 1.0, seed: int = 0, threads: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self.clip = clip
+        self.max_grad_norm = max_grad_norm
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+
+    def _token_logprobs(self, seqs: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+        """Log-probs of tokens seqs[i][starts[i]:] under the current policy."""
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        tok = torch.gather(logp, 2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return [tok[i, starts[i] - 1 : len(s) - 1] for i, s in enumerate(seqs)]
+
+    def step(self, batch: list[Rollout], micro_batch: int = 32) -> dict[str, float]:
+        """One optimiser step over all samples of `batch` (sequence-mean GRPO loss)."""
+        items = []
+        for r in batch:
+            for out, lp, adv in zip(r.outputs, r.logprobs, group_advantages(r.rewards)):
+                if out and adv != 0.0:
+                    items.append((r.prompt_ids + out, len(r.prompt_ids), lp, adv))
+        stats = {"samples": float(len(items)), "loss": 0.0, "max_abs_logprob_gap": 0.0,
+                 "mean_reward": sum(sum(r.rewards) for r in batch)
+                 / max(1, sum(len(r.rewards) for r in batch))}
+        if not items:
+            return stats
+        self.opt.zero_grad()
+        total = 0.0
+        for i in range(0, len(items), micro_batch):
+            chunk = items[i : i + micro_batch]
+            new = self._token_logprobs([c[0] for c in chunk], [c[1] for c in chunk])
+            loss = torch.zeros(())
+            for (_, _, old, adv), lp in zip(chunk, new):
+                old_t = torch.tensor(old[: lp.shape[0]], dtype=torch.float32)
+                gap = float((lp.detach() - old_t).abs().max())
+                stats["max_abs_logprob_gap"] = max(stats["max_abs_logprob_gap"], gap)
+                ratio = torch.exp(lp - old_t)
+                clipped = torch.clamp(ratio, 1 - self.clip, 1 + self.clip)
+                per_tok = -torch.minimum(ratio * adv, clipped * adv)
+                loss = loss + per_tok.mean()
+            loss = loss / len(items)
+            loss.backward()
+            total += float(loss)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+        stats["loss"] = total
+        return stats
+
+    def save(self, out_dir: str) -> str:
+        """Write the policy as safetensors (what `POST /v1/weights` reloads)."""
+        os.makedirs(out_dir, exist_ok=True)
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        return out_dir
