@@ -27,6 +27,8 @@ class GatewayConfig(BaseConfig):
     """host:port of the synchronizer (empty: no synchronizer; ranks decode without drafts)."""
     sync_token: SecretStr | None = None
     """Bearer token for the synchronizer's mutating RPCs."""
+    pregen_drain_s: float = Field(5.0, ge=0)
+    """Before a step, wait up to this long for ranks still pre-generating to push their drafts."""
     sync_timeout_s: float = Field(2.0, gt=0)
     """Deadline of each synchronizer RPC, seconds."""
     ranks: list[str] = Field(default_factory=list)

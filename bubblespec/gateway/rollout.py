@@ -96,6 +96,16 @@ class Rollouts:
         cur = d.snapshot.current_step if d.snapshot is not None else None
         return 0 if cur is None else cur + 1
 
+    async def _drain_pregen(self, d: Discovery) -> None:
+        """Ranks stop pre-generating within T decode steps of the stop signal, then push
+        their drafts; wait (bounded) so the next step's fetch sees every draft."""
+        deadline = time.monotonic() + self.config.pregen_drain_s
+        busy = [r for r in d.ready if r.state == "pregen"]
+        while busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            probed = await asyncio.gather(*(self.pool.probe(r) for r in busy))
+            busy = [r for r in probed if r.state == "pregen"]
+
     async def _finish_previous(self, sync_ok: bool, close: bool = True) -> None:
         """Close the previous step and record the bubble figures of steps now final."""
         if self.sync is None or not sync_ok:
@@ -179,6 +189,7 @@ class Rollouts:
             warnings.append(f"synchronizer unreachable: {d.sync_error}; ranks decode without "
                             "drafts, no pre-generation this step")
             self.metrics.sync_unavailable.inc()
+        await self._drain_pregen(d)
         ready = self._current_ranks(d.ready, warnings)
         if not ready:
             known = "; ".join(f"{r.rank_id}: {r.error or r.state}" for r in d.ranks) or "none"

@@ -157,6 +157,8 @@ class RankWorker:
         except Exception:  # pre-generation is best effort: never take the rank down
             log.exception("pre-generation of step %d failed", step + 1)
         t1 = time.time()
+        if self.state == "pregen":
+            self._set("idle")
         if t1 > t0:
             await self.sync.report_spans(self.rank_id, step,
                                          [Span(SpanKind.PREGEN, t0, t1, tokens)])
@@ -167,8 +169,6 @@ class RankWorker:
         if t2 > t1:
             await self.sync.report_spans(self.rank_id, step, [Span(SpanKind.IDLE, t1, t2, 0)])
         self.m.bubble_seconds.labels(self.rank_id).inc(t2 - done_at)
-        if self.state == "pregen":
-            self._set("idle")
 
     async def _wait_stop_or_cancel(self, step: int) -> None:
         """Idle until the step's stop signal or a local stop (next shard, weight update)."""
