@@ -82,7 +82,7 @@ def format_table(records: list[StepRecord]) -> str:
     rank_ids = sorted({r.rank_id for rec in records if rec.report for r in rec.report.ranks}
                       | {r.rank_id for rec in records for r in rec.result.ranks})
     head = ["step", "wall s"] + [f"{r} busy/bubl/pgen s" for r in rank_ids] + [
-        "bubble %", "pregen tok", "fetched tok", "dec steps crit", "dec steps tot",
+        "bubble %", "stop lag ms", "pregen tok", "fetched tok", "dec steps crit", "dec steps tot",
         "tok/fwd", "accept %", "reward"]
     rows = []
     for rec in records:
@@ -95,7 +95,9 @@ def format_table(records: list[StepRecord]) -> str:
         rep = rec.report
         bubble = rep.bubble_fraction if rep and rep.bubble_fraction is not None else None
         acc = c.num_accepted_tokens / c.num_draft_tokens if c.num_draft_tokens else None
+        lag = rep.stop_lag_s if rep else None
         cells += [f"{100 * bubble:.0f}" if bubble is not None else "-",
+                  f"{1000 * lag:.0f}" if lag is not None else "-",
                   str(rep.pregen_tokens) if rep else "-", str(c.drafts_fetched_tokens),
                   str(c.decode_steps_critical), str(c.decode_steps_total),
                   f"{c.tokens_per_forward:.2f}", f"{100 * acc:.0f}" if acc is not None else "-",
@@ -107,9 +109,25 @@ def format_table(records: list[StepRecord]) -> str:
              "the bubble;\npregen tok = generated in this step's bubble for the next step; "
              "fetched tok = drafts\nthe ranks fetched at this step's start; dec steps = target "
              "forward passes (crit = slowest rank,\ntot = summed over ranks); tok/fwd = "
-             "completion tokens / per-request forward passes.")
+             "completion tokens / per-request forward passes; stop lag = stop signal -> end "
+             "of\nthe last pre-generation span (pre-gen stops within T decode steps + one "
+             "RPC).")
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), "",
                       notes])
+
+
+def sync_rpc_seconds(metrics_url: str | None) -> float | None:
+    """Total seconds the synchronizer spent handling RPCs so far (its own histogram)."""
+    if not metrics_url:
+        return None
+    import httpx
+
+    try:
+        text = httpx.get(metrics_url, timeout=5).text
+    except httpx.HTTPError:
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("bubblespec_sync_rpc_duration_seconds_sum"))
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -130,7 +148,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def run(args: argparse.Namespace, url: str) -> list[StepRecord]:
+def run(args: argparse.Namespace, url: str, sync_metrics: str | None = None
+        ) -> list[StepRecord]:
     from bubblespec.tasks import default_task
 
     task = default_task()
@@ -138,11 +157,17 @@ def run(args: argparse.Namespace, url: str) -> list[StepRecord]:
                 "max_new_tokens": args.max_new_tokens or task.max_new_tokens}
     with BubbleSpecClient(url) as client:
         client.wait_ready(timeout_s=120)
+        rpc0 = sync_rpc_seconds(sync_metrics)
         records = run_steps(client, task, args.steps, args.prompts, args.n, sampling,
                             seed=args.seed)
+        rpc1 = sync_rpc_seconds(sync_metrics)
         attach_reports(client, records)
     print()
     print(format_table(records))
+    if rpc0 is not None and rpc1 is not None:
+        wall = sum(r.wall_s for r in records)
+        print(f"\nsynchronizer cost: {1000 * (rpc1 - rpc0):.1f} ms handling RPCs over "
+              f"{wall:.1f} s of steps = {100 * (rpc1 - rpc0) / wall:.3f}% of step wall time")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"step": r.step, "wall_s": r.wall_s, "mean_reward": r.mean_reward,
@@ -165,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           log_dir=args.log_dir) as cluster:
             print(f"cluster ready: gateway {cluster.gateway_url}, logs {cluster.log_dir}",
                   flush=True)
-            run(args, cluster.gateway_url)
+            run(args, cluster.gateway_url, cluster.addresses()["sync_metrics"])
         return 0
     except ClusterError as e:
         print(f"run_demo: cluster failed: {e}", file=sys.stderr)

@@ -150,6 +150,7 @@ class RankBubble:
     pregen_tokens: int = 0
     decode_tokens: int = 0
     spans: int = 0
+    stop_lag_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,11 @@ class StepReport:
     rollout: dict[str, Any] | None
     timeline: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def stop_lag_s(self) -> float | None:
+        """How long pre-generation ran past the step's stop signal (slowest rank)."""
+        return (self.timeline or {}).get("stop_lag_s")
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepReport:

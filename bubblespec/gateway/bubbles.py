@@ -36,6 +36,8 @@ class RankBubble:
     pregen_tokens: int
     decode_tokens: int
     spans: int
+    stop_lag_s: float | None = None
+    """Stop signal -> end of the rank's last pre-generation span (None: no pre-gen)."""
 
 
 @dataclass
@@ -53,6 +55,8 @@ class StepBubbles:
     pregen_share: float
     """Summed pre-gen over summed bubble."""
     pregen_tokens: int
+    stop_lag_s: float | None = None
+    """Largest stop lag of any rank: how long pre-generation ran past the stop signal."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -95,15 +99,19 @@ def step_bubbles(t: StepTimeline, now_unix_s: float | None = None) -> StepBubble
         pregen, pregen_tokens = _clipped(spans, SpanKind.PREGEN, t.opened_unix_s, end)
         bubble = max(0.0, wall - busy)
         pregen = min(pregen, bubble)
+        ends = [s.end_unix_s for s in spans if s.kind is SpanKind.PREGEN]
+        lag = max(0.0, max(ends) - t.stop_unix_s) if ends and t.stop_unix_s else None
         ranks.append(RankBubble(
             rank_id=r, num_requests=shards.get(r, 0), done_s=done_s, busy_s=busy,
             bubble_s=bubble, pregen_s=pregen, idle_s=max(0.0, bubble - pregen),
             bubble_fraction=_ratio(bubble, wall), pregen_share=_ratio(pregen, bubble),
-            pregen_tokens=pregen_tokens, decode_tokens=decode_tokens, spans=len(spans)))
+            pregen_tokens=pregen_tokens, decode_tokens=decode_tokens, spans=len(spans),
+            stop_lag_s=lag))
     total_bubble = sum(r.bubble_s for r in ranks)
     return StepBubbles(
         step=t.step, opened_unix_s=t.opened_unix_s, stop_unix_s=t.stop_unix_s,
         closed_unix_s=t.closed_unix_s, wall_s=wall, complete=complete, ranks=ranks,
         bubble_fraction=_ratio(total_bubble, wall * len(ranks)),
         pregen_share=_ratio(sum(r.pregen_s for r in ranks), total_bubble),
-        pregen_tokens=sum(r.pregen_tokens for r in ranks))
+        pregen_tokens=sum(r.pregen_tokens for r in ranks),
+        stop_lag_s=max((r.stop_lag_s for r in ranks if r.stop_lag_s is not None), default=None))
