@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test bench-suffix bench-deps bench-engine proto proto-check lint clean
+.PHONY: install run up test bench bench-suffix bench-deps bench-engine proto proto-check lint clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ up: install
 
 bench-suffix: install
 	$(BIN)/python -m bench.suffix_bench
+
+# The GRPO schedule through the real service under each rollout mode (about 13 min here).
+bench: install
+	$(BIN)/bubblespec bench
 
 # vLLM engines under each speculation mode on the tiny model (suffix column needs bench-deps).
 bench-engine: install

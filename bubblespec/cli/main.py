@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rank": ("bubblespec.rank.server", "run a rank server (FastAPI + vLLM engine)"),
     "health": ("bubblespec.cli.health", "probe a process: gRPC health or HTTP /health_generate"),
     "simulate": ("bubblespec.cli.simulate", "model rollout steps at scale (modelled figures)"),
+    "train-demo": ("bubblespec.cli.train_demo", "a real GRPO loop through a local cluster"),
+    "bench": ("bubblespec.cli.bench", "the same GRPO schedule under each rollout mode"),
 }
 
 

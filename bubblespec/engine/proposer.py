@@ -32,6 +32,7 @@ class _Req:
     last_draft: int = 0
     aligned: list[int] | None = None  # pre-generated response with this sample index
     n_out: int = 0  # output tokens so far
+    out: list[int] = field(default_factory=list)  # the output (kept for history)
 
 
 class BubbleSpecProposer:
@@ -53,6 +54,7 @@ class BubbleSpecProposer:
         self.prompts_added: set[str] = set()
         self.drafts_by_group: dict[str, list[tuple]] = {}
         self.aligned: dict[tuple[str, int], list[int]] = {}
+        self.history_seqs: dict[str, list[tuple]] = {}  # finished outputs kept per group
         install_cpu_sampler_fix()
 
     # ------------------------------------------------------------------ control (RPC)
@@ -139,10 +141,15 @@ class BubbleSpecProposer:
         if self.self_context and group not in self.prompts_added:
             self.index.add_sequence(("prompt", group), group, prompt)
             self.prompts_added.add(group)
-        if not self.siblings and self.pregen:  # private group: copy the pushed drafts in
-            for sid in self.drafts_by_group.get(gtok, []):
-                self.index.add_sequence(("copy", group, sid), group,
-                                        self.index.sequence_tokens(sid))
+        if not self.siblings:  # private group: copy the shared drafts it may use
+            shared = (self.drafts_by_group.get(gtok, []) if self.pregen else []) + (
+                self.history_seqs.get(gtok, []) if self.history else [])
+            for sid in shared:
+                try:
+                    toks = self.index.sequence_tokens(sid)
+                except ValueError:  # evicted under the token budget
+                    continue
+                self.index.add_sequence(("copy", group, sid), group, toks)
         seq_id = ("out", base, n_tokens)
         done = token_ids_cpu[row, n_prompt:n_tokens].tolist()
         if self.siblings or self.self_context:
@@ -151,12 +158,23 @@ class BubbleSpecProposer:
         aligned = self.aligned.get((gtok, sample)) if self.pregen else None
         if aligned is not None and aligned[: len(done)] != done:
             aligned = None
-        return _Req(group, seq_id, matcher, aligned=aligned, n_out=len(done))
+        return _Req(group, seq_id, matcher, aligned=aligned, n_out=len(done),
+                    out=list(done) if self.history else [])
 
     def _finish(self, req_id: str) -> None:
         st = self.reqs.pop(req_id)
+        gtok = parse_request_id(req_id)[0]
         if self.siblings or self.self_context:
             self.index.finish_sequence(st.seq_id)
+        if self.history and self.siblings:  # the finished output stays in the shared group
+            self.history_seqs.setdefault(gtok, []).append(st.seq_id)
+        elif self.history and st.out:  # keep a copy in the shared group
+            hid = ("hist",) + st.seq_id[1:]
+            self.index.add_sequence(hid, gtok, st.out)
+            self.history_seqs.setdefault(gtok, []).append(hid)
+        if not self.siblings and st.group in self.index.groups():
+            self.index.remove_group(st.group)  # a private group serves one request only
+            self.prompts_added.discard(st.group)
         self.finished[parse_request_id(req_id)[2]] = tuple(st.stats)
         while len(self.finished) > _MAX_FINISHED_STATS:
             self.finished.popitem(last=False)
@@ -179,6 +197,8 @@ class BubbleSpecProposer:
                 continue
             stats = st.stats
             stats[0] += 1
+            if self.history:
+                st.out.extend(sampled)
             if st.last_draft:
                 stats[3] += len(sampled) - 1
             if self.siblings or self.self_context:

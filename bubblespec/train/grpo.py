@@ -91,7 +91,7 @@ class Trainer:
                 loss = loss + per_tok.mean()
             loss = loss / len(items)
             loss.backward()
-            total += float(loss)
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         stats["loss"] = total

@@ -224,6 +224,31 @@ def _rollout_in_thread(client: BubbleSpecClient, **kw: Any) -> tuple[threading.T
     return t, out
 
 
+def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: LocalCluster,
+                                        task: Any) -> None:
+    """SIGKILL the synchronizer while both ranks decode: the step completes, every request
+    is answered, greedy outputs equal a fault-free run; ranks re-register when it is back."""
+    greedy = {"temperature": 0.0, "max_new_tokens": 600, "ignore_eos": True}
+    prompts = [task.make_prompt(i, 3, MAX_STEPS - 30 + i) for i in range(4)]
+    clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
+    t, out = _rollout_in_thread(client, prompts=prompts, n=1, sampling_params=greedy,
+                                next_prompts=prompts)
+    _wait_decoding(cluster, "r0")
+    cluster.kill("sync")
+    t.join(300)
+    assert "result" in out, out.get("error")
+    res: RolloutResult = out["result"]
+    check_result(res, prompts, 1)
+    assert res.output_ids() == clean.output_ids()
+    cluster.restart("sync")
+    deadline = time.monotonic() + 30
+    while not all(r.registered for r in client.ranks()):
+        assert time.monotonic() < deadline, client.ranks()
+        time.sleep(0.5)
+    again = client.rollout(prompts, n=1, sampling_params=greedy)
+    assert again.warnings == [] and again.output_ids() == clean.output_ids()
+
+
 def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalCluster,
                                        task: Any) -> None:
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(6)]

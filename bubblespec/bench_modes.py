@@ -1,0 +1,307 @@
+"""Pure parts of `bubblespec bench`: the rollout modes, per-step figures, totals, the
+reduction formula and the JSON shape (no cluster, no torch; tested in tests/bench).
+
+Definitions (documented once, used everywhere):
+
+- **critical-path decode steps** of a step: max over ranks of the engine forward passes that
+  rank ran for the step (`RankShard.decode_steps`, summed into the gateway's
+  `counters.decode_steps_critical`). Ranks report it, so the fallback (max over requests of a
+  request's `decode_steps`) is only used when every rank reports 0.
+- **total decode steps**: forward passes summed over ranks (`counters.decode_steps_total`).
+- **accepted tokens per forward**: completion tokens / per-request forward passes
+  (`counters.tokens_per_forward`; 1.0 without speculation).
+- **reduction** of a mode: 1 - sum(mode's critical-path steps) / sum(nospec's), over every
+  step after step 0 (index >= 1 of the schedule).
+- **crit/longest**: critical-path steps / tokens of the step's longest response (summed over
+  steps after step 0). Without speculation it is ~1 (the critical path is the longest
+  response); since sampled lengths differ between modes, 1 - crit/longest is a length-
+  normalised view of the same saving.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "bubblespec.bench/v1"
+
+SPEC_OFF_SRCS = ["--no-src-pregen", "--no-src-siblings", "--no-src-self"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One rollout mode of the benchmark."""
+
+    name: str
+    rank_args: tuple[str, ...]
+    pregen: bool = False
+    """Pass the next step's prompts ahead (pre-generation in the bubble)."""
+    seed_mode: str = "default"
+    needs: str = ""
+    """A module that must be importable, else the mode is skipped."""
+    label: str = ""
+    """Name in the final line (default: `name`)."""
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
+MODES: tuple[Mode, ...] = (
+    Mode("nospec", ("--spec-mode=none",)),
+    Mode("ngram", ("--spec-mode=ngram",)),
+    Mode("suffix", ("--spec-mode=suffix",), needs="arctic_inference"),
+    Mode("history", ("--spec-mode=bubblespec", *SPEC_OFF_SRCS, "--src-history")),
+    Mode("bubblespec", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True),
+    Mode("bubblespec-keyed", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True,
+         seed_mode="keyed", label="keyed"),
+)
+BASELINE = "nospec"
+FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed")
+
+
+def mode_by_name(names: Iterable[str]) -> list[Mode]:
+    known = {m.name: m for m in MODES}
+    out = []
+    for n in names:
+        if n not in known:
+            raise ValueError(f"unknown mode {n!r} (known: {', '.join(known)})")
+        out.append(known[n])
+    return out
+
+
+def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
+                 wall_s: float, mean_reward: float) -> dict[str, Any]:
+    """One step's figures from the rollout's JSON-like dict (`RolloutResult` as a dict:
+    counters, ranks, prompts) and the step timeline (`StepReport` as a dict, or None)."""
+    c = result.get("counters", {})
+    ranks = result.get("ranks", [])
+    crit = int(c.get("decode_steps_critical", 0))
+    crit_source = "rank_forward_passes"
+    if crit <= 0:
+        per_req = [s.get("decode_steps", 0) for p in result.get("prompts", [])
+                   for s in p.get("samples", [])]
+        crit = int(max(per_req, default=0))
+        crit_source = "max_request_decode_steps"
+    lengths = [len(s.get("output_ids", [])) for p in result.get("prompts", [])
+               for s in p.get("samples", [])]
+    rep_ranks = (report or {}).get("ranks", []) or []
+    bubble = {r["rank_id"]: {k: r.get(k) for k in ("busy_s", "bubble_s", "pregen_s", "idle_s",
+                                                    "bubble_fraction", "done_s",
+                                                    "pregen_tokens")}
+              for r in rep_ranks}
+    n_draft = int(c.get("num_draft_tokens", 0))
+    n_acc = int(c.get("num_accepted_tokens", 0))
+    return {
+        "wall_s": float(wall_s),
+        "mean_reward": float(mean_reward),
+        "decode_steps_critical": crit,
+        "critical_source": crit_source,
+        "decode_steps_total": int(c.get("decode_steps_total", 0)),
+        "completion_tokens": int(c.get("completion_tokens", 0)),
+        "tokens_per_forward": float(c.get("tokens_per_forward", 0.0)),
+        "draft_tokens": n_draft,
+        "accepted_tokens": n_acc,
+        "acceptance": n_acc / n_draft if n_draft else None,
+        "pregen_tokens": int((report or {}).get("pregen_tokens", 0) or 0),
+        "accepted_pregen_tokens": int(c.get("num_accepted_pregen_tokens", 0)),
+        "drafts_fetched_tokens": int(c.get("drafts_fetched_tokens", 0)),
+        "rank_decode_steps": {r["rank_id"]: int(r.get("decode_steps", 0)) for r in ranks},
+        "bubble": bubble,
+        "bubble_fraction": (report or {}).get("bubble_fraction"),
+        "max_len": max(lengths, default=0),
+        "mean_len": sum(lengths) / len(lengths) if lengths else 0.0,
+    }
+
+
+def totals(steps: Sequence[Mapping[str, Any]], skip_first: bool = True) -> dict[str, Any]:
+    """Totals of a mode over its steps (`skip_first`: steps after step 0 only, as the
+    reduction; the `all_` figures include step 0)."""
+    use = list(steps[1:] if skip_first else steps)
+    tok = sum(s["completion_tokens"] for s in use)
+    fwd_req = sum(s["completion_tokens"] / s["tokens_per_forward"] for s in use
+                  if s["tokens_per_forward"] > 0)
+    rewards = [s["mean_reward"] for s in steps]
+    fr = [s["bubble_fraction"] for s in use if s.get("bubble_fraction") is not None]
+    return {
+        "steps": len(use),
+        "decode_steps_critical": sum(s["decode_steps_critical"] for s in use),
+        "decode_steps_total": sum(s["decode_steps_total"] for s in use),
+        "completion_tokens": tok,
+        "tokens_per_forward": tok / fwd_req if fwd_req else 0.0,
+        "pregen_tokens": sum(s["pregen_tokens"] for s in use),
+        "accepted_pregen_tokens": sum(s["accepted_pregen_tokens"] for s in use),
+        "accepted_tokens": sum(s["accepted_tokens"] for s in use),
+        "draft_tokens": sum(s["draft_tokens"] for s in use),
+        "wall_s": sum(s["wall_s"] for s in use),
+        "mean_bubble_fraction": sum(fr) / len(fr) if fr else None,
+        "longest_response_tokens": sum(s["max_len"] for s in use),
+        "critical_per_longest": (sum(s["decode_steps_critical"] for s in use)
+                                 / max(1, sum(s["max_len"] for s in use))),
+        "all_decode_steps_critical": sum(s["decode_steps_critical"] for s in steps),
+        "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        "reward_sem": _sem(rewards),
+    }
+
+
+def _sem(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def reduction(mode_crit: float, base_crit: float) -> float | None:
+    """Fraction of critical-path decode steps saved against the baseline (None: no base)."""
+    if base_crit <= 0:
+        return None
+    return 1.0 - mode_crit / base_crit
+
+
+def reductions(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
+    """Per mode name: the reduction of its after-step-0 critical path against nospec
+    (None for skipped or failed modes, or without a baseline)."""
+    base = results.get(BASELINE) or {}
+    base_crit = (base.get("totals") or {}).get("decode_steps_critical", 0)
+    out: dict[str, float | None] = {}
+    for name, r in results.items():
+        t = r.get("totals")
+        out[name] = reduction(t["decode_steps_critical"], base_crit) if t else None
+    return out
+
+
+def final_line(red: Mapping[str, float | None]) -> str:
+    labels = {m.name: m.key for m in MODES}
+    parts = []
+    for name in FINAL_ORDER:
+        v = red.get(name)
+        parts.append(f"{labels.get(name, name)}={'n/a' if v is None else f'{v:.3f}'}")
+    return "critical_path_decode_step_reduction: " + " ".join(parts)
+
+
+def greedy_agreement(outputs: Mapping[str, list[list[list[int]]] | None]
+                     ) -> dict[str, Any]:
+    """Compare each mode's greedy token ids with the baseline's (first mode if no nospec):
+    per mode, identical (bool) and the share of sequences that differ."""
+    have = {k: v for k, v in outputs.items() if v is not None}
+    if not have:
+        return {"reference": None, "modes": {}}
+    ref_name = BASELINE if BASELINE in have else next(iter(have))
+    ref = [seq for p in have[ref_name] for seq in p]
+    modes = {}
+    for k, v in have.items():
+        seqs = [seq for p in v for seq in p]
+        diff = sum(1 for a, b in zip(ref, seqs) if a != b) + abs(len(ref) - len(seqs))
+        modes[k] = {"identical": diff == 0, "differing_sequences": diff,
+                    "sequences": len(seqs)}
+    return {"reference": ref_name, "all_identical": all(m["identical"] for m in modes.values()),
+            "modes": modes}
+
+
+def reward_agreement(results: Mapping[str, Mapping[str, Any]], z: float = 3.0
+                     ) -> dict[str, Any]:
+    """Sampled check: each mode's mean reward (over all steps) against nospec's, within
+    z * combined standard error of the per-step means."""
+    base = (results.get(BASELINE) or {}).get("totals")
+    out: dict[str, Any] = {}
+    for name, r in results.items():
+        t = r.get("totals")
+        if not t:
+            continue
+        entry = {"mean_reward": t["mean_reward"], "sem": t["reward_sem"]}
+        if base:
+            se = math.hypot(t["reward_sem"], base["reward_sem"])
+            d = t["mean_reward"] - base["mean_reward"]
+            entry["diff_vs_nospec"] = d
+            entry["within_noise"] = abs(d) <= z * se if se > 0 else abs(d) < 1e-9
+        out[name] = entry
+    return out
+
+
+def lengths_by_prompt(prompt_keys: Sequence[str], lengths: Sequence[Sequence[int]],
+                      into: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
+    """Response lengths grouped by prompt key (accumulates into `into`)."""
+    into = {} if into is None else into
+    for key, ls in zip(prompt_keys, lengths):
+        into.setdefault(key, []).extend(int(x) for x in ls)
+    return into
+
+
+def lengths_doc(steps: Sequence[Mapping[str, Any]], source: str) -> dict[str, Any]:
+    """The lengths file `bubblespec simulate --lengths` reads: flat `lengths` and one
+    `by_prompt` group per (step, prompt) (keys in `prompt_keys`)."""
+    groups: dict[str, list[int]] = {}
+    for s in steps:
+        lengths_by_prompt([f"s{s['step']}:{k}" for k in s["prompt_keys"]],
+                          s["output_lengths"], groups)
+    return {"source": source, "lengths": [x for g in groups.values() for x in g],
+            "by_prompt": list(groups.values()), "prompt_keys": list(groups)}
+
+
+@dataclass
+class BenchDoc:
+    """The bench JSON document."""
+
+    config: dict[str, Any]
+    modes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    greedy: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        red = reductions(self.modes)
+        return {"schema": SCHEMA, "config": self.config, "definitions": DEFINITIONS,
+                "modes": self.modes, "reductions": red, "greedy_check": self.greedy,
+                "reward_check": reward_agreement(self.modes), "final_line": final_line(red)}
+
+
+DEFINITIONS = {
+    "decode_steps_critical": "max over ranks of the engine forward passes of that rank in "
+                             "the step (fallback: max per-request decode_steps)",
+    "decode_steps_total": "engine forward passes summed over ranks",
+    "tokens_per_forward": "completion tokens / per-request forward passes",
+    "reduction": "1 - sum(mode critical) / sum(nospec critical) over steps after step 0",
+    "critical_per_longest": "sum(critical) / sum(longest response tokens), steps after 0",
+    "bubble_fraction": "per rank: (step wall - decode busy) / step wall, synchronizer timeline",
+}
+
+
+def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per-mode summary (after step 0) and per-step critical-path decode steps."""
+    red = reductions(results)
+    head = ["mode", "crit steps", "total steps", "tok/fwd", "accept %", "pregen tok",
+            "pregen acc", "bubble %", "wall s", "reward", "crit/longest", "reduction"]
+    rows = []
+    for name, r in results.items():
+        t = r.get("totals")
+        if not t:
+            rows.append([name, "skipped: " + str(r.get("skipped", ""))[:60]] + [""] * 10)
+            continue
+        acc = t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else None
+        bf = t["mean_bubble_fraction"]
+        rd = red.get(name)
+        rows.append([name, str(t["decode_steps_critical"]), str(t["decode_steps_total"]),
+                     f"{t['tokens_per_forward']:.2f}",
+                     "-" if acc is None else f"{100 * acc:.0f}", str(t["pregen_tokens"]),
+                     str(t["accepted_pregen_tokens"]), "-" if bf is None else f"{100 * bf:.0f}",
+                     f"{t['wall_s']:.1f}", f"{t['mean_reward']:.3f}",
+                     f"{t['critical_per_longest']:.2f}",
+                     "-" if rd is None else f"{100 * rd:.1f}%"])
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    lines = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+    per_step = [n for n, r in results.items() if r.get("steps")]
+    if per_step:
+        lines += ["", "critical-path decode steps per step:",
+                  "step  " + "  ".join(f"{n:>16}" for n in per_step)]
+        k = max(len(results[n]["steps"]) for n in per_step)
+        for i in range(k):
+            cells = []
+            for n in per_step:
+                s = results[n]["steps"]
+                cells.append(f"{s[i]['decode_steps_critical']:>16}" if i < len(s) else " " * 16)
+            lines.append(f"{i:>4}  " + "  ".join(cells))
+    lines += ["", ("figures after step 0 (reward: mean over all steps); crit = slowest rank's "
+              "engine forward passes; pregen acc = accepted draft tokens from pre-generation")]
+    return "\n".join(lines)
