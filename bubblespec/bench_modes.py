@@ -57,9 +57,14 @@ MODES: tuple[Mode, ...] = (
     Mode("bubblespec", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True),
     Mode("bubblespec-keyed", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True,
          seed_mode="keyed", label="keyed"),
+    Mode("bubblespec-history", ("--spec-mode=bubblespec", "--src-history"), pregen=True,
+         label="bubblespec_history"),
+    Mode("bubblespec-keyed-history", ("--spec-mode=bubblespec", "--src-history"), pregen=True,
+         seed_mode="keyed", label="keyed_history"),
 )
 BASELINE = "nospec"
-FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed")
+FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
+               "bubblespec-history", "bubblespec-keyed-history")
 
 
 def mode_by_name(names: Iterable[str]) -> list[Mode]:

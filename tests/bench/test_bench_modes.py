@@ -102,7 +102,8 @@ def test_reductions_and_final_line():
     assert red["bubblespec"] == pytest.approx(0.5) and red["suffix"] is None
     line = final_line(red)
     assert line == ("critical_path_decode_step_reduction: bubblespec=0.500 suffix=n/a "
-                    "ngram=0.200 history=n/a keyed=0.750")
+                    "ngram=0.200 history=n/a keyed=0.750 bubblespec_history=n/a "
+                    "keyed_history=n/a")
     assert reductions({"ngram": res["ngram"]})["ngram"] is None  # no baseline
 
 
@@ -161,7 +162,10 @@ def test_bench_doc_json_shape():
 
 def test_modes():
     names = [m.name for m in MODES]
-    assert names == ["nospec", "ngram", "suffix", "history", "bubblespec", "bubblespec-keyed"]
+    assert names == ["nospec", "ngram", "suffix", "history", "bubblespec", "bubblespec-keyed",
+                     "bubblespec-history", "bubblespec-keyed-history"]
+    both = mode_by_name(["bubblespec-keyed-history"])[0]
+    assert both.pregen and both.seed_mode == "keyed" and "--src-history" in both.rank_args
     hist = mode_by_name(["history"])[0]
     assert "--src-history" in hist.rank_args and "--no-src-pregen" in hist.rank_args
     assert not hist.pregen
