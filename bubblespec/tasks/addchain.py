@@ -11,12 +11,12 @@ copies the start, then writes one step per addition, each step as ``<steps left>
 Why this task (DESIGN.md section 6): every step is a local computation a ~1M-parameter Llama
 learns in minutes on a CPU (decrement a number token, add a digit with carry), the amount of
 work ``k`` is drawn from a clipped log-normal, so response lengths are long-tailed (4 tokens
-per step, p99 several times the median), and the
-reward is a pure-Python check of the final answer. The training data contains occasional
-slips (a value off by one, a skipped or repeated countdown), so the supervised model
-reproduces them at temperature 1.0: sibling samples agree on most tokens but not all, long
-responses fail more often than short ones, and GRPO raises the reward by sharpening the
-policy. Only the stdlib and ``tokenizers`` are needed; no torch.
+per step, p99 several times the median), and the reward is a pure-Python check of the final
+answer. The training data contains occasional slips (a value off by one, a skipped or
+repeated countdown), so the supervised model reproduces them at temperature 1.0: sibling
+samples agree on most tokens but not all, long responses fail more often than short ones, and
+GRPO raises the reward by sharpening the policy. Only the stdlib and ``tokenizers`` are
+needed; no torch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 MOD = 100
-"""Running values are reduced mod 100 (single number tokens)."""
+"""Running values are reduced mod 100 (written as two digit tokens)."""
 MAX_STEPS = 145
 """Largest ``k``: responses stay under 600 tokens (4 per step, k + 1 steps, ``= t u <eos>``)."""
 MAX_NUMBER = 199
@@ -126,7 +126,7 @@ class Slips:
 
 def sample_count(rng: random.Random, median: float = 12.0, sigma: float = 0.9) -> int:
     """Draw ``k`` from a log-normal (median ``median``) clipped to [1, MAX_STEPS]."""
-    k = int(round(median * math.exp(sigma * rng.gauss(0.0, 1.0))))
+    k = round(median * math.exp(sigma * rng.gauss(0.0, 1.0)))
     return max(1, min(MAX_STEPS, k))
 
 
@@ -215,11 +215,12 @@ class AddChainTask:
     # -- verification ---------------------------------------------------------------------
 
     def parse_answer(self, response: str | Sequence[int]) -> int | None:
-        """The final answer of a well-formed response (``... = N``, optional ``<eos>``), else None.
+        """The answer of a well-formed response (``... = T U``, optional ``<eos>``), else None.
 
         Token ids are cut at the first ``<eos>``; text is split on whitespace. The response
-        must end in ``= N`` with exactly one ``=``; anything else (truncated, empty,
-        several answers, unknown words) is malformed.
+        must end in ``= T U`` (two digit tokens) with exactly one ``=``; anything else
+        (truncated, empty, several answers, special or unknown words) is malformed. The steps
+        before ``=`` are not checked: like most verifiable RL rewards, only the answer counts.
         """
         if isinstance(response, str):
             words = response.split()

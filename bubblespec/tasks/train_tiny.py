@@ -167,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=Path("bubblespec/assets/tiny-llama"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=3_000_000, help="training tokens (padded)")
-    ap.add_argument("--batch-tokens", type=int, default=8192)
+    ap.add_argument("--batch-tokens", type=int, default=1024,
+                    help="padded tokens per optimizer step (small batches learn faster here)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--uniform-fraction", type=float, default=0.1)
     ap.add_argument("--slip-value", type=float, default=Slips.value)
