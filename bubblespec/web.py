@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,12 +27,18 @@ class Unauthorized(Exception):
     """Missing or wrong bearer token: HTTP 401."""
 
 
-def _loc_to_field(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+def field_of(loc: tuple[Any, ...] | list[Any]) -> str:
+    """("body", "prompts", 2, "input_ids", 5) -> "prompts[2].input_ids[5]"."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "path", "query", "header") and len(parts) > 1:
+        parts = parts[1:]
     out = ""
     for p in parts:
-        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
-    return out or "body"
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -45,9 +52,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
         errs = e.errors()
         first = errs[0] if errs else {"loc": (), "msg": "invalid body"}
-        field = _loc_to_field(tuple(first.get("loc", ())))
+        field = field_of(first.get("loc", ())) or "body"
         return JSONResponse({"detail": f"{field}: {first.get('msg')}", "field": field,
-                             "errors": [{"field": _loc_to_field(tuple(x.get("loc", ()))),
+                             "errors": [{"field": field_of(x.get("loc", ())) or "body",
                                          "msg": x.get("msg")} for x in errs[:20]]},
                             status_code=422)
 

@@ -41,22 +41,9 @@ from bubblespec.metrics import CONTENT_TYPE_LATEST, new_registry, render
 from bubblespec.metrics.gateway import GatewayMetrics
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.types import SyncError
+from bubblespec.web import field_of
 
 log = logging.getLogger("bubblespec.gateway")
-
-
-def field_of(loc: tuple[Any, ...] | list[Any]) -> str:
-    """("body", "prompts", 2, "input_ids", 5) -> "prompts[2].input_ids[5]"."""
-    parts = list(loc)
-    if parts and parts[0] in ("body", "path", "query", "header") and len(parts) > 1:
-        parts = parts[1:]
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += ("." if out else "") + str(p)
-    return out
 
 
 def error_response(status: int, detail: str, field: str = "",
