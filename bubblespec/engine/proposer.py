@@ -28,8 +28,10 @@ class _Req:
     group: str  # index group this request matches against
     seq_id: tuple
     matcher: Any
-    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # steps, drafts, dtok, acc
+    # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response
+    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
     last_draft: int = 0
+    last_aligned: bool = False  # the last draft came from the aligned pre-generated response
     aligned: list[int] | None = None  # pre-generated response with this sample index
     n_out: int = 0  # output tokens so far
     out: list[int] = field(default_factory=list)  # the output (kept for history)
@@ -50,7 +52,7 @@ class BubbleSpecProposer:
         self.params = DraftParams(max_spec_tokens=self.k)
         self.index = SuffixIndex(max_depth=64, token_budget=4_000_000)
         self.reqs: dict[str, _Req] = {}
-        self.finished: OrderedDict[str, tuple[int, int, int, int]] = OrderedDict()
+        self.finished: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.prompts_added: set[str] = set()
         self.drafts_by_group: dict[str, list[tuple]] = {}
         self.aligned: dict[tuple[str, int], list[int]] = {}
@@ -122,7 +124,7 @@ class BubbleSpecProposer:
                     dropped += 1
         return dropped
 
-    def pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, int, int, int]]:
+    def pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, ...]]:
         """Counters of finished requests by base id (finishing any still tracked)."""
         wanted = set(req_ids)
         for rid in [r for r in self.reqs if parse_request_id(r)[2] in wanted]:
@@ -201,10 +203,13 @@ class BubbleSpecProposer:
                 st.out.extend(sampled)
             if st.last_draft:
                 stats[3] += len(sampled) - 1
+                if st.last_aligned:
+                    stats[4] += len(sampled) - 1
             if self.siblings or self.self_context:
                 self.index.extend_sequence(st.seq_id, sampled)
             budget = min(self.k, self.max_model_len - n_tok - 1)
             tokens = self._aligned_draft(st, sampled, budget)
+            st.last_aligned = bool(tokens) and self.inner is None
             if self.inner is not None:
                 tokens = list(inner[i])[:max(budget, 0)]
                 st.matcher.extend(sampled)

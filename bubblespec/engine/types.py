@@ -94,6 +94,10 @@ class SampleResult:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_accepted_pregen_tokens: int = 0
+    """Accepted draft tokens that came from the aligned pre-generated response (same prompt,
+    sample index and seed); pre-generated tokens drafted through the suffix index are not
+    told apart from other index drafts, so this is a lower bound of pre-gen's share."""
 
 
 @dataclass

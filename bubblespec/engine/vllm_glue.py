@@ -143,7 +143,7 @@ class WorkerExtension:
     def bubblespec_release(self, groups: list[str]) -> int:
         return self._drafter().release(groups)
 
-    def bubblespec_pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, int, int, int]]:
+    def bubblespec_pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, ...]]:
         return self._drafter().pop_stats(req_ids)
 
     def bubblespec_index_stats(self) -> dict[str, int]:
