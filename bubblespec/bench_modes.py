@@ -43,6 +43,9 @@ class Mode:
     """A module that must be importable, else the mode is skipped."""
     label: str = ""
     """Name in the final line (default: `name`)."""
+    pregen_window: str = "bubble"
+    """"training": pre-generation goes on through the training window (until the weight
+    push), as on rollout ranks that idle while the trainer trains."""
 
     @property
     def key(self) -> str:
@@ -61,10 +64,12 @@ MODES: tuple[Mode, ...] = (
          label="bubblespec_history"),
     Mode("bubblespec-keyed-history", ("--spec-mode=bubblespec", "--src-history"), pregen=True,
          seed_mode="keyed", label="keyed_history"),
+    Mode("bubblespec-keyed-window", ("--spec-mode=bubblespec", "--no-src-history"),
+         pregen=True, seed_mode="keyed", label="keyed_window", pregen_window="training"),
 )
 BASELINE = "nospec"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
-               "bubblespec-history", "bubblespec-keyed-history")
+               "bubblespec-history", "bubblespec-keyed-history", "bubblespec-keyed-window")
 
 
 def mode_by_name(names: Iterable[str]) -> list[Mode]:
@@ -111,6 +116,7 @@ def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
         "accepted_tokens": n_acc,
         "acceptance": n_acc / n_draft if n_draft else None,
         "pregen_tokens": int((report or {}).get("pregen_tokens", 0) or 0),
+        "window_pregen_tokens": int((report or {}).get("window_pregen_tokens", 0) or 0),
         "accepted_pregen_tokens": int(c.get("num_accepted_pregen_tokens", 0)),
         "drafts_fetched_tokens": int(c.get("drafts_fetched_tokens", 0)),
         "rank_decode_steps": {r["rank_id"]: int(r.get("decode_steps", 0)) for r in ranks},
@@ -137,6 +143,7 @@ def totals(steps: Sequence[Mapping[str, Any]], skip_first: bool = True) -> dict[
         "completion_tokens": tok,
         "tokens_per_forward": tok / fwd_req if fwd_req else 0.0,
         "pregen_tokens": sum(s["pregen_tokens"] for s in use),
+        "window_pregen_tokens": sum(s.get("window_pregen_tokens", 0) for s in use),
         "accepted_pregen_tokens": sum(s["accepted_pregen_tokens"] for s in use),
         "accepted_tokens": sum(s["accepted_tokens"] for s in use),
         "draft_tokens": sum(s["draft_tokens"] for s in use),
@@ -271,6 +278,12 @@ DEFINITIONS = {
 }
 
 
+def _pregen_cell(t: Mapping[str, Any]) -> str:
+    """Pre-generated tokens: bubble, plus training window when there was any."""
+    w = t.get("window_pregen_tokens", 0)
+    return f"{t['pregen_tokens']}+{w}" if w else str(t["pregen_tokens"])
+
+
 def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """Per-mode summary (after step 0) and per-step critical-path decode steps."""
     red = reductions(results)
@@ -287,7 +300,7 @@ def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
         rd = red.get(name)
         rows.append([name, str(t["decode_steps_critical"]), str(t["decode_steps_total"]),
                      f"{t['tokens_per_forward']:.2f}",
-                     "-" if acc is None else f"{100 * acc:.0f}", str(t["pregen_tokens"]),
+                     "-" if acc is None else f"{100 * acc:.0f}", _pregen_cell(t),
                      str(t["accepted_pregen_tokens"]), "-" if bf is None else f"{100 * bf:.0f}",
                      f"{t['wall_s']:.1f}", f"{t['mean_reward']:.3f}",
                      f"{t['critical_per_longest']:.2f}",

@@ -95,11 +95,12 @@ def run_mode(mode: Mode, args: argparse.Namespace, model_dir: str, task: Any) ->
             print(HEADER, flush=True)
             steps = run_grpo(client, task, model_dir, args.steps, args.prompts, args.n,
                              sampling, seed=args.seed, lr=args.lr, pregen=mode.pregen,
-                             epoch_steps=args.epoch_steps,
+                             epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
                              work_dir=str(Path(args.out) / "weights" / mode.name),
                              log=lambda s: print(f"[{mode.name}] {s}", flush=True))
     return {"rank_args": list(mode.rank_args), "pregen": mode.pregen,
-            "seed_mode": mode.seed_mode, "cluster_start_s": start_s,
+            "seed_mode": mode.seed_mode, "pregen_window": mode.pregen_window,
+            "cluster_start_s": start_s,
             "mode_wall_s": time.monotonic() - t0, "greedy_output_ids": greedy,
             "steps": steps, "totals": totals(steps)}
 

@@ -90,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--poll-every", "-T", type=int, default=8,
       help="T: decode steps between PollStop calls while pre-generating (default 8, "
       "bubblespec/rank/config.py poll_every)")
-    a("--pregen-claim", type=int, default=16,
-      help="tasks claimed per pre-generation batch (default 16, bubblespec/rank/config.py "
-      "pregen_claim)")
+    a("--pregen-claim", type=int, default=64,
+      help="tasks claimed per pre-generation batch (default 64: bubblespec/rank/config.py "
+      "pregen_inflight, modelled as one batch)")
     a("--pregen-order", choices=("breadth_first", "longest_first"), default="breadth_first",
       help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
       "is beyond the design)")

@@ -44,7 +44,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              sampling: dict[str, Any], seed: int = 0, lr: float = 1e-4, pregen: bool = True,
              work_dir: str | None = None, log: Callable[[str], None] = print,
              train: bool = True, timeline_settle_s: float = 0.3,
-             epoch_steps: int = 0) -> list[dict[str, Any]]:
+             epoch_steps: int = 0, pregen_window: str | None = None) -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
     `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
@@ -63,7 +63,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
             nxt = batches[k + 1] if (pregen and k + 1 < steps) else None
             t0 = time.monotonic()
             res = client.rollout(batches[k], n=n, sampling_params=sampling, next_prompts=nxt,
-                                 pregen=pregen)
+                                 pregen=pregen, pregen_window=pregen_window)
             wall = time.monotonic() - t0
             groups = []
             for p, pr in zip(batches[k], res.prompts):

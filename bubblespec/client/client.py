@@ -61,10 +61,13 @@ def sampling_json(sp: Any) -> dict[str, Any]:
 
 def rollout_body(prompts: Sequence[Any], n: int, sampling_params: Any, seeds: Any,
                  next_prompts: Sequence[Any] | None, step: int | None, next_seeds: Any,
-                 return_logprobs: bool, pregen: bool) -> dict[str, Any]:
+                 return_logprobs: bool, pregen: bool, pregen_window: str | None = None
+                 ) -> dict[str, Any]:
     body: dict[str, Any] = {"prompts": [prompt_json(p) for p in prompts], "n": n,
                             "sampling_params": sampling_json(sampling_params),
                             "return_logprobs": return_logprobs, "pregen": pregen}
+    if pregen_window is not None:
+        body["pregen_window"] = pregen_window
     if step is not None:
         body["step"] = step
     if seeds is not None:
@@ -137,11 +140,12 @@ class BubbleSpecClient(_Common):
                 seeds: Sequence[Sequence[int]] | None = None,
                 next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
                 next_seeds: Sequence[Sequence[int]] | None = None, return_logprobs: bool = True,
-                pregen: bool = True) -> RolloutResult:
+                pregen: bool = True, pregen_window: str | None = None) -> RolloutResult:
         """Roll out `n` samples per prompt as one step (the next one unless `step` is given);
-        `next_prompts` are pre-generated in this step's bubble."""
+        `next_prompts` are pre-generated in this step's bubble (`pregen_window="training"`:
+        and on until the next step or weight push; None: the gateway's default)."""
         body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
-                            return_logprobs, pregen)
+                            return_logprobs, pregen, pregen_window)
         return RolloutResult.from_json(self._request("POST", "/v1/rollout", body))
 
     def update_weights(self, path: str, version: int | None = None) -> WeightsResult:
@@ -206,9 +210,10 @@ class AsyncBubbleSpecClient(_Common):
                       seeds: Sequence[Sequence[int]] | None = None,
                       next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
                       next_seeds: Sequence[Sequence[int]] | None = None,
-                      return_logprobs: bool = True, pregen: bool = True) -> RolloutResult:
+                      return_logprobs: bool = True, pregen: bool = True,
+                      pregen_window: str | None = None) -> RolloutResult:
         body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
-                            return_logprobs, pregen)
+                            return_logprobs, pregen, pregen_window)
         return RolloutResult.from_json(await self._request("POST", "/v1/rollout", body))
 
     async def update_weights(self, path: str, version: int | None = None) -> WeightsResult:

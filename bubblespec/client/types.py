@@ -151,6 +151,8 @@ class RankBubble:
     decode_tokens: int = 0
     spans: int = 0
     stop_lag_s: float | None = None
+    window_pregen_s: float = 0.0
+    window_pregen_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,8 @@ class StepReport:
     rollout: dict[str, Any] | None
     timeline: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
+    window_pregen_tokens: int = 0
+    """Tokens pre-generated after the stop signal, in the training window."""
 
     @property
     def stop_lag_s(self) -> float | None:
@@ -182,7 +186,8 @@ class StepReport:
                    bubble_fraction=t["bubble_fraction"] if t else None,
                    pregen_share=t["pregen_share"] if t else None,
                    pregen_tokens=int(t.get("pregen_tokens", 0)) if t else 0,
-                   rollout=d.get("rollout"), timeline=t, warnings=list(d.get("warnings", [])))
+                   rollout=d.get("rollout"), timeline=t, warnings=list(d.get("warnings", [])),
+                   window_pregen_tokens=int(t.get("window_pregen_tokens", 0)) if t else 0)
 
 
 @dataclass(frozen=True)

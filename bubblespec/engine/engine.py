@@ -57,6 +57,8 @@ class RolloutEngine:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.weight_version = 0
+        self.tokens_generated = 0
+        """Output tokens of every request so far (a progress counter for time splits)."""
         self._gen_count = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -184,6 +186,7 @@ class RolloutEngine:
             async for out in self.llm.generate(prompt, sp, request_id=sub.rid):
                 comp = out.outputs[0]
                 sub.ids.extend(comp.token_ids)
+                self.tokens_generated += len(comp.token_ids)
                 if comp.logprobs:
                     sub.logprobs.extend(next(iter(lp.values())).logprob if len(lp) == 1
                                         else lp[t].logprob
@@ -254,12 +257,13 @@ class RolloutEngine:
         results = [GenResult(r.group_key(), []) for r in requests]
         for sub in subs:
             n_out = len(sub.ids)
-            steps, drafts, dtoks, _acc = stats.get(sub.rid, (n_out, 0, 0, 0))
+            steps, drafts, dtoks, _acc, acc_pregen = stats.get(sub.rid, (n_out, 0, 0, 0, 0))
             results[sub.req_index].samples.append(SampleResult(
                 output_ids=sub.ids, output_logprobs=sub.logprobs[:n_out],
                 finish_reason=sub.finish, sample_index=sub.sample_index,
                 weight_version=version, decode_steps=steps, num_drafts=drafts,
-                num_draft_tokens=dtoks, num_accepted_tokens=max(0, n_out - steps)))
+                num_draft_tokens=dtoks, num_accepted_tokens=max(0, n_out - steps),
+                num_accepted_pregen_tokens=acc_pregen))
         return results
 
     async def shutdown(self) -> None:

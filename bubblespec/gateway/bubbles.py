@@ -6,7 +6,9 @@ For each rank of a step (wall = open -> stop signal, i.e. until the slowest rank
 - bubble seconds: wall - busy (the time it waited for slower ranks);
 - pre-gen seconds: its pre-generation spans inside the step's wall; pre-gen tokens: theirs;
 - idle seconds: bubble - pre-gen (the bubble left unused);
-- bubble fraction: bubble / wall; pre-gen share: pre-gen / bubble.
+- bubble fraction: bubble / wall; pre-gen share: pre-gen / bubble;
+- window pre-gen seconds and tokens: pre-generation after the stop signal, in the training
+  window (steps opened with the TRAINING pre-gen window; outside the step's wall).
 
 Spans of a step are those the rank filed under it (pre-generation during step s is filed
 under s, for step s+1's drafts).
@@ -37,7 +39,9 @@ class RankBubble:
     decode_tokens: int
     spans: int
     stop_lag_s: float | None = None
-    """Stop signal -> end of the rank's last pre-generation span (None: no pre-gen)."""
+    """Stop signal -> end of the rank's last bubble pre-generation span (None: no pre-gen)."""
+    window_pregen_s: float = 0.0
+    window_pregen_tokens: int = 0
 
 
 @dataclass
@@ -57,6 +61,9 @@ class StepBubbles:
     pregen_tokens: int
     stop_lag_s: float | None = None
     """Largest stop lag of any rank: how long pre-generation ran past the stop signal."""
+    window_pregen_s: float = 0.0
+    window_pregen_tokens: int = 0
+    """Pre-generation in the training window, after the stop signal (all ranks)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,12 +108,13 @@ def step_bubbles(t: StepTimeline, now_unix_s: float | None = None) -> StepBubble
         pregen = min(pregen, bubble)
         ends = [s.end_unix_s for s in spans if s.kind is SpanKind.PREGEN]
         lag = max(0.0, max(ends) - t.stop_unix_s) if ends and t.stop_unix_s else None
+        win_s, win_tokens = _clipped(spans, SpanKind.PREGEN_WINDOW, 0.0, float("inf"))
         ranks.append(RankBubble(
             rank_id=r, num_requests=shards.get(r, 0), done_s=done_s, busy_s=busy,
             bubble_s=bubble, pregen_s=pregen, idle_s=max(0.0, bubble - pregen),
             bubble_fraction=_ratio(bubble, wall), pregen_share=_ratio(pregen, bubble),
             pregen_tokens=pregen_tokens, decode_tokens=decode_tokens, spans=len(spans),
-            stop_lag_s=lag))
+            stop_lag_s=lag, window_pregen_s=win_s, window_pregen_tokens=win_tokens))
     total_bubble = sum(r.bubble_s for r in ranks)
     return StepBubbles(
         step=t.step, opened_unix_s=t.opened_unix_s, stop_unix_s=t.stop_unix_s,
@@ -114,4 +122,6 @@ def step_bubbles(t: StepTimeline, now_unix_s: float | None = None) -> StepBubble
         bubble_fraction=_ratio(total_bubble, wall * len(ranks)),
         pregen_share=_ratio(sum(r.pregen_s for r in ranks), total_bubble),
         pregen_tokens=sum(r.pregen_tokens for r in ranks),
-        stop_lag_s=max((r.stop_lag_s for r in ranks if r.stop_lag_s is not None), default=None))
+        stop_lag_s=max((r.stop_lag_s for r in ranks if r.stop_lag_s is not None), default=None),
+        window_pregen_s=sum(r.window_pregen_s for r in ranks),
+        window_pregen_tokens=sum(r.window_pregen_tokens for r in ranks))

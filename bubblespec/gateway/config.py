@@ -27,6 +27,11 @@ class GatewayConfig(BaseConfig):
     """host:port of the synchronizer (empty: no synchronizer; ranks decode without drafts)."""
     sync_token: SecretStr | None = None
     """Bearer token for the synchronizer's mutating RPCs."""
+    pregen_window: Literal["bubble", "training"] = "bubble"
+    """Default pre-gen window of a step: until the slowest rank is done ("bubble"), or on
+    through the training window until the next step or weight push ("training": for
+    disaggregated set-ups whose rollout ranks idle while the trainer trains; not for
+    colocated engines that sleep during training)."""
     pregen_drain_s: float = Field(5.0, ge=0)
     """Before a step, wait up to this long for ranks still pre-generating to push their drafts."""
     sync_timeout_s: float = Field(2.0, gt=0)

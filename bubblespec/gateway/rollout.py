@@ -45,7 +45,7 @@ from bubblespec.gateway.shard import (
 )
 from bubblespec.metrics.gateway import GatewayMetrics
 from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import SyncError, SyncUnavailable
+from bubblespec.synchronizer.types import PregenWindow, SyncError, SyncUnavailable
 
 log = logging.getLogger("bubblespec.gateway.rollout")
 
@@ -106,16 +106,20 @@ class Rollouts:
             probed = await asyncio.gather(*(self.pool.probe(r) for r in busy))
             busy = [r for r in probed if r.state == "pregen"]
 
-    async def _finish_previous(self, sync_ok: bool, close: bool = True) -> None:
-        """Close the previous step and record the bubble figures of steps now final."""
+    async def _close_previous(self, sync_ok: bool, close: bool = True) -> None:
+        """Close the previous step (ends pre-generation in its training window)."""
+        if self.sync is None or not sync_ok or self.last_step is None or not close:
+            return
+        try:
+            await self.sync.close_step(self.last_step, timeout_s=self.config.sync_timeout_s)
+        except SyncError as e:
+            log.info("close_step(%d): %s", self.last_step, e)
+
+    async def _observe_finished(self, sync_ok: bool) -> None:
+        """Record the bubble figures of the steps now final."""
         if self.sync is None or not sync_ok:
             return
         t = self.config.sync_timeout_s
-        if self.last_step is not None and close:
-            try:
-                await self.sync.close_step(self.last_step, timeout_s=t)
-            except SyncError as e:
-                log.info("close_step(%d): %s", self.last_step, e)
         for step in self._unobserved[-4:]:
             try:
                 b = step_bubbles(await self.sync.get_timeline(step, timeout_s=t))
@@ -128,6 +132,7 @@ class Rollouts:
                 m.step_bubble.labels(r.rank_id).observe(r.bubble_s)
                 m.step_pregen.labels(r.rank_id).observe(r.pregen_s)
                 m.pregen_tokens.labels(r.rank_id).inc(r.pregen_tokens)
+                m.window_pregen_tokens.labels(r.rank_id).inc(r.window_pregen_tokens)
         self._unobserved.clear()
 
     @staticmethod
@@ -144,7 +149,8 @@ class Rollouts:
         return [r for r in ready if r not in stale]
 
     async def _open(self, step: int, assignment: dict[str, list[WorkItem]],
-                    ranks: dict[str, RankEndpoint], tasks: list, warnings: list[str]) -> bool:
+                    ranks: dict[str, RankEndpoint], tasks: list, warnings: list[str],
+                    window: PregenWindow = PregenWindow.BUBBLE) -> bool:
         """Open the step at the synchronizer; False (with a warning) when it is unreachable."""
         shards = {r: sum(it.n for it in items) for r, items in assignment.items()
                   if ranks[r].registered}
@@ -154,7 +160,8 @@ class Rollouts:
             warnings.append("no rank is registered at the synchronizer: no pre-generation")
             return False
         try:
-            await self.sync.open_step(step, shards, tasks, timeout_s=self.config.sync_timeout_s)
+            await self.sync.open_step(step, shards, tasks, timeout_s=self.config.sync_timeout_s,
+                                      pregen_window=window)
             return True
         except SyncUnavailable as e:
             warnings.append(f"synchronizer unreachable ({e.code.name}): ranks decode without "
@@ -189,13 +196,15 @@ class Rollouts:
             warnings.append(f"synchronizer unreachable: {d.sync_error}; ranks decode without "
                             "drafts, no pre-generation this step")
             self.metrics.sync_unavailable.inc()
+        step = req.step if req.step is not None else self._next_step(d)
+        # close first: ranks pre-generating through the training window stop at the close
+        await self._close_previous(d.sync_ok, close=step != self.last_step)
         await self._drain_pregen(d)
+        await self._observe_finished(d.sync_ok)
         ready = self._current_ranks(d.ready, warnings)
         if not ready:
             known = "; ".join(f"{r.rank_id}: {r.error or r.state}" for r in d.ranks) or "none"
             raise GatewayError(503, f"no rank is ready (known ranks: {known})")
-        step = req.step if req.step is not None else self._next_step(d)
-        await self._finish_previous(d.sync_ok, close=step != self.last_step)
         sp = req.sampling_params
         seeds = step_seeds(c.run_seed, step, prep.keys, req.n, prep.seeds)
         tasks = []
@@ -211,7 +220,8 @@ class Rollouts:
             if not d.sync_ok:
                 break
             try:
-                opened = await self._open(step, assignment, by_id, tasks, warnings)
+                opened = await self._open(step, assignment, by_id, tasks, warnings,
+                                          PregenWindow(req.pregen_window or c.pregen_window))
                 break
             except SyncError as e:  # a rank named in the shards is gone: leave it out
                 bad = next((r for r in sorted(assignment) if repr(r) in e.message), None)

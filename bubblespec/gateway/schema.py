@@ -7,7 +7,7 @@ largest n, vocabulary size) are checked by `Rollouts.prepare`, with the same err
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -63,6 +63,10 @@ class RolloutRequest(_Body):
         None, description="Seeds the next step will use (default: derived from run seed).")
     return_logprobs: bool = Field(True, description="Include output_logprobs.")
     pregen: bool = Field(True, description="Let ranks that finish early pre-generate.")
+    pregen_window: Literal["bubble", "training"] | None = Field(
+        None, description="Pre-generate until the slowest rank is done ('bubble') or on "
+        "through the training window until the next step or weight push ('training'; "
+        "for rollout ranks that idle while the trainer trains). Default: the gateway's.")
 
 
 class SampleResult(_Body):

@@ -98,6 +98,10 @@ class GatewayMetrics:
             buckets=FRACTION_BUCKETS, registry=r)
         self.pregen_tokens = Counter("bubblespec_step_pregen_tokens",
                                      "Tokens pre-generated in bubbles.", ["rank"], registry=r)
+        self.window_pregen_tokens = Counter(
+            "bubblespec_step_window_pregen_tokens",
+            "Tokens pre-generated after the stop signal, in the training window.", ["rank"],
+            registry=r)
 
     def watch_ranks(self, read: Callable[[], tuple[int, int]]) -> None:
         """Export (known, ready) rank counts by calling `read()` at scrape time."""

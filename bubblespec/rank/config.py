@@ -34,8 +34,8 @@ class RankConfig(BaseConfig):
     """Deadline of each synchronizer RPC, seconds."""
     poll_every: int = Field(8, ge=1)
     """T: decode steps between stop polls while pre-generating."""
-    pregen_claim: int = Field(16, ge=1)
-    """Pre-generation tasks claimed per batch."""
+    pregen_inflight: int = Field(64, ge=1)
+    """Most pre-generation tasks decoding at once (refilled as each finishes)."""
     model: str = ""
     """HF-format model directory (empty: the embedded tiny model)."""
     spec_mode: SpecMode = SpecMode.BUBBLESPEC

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from bubblespec.api import GenerateRequest, RankState, ShardRequest, StepShard, WeightUpdate

@@ -16,8 +16,8 @@ from bubblespec.api import PromptOut, SampleOut, ShardRequest, StepShard, StepSh
 from bubblespec.engine.types import GenRequest, GenResult, SamplingSpec, prompt_key
 from bubblespec.metrics.rank import RankMetrics, set_state
 from bubblespec.rank.config import RankConfig
-from bubblespec.synchronizer.types import (Draft, PregenTask, RankState, RankStatus, Span,
-                                           SpanKind)
+from bubblespec.rank.pregen import Pregenerator, PregenOutcome
+from bubblespec.synchronizer.types import RankState, RankStatus, Span, SpanKind
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ def to_prompt_out(index: int, res: GenResult) -> PromptOut:
                    "decode_steps": s.decode_steps, "num_drafts": s.num_drafts,
                    "num_draft_tokens": s.num_draft_tokens,
                    "num_accepted_tokens": s.num_accepted_tokens,
+                   "num_accepted_pregen_tokens": s.num_accepted_pregen_tokens,
                    "completion_tokens": len(s.output_ids)}) for s in res.samples])
 
 
@@ -142,33 +143,35 @@ class RankWorker:
 
     # ------------------------------------------------------------------ pre-generation
     async def _pregen(self, step: int, done_at: float) -> None:
-        """Claim next-step tasks and generate them until the step's stop signal."""
+        """Pre-generate next-step tasks (see `rank/pregen.py`) until the stop signal (or the
+        close, in the TRAINING window), then idle until the stop signal or a local stop
+        (next shard, weight update)."""
         assert self.sync is not None
-        t0, tokens, stopped = time.time(), 0, False
         self._set("pregen")
+        out = PregenOutcome()
         try:
-            while not stopped and not self._pregen_stop.is_set():
-                claim = await self.sync.claim_tasks(step, self.rank_id, self.cfg.pregen_claim)
-                if claim.stop or not claim.tasks:
-                    stopped = claim.stop
-                    break
-                got, stopped = await self._pregen_batch(step, claim.target_step, claim.tasks)
-                tokens += got
+            out = await Pregenerator(self.engine, self.sync, self.rank_id, step,
+                                     self.cfg.pregen_inflight, self.cfg.poll_every,
+                                     self._pregen_stop).run()
         except Exception:  # pre-generation is best effort: never take the rank down
             log.exception("pre-generation of step %d failed", step + 1)
         t1 = time.time()
         if self.state == "pregen":
             self._set("idle")
-        if t1 > t0:
-            await self.sync.report_spans(self.rank_id, step,
-                                         [Span(SpanKind.PREGEN, t0, t1, tokens)])
-            self.m.pregen_seconds.labels(self.rank_id).inc(t1 - t0)
-        if not stopped and not self._pregen_stop.is_set():
+        lab = self.rank_id
+        self.m.pregen_requests.labels(lab).inc(out.tasks)
+        self.m.pregen_tokens.labels(lab).inc(out.tokens)
+        self.m.pregen_pushed_tokens.labels(lab).inc(out.pushed_tokens)
+        if out.ended_at > out.started_at:
+            spans = [Span(SpanKind(k), a, b, n) for k, a, b, n in out.spans()]
+            await self.sync.report_spans(lab, step, spans)
+            self.m.pregen_seconds.labels(lab).inc(out.ended_at - out.started_at)
+        if not out.stopped and not self._pregen_stop.is_set():
             await self._wait_stop_or_cancel(step)
         t2 = time.time()
         if t2 > t1:
-            await self.sync.report_spans(self.rank_id, step, [Span(SpanKind.IDLE, t1, t2, 0)])
-        self.m.bubble_seconds.labels(self.rank_id).inc(t2 - done_at)
+            await self.sync.report_spans(lab, step, [Span(SpanKind.IDLE, t1, t2, 0)])
+        self.m.bubble_seconds.labels(lab).inc(t2 - done_at)
 
     async def _wait_stop_or_cancel(self, step: int) -> None:
         """Idle until the step's stop signal or a local stop (next shard, weight update)."""
@@ -177,40 +180,3 @@ class RankWorker:
         await asyncio.wait([waiter, local], return_when=asyncio.FIRST_COMPLETED)
         for t in (waiter, local):
             t.cancel()
-
-    async def _pregen_batch(self, step: int, target: int,
-                            tasks: list[PregenTask]) -> tuple[int, bool]:
-        """Generate one claimed batch; stop within T decode steps of the stop signal."""
-        reqs = [GenRequest(input_ids=list(t.prompt_token_ids), n=1, seeds=[t.seed],
-                           sample_offset=t.sample_index, group=t.prompt_key,
-                           sampling=SamplingSpec(
-                               max_new_tokens=t.max_new_tokens,
-                               temperature=t.sampling.temperature, top_p=t.sampling.top_p,
-                               top_k=t.sampling.top_k if t.sampling.top_k > 0 else -1,
-                               stop_token_ids=list(t.sampling.stop_token_ids),
-                               seed_mode=t.sampling.seed_mode))
-                for t in tasks]
-        stop_seen = False
-
-        async def should_stop() -> bool:
-            nonlocal stop_seen
-            if self._pregen_stop.is_set() or await self.sync.poll_stop(step, self.rank_id):
-                stop_seen = True
-            return stop_seen
-
-        results = await self.engine.generate(reqs, should_stop=should_stop,
-                                             poll_every=self.cfg.poll_every)
-        await self.engine.release_groups([r.group_key() for r in reqs])
-        drafts = [Draft(prompt_key=t.prompt_key, sample_index=t.sample_index,
-                        token_ids=g.samples[0].output_ids,
-                        complete=g.samples[0].finish_reason != "abort",
-                        weight_version=g.samples[0].weight_version)
-                  for t, g in zip(tasks, results)]
-        got = sum(len(d.token_ids) for d in drafts)
-        self.m.pregen_requests.labels(self.rank_id).inc(len(tasks))
-        self.m.pregen_tokens.labels(self.rank_id).inc(got)
-        res = await self.sync.push_drafts(target, self.rank_id, [d for d in drafts if d.token_ids])
-        stored = sum(len(d.token_ids) for d, st in zip([d for d in drafts if d.token_ids],
-                                                        res.statuses) if st.value == "stored")
-        self.m.pregen_pushed_tokens.labels(self.rank_id).inc(stored)
-        return got, stop_seen

@@ -50,8 +50,9 @@ class SimConfig:
     """Leading steps left out of the summary (step 0 has no pre-generated drafts)."""
     poll_every: int = 8
     """T: decode steps between PollStop calls while pre-generating."""
-    pregen_claim: int = 16
-    """Tasks a rank claims per pre-generation batch."""
+    pregen_claim: int = 64
+    """Tasks a rank claims per pre-generation batch (the rank keeps up to `pregen_inflight`
+    = 64 tasks decoding and refills as each finishes; one batch of that size is the model)."""
     pregen_accepted: float = 0.0
     """Draft tokens accepted per forward while pre-generating (0: plain decoding)."""
     pregen_drafted: float = 0.0

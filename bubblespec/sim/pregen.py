@@ -4,7 +4,9 @@ A rank that finished its shard of step s at F_r < F_max (the slowest rank's fini
 `claim` tasks of step s+1 from the synchronizer's queue (breadth-first: sample 0 of every
 prompt, then sample 1, ...; first done, first served), generates them as one batch with plain
 decoding (1 token per forward, old weights), pushes the (possibly partial) responses, and
-claims again (`bubblespec/rank/worker.py`, `pregen_claim` = 16). While a batch runs it polls
+claims again. (The rank itself keeps up to `pregen_inflight` = 64 tasks decoding and
+refills each lane as it finishes, `bubblespec/rank/pregen.py`; a batch of that size is the
+model, which is exact while the queue fits in one batch.) While a batch runs it polls
 PollStop every T decode steps; the first poll at or after F_max stops it (answer after one RPC
 latency). A claim made at or after F_max is answered "stop". A rank that finds the queue empty
 waits on the stop stream (no lag). So a rank's stop lag is at most T forwards of its batch,

@@ -40,6 +40,7 @@ from bubblespec.synchronizer.types import (
     HeartbeatReply,
     OpenStepResult,
     PregenTask,
+    PregenWindow,
     PushResult,
     RankState,
     RankStatus,
@@ -229,13 +230,16 @@ class SyncClient:
     # ------------------------------------------------------------------ steps (gateway)
 
     async def open_step(self, step: int, shards: Mapping[str, int] | Sequence[ShardAssignment],
-                        next_tasks: Sequence[PregenTask] = (), timeout_s: float | None = None
-                        ) -> OpenStepResult:
-        """Open `step` with its shard assignment and step+1's pre-generation tasks; raises."""
+                        next_tasks: Sequence[PregenTask] = (), timeout_s: float | None = None,
+                        pregen_window: PregenWindow = PregenWindow.BUBBLE) -> OpenStepResult:
+        """Open `step` with its shard assignment and step+1's pre-generation tasks, which
+        ranks pre-generate until the stop signal or, with the TRAINING window, the close;
+        raises."""
         if isinstance(shards, Mapping):
             shards = [ShardAssignment(r, n) for r, n in shards.items()]
         request = pb.OpenStepRequest(step=step, shards=[cv.shard_to_pb(s) for s in shards],
-                                     next_prompts=cv.tasks_to_prompts(next_tasks))
+                                     next_prompts=cv.tasks_to_prompts(next_tasks),
+                                     pregen_window=cv.PREGEN_WINDOW_TO_PB[pregen_window])
         r = await self._call("OpenStep", request, timeout_s)
         return OpenStepResult(r.step, r.num_tasks, r.already_open, r.opened_unix_s)
 
@@ -268,6 +272,15 @@ class SyncClient:
         r = await self._soft("PollStop", pb.PollStopRequest(step=step, rank_id=rank_id),
                              timeout_s)
         return False if r is None else r.stop
+
+    async def poll_pregen(self, step: int, rank_id: str, timeout_s: float | None = None
+                          ) -> tuple[bool, bool]:
+        """(stop signal fired, pre-generation for step + 1 must end): the latter at the stop
+        signal or at the close, by the step's window. (False, False) when the synchronizer
+        is unreachable, as `poll_stop`: a blip must not end the bubble's work."""
+        r = await self._soft("PollStop", pb.PollStopRequest(step=step, rank_id=rank_id),
+                             timeout_s)
+        return (False, False) if r is None else (r.stop, r.pregen_over)
 
     async def watch_step(self, step: int, rank_id: str, reconnect_delay_s: float = 0.1,
                          max_reconnect_delay_s: float = 2.0) -> AsyncIterator[StepEvent]:

@@ -14,6 +14,7 @@ from bubblespec.synchronizer.types import (
     Draft,
     DraftStatus,
     PregenTask,
+    PregenWindow,
     RankInfo,
     RankState,
     SamplingParams,
@@ -40,8 +41,15 @@ SPAN_KIND_TO_PB = {
     SpanKind.DECODE: pb.SPAN_KIND_DECODE,
     SpanKind.PREGEN: pb.SPAN_KIND_PREGEN,
     SpanKind.IDLE: pb.SPAN_KIND_IDLE,
+    SpanKind.PREGEN_WINDOW: pb.SPAN_KIND_PREGEN_WINDOW,
 }
 SPAN_KIND_FROM_PB = {v: k for k, v in SPAN_KIND_TO_PB.items()}
+PREGEN_WINDOW_TO_PB = {
+    PregenWindow.BUBBLE: pb.PREGEN_WINDOW_BUBBLE,
+    PregenWindow.TRAINING: pb.PREGEN_WINDOW_TRAINING,
+}
+PREGEN_WINDOW_FROM_PB = {**{v: k for k, v in PREGEN_WINDOW_TO_PB.items()},
+                         pb.PREGEN_WINDOW_UNSPECIFIED: PregenWindow.BUBBLE}
 EVENT_KIND_TO_PB = {
     StepEventKind.OPENED: pb.STEP_EVENT_KIND_OPENED,
     StepEventKind.STOP: pb.STEP_EVENT_KIND_STOP,

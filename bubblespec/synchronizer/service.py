@@ -130,7 +130,8 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         self.v.open_step(r)
         key = hashlib.sha256(r.SerializeToString(deterministic=True)).digest()
         res = self.state.open_step(r.step, [cv.shard_from_pb(s) for s in r.shards],
-                                   cv.prompts_to_tasks(r.next_prompts), key)
+                                   cv.prompts_to_tasks(r.next_prompts), key,
+                                   cv.PREGEN_WINDOW_FROM_PB[r.pregen_window])
         if not res.already_open:
             log.info("step %d opened: %d ranks, %d pre-gen tasks", r.step, len(r.shards),
                      res.num_tasks)
@@ -156,7 +157,8 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         self.v.step_and_rank(r)
         cur = self.state.current
         return pb.PollStopResponse(stop=self.state.poll_stop(r.step),
-                                   current_step=cur.step if cur else None)
+                                   current_step=cur.step if cur else None,
+                                   pregen_over=self.state.pregen_over(r.step))
 
     async def WatchStep(self, r: pb.WatchStepRequest,
                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StepEvent]:

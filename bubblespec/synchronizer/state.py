@@ -35,6 +35,7 @@ from bubblespec.synchronizer.types import (
     DraftStatus,
     OpenStepResult,
     PregenTask,
+    PregenWindow,
     PushResult,
     RankState,
     ShardAssignment,
@@ -62,6 +63,7 @@ class StepRecord:
     done: set[str] = field(default_factory=set)
     stop_unix_s: float | None = None
     closed_unix_s: float | None = None
+    pregen_window: PregenWindow = PregenWindow.BUBBLE
 
     @property
     def pending(self) -> list[str]:
@@ -121,7 +123,8 @@ class SyncState:
     # ------------------------------------------------------------------ steps
 
     def open_step(self, step: int, shards: Sequence[ShardAssignment],
-                  tasks: Sequence[PregenTask], content_key: bytes) -> OpenStepResult:
+                  tasks: Sequence[PregenTask], content_key: bytes,
+                  pregen_window: PregenWindow = PregenWindow.BUBBLE) -> OpenStepResult:
         """Open `step` (closing the current one) with its shards and step+1's tasks."""
         cur = self.current
         if cur is not None and step == cur.step and cur.closed_unix_s is None:
@@ -140,7 +143,8 @@ class SyncState:
             self._close(cur)
         now = time.time()
         rec = StepRecord(step, {s.rank_id: s.num_requests for s in shards}, content_key,
-                         TaskQueue(step + 1, tasks), now, time.monotonic())
+                         TaskQueue(step + 1, tasks), now, time.monotonic(),
+                         pregen_window=pregen_window)
         self.current = rec
         self.timeline.open_step(step, shards, now)
         self.events.publish(StepEvent(StepEventKind.OPENED, step, now))
@@ -187,6 +191,14 @@ class SyncState:
         """True once `step`'s stop fired, and for any step that is not the current one."""
         cur = self.current
         return cur is None or cur.step != step or cur.stop_unix_s is not None
+
+    def pregen_over(self, step: int) -> bool:
+        """Must pre-generation of step + 1 end? At the stop signal (BUBBLE window) or at the
+        close (TRAINING window); always for a step that is not the current one."""
+        cur = self.current
+        if cur is None or cur.step != step or cur.closed_unix_s is not None:
+            return True
+        return cur.pregen_window is PregenWindow.BUBBLE and cur.stop_unix_s is not None
 
     def _require_step(self, step: int) -> StepRecord | None:
         """The current record if `step` is current and open; None if `step` is over."""
@@ -243,7 +255,7 @@ class SyncState:
         """Tasks for a rank in its bubble: (tasks, target step, stop, remaining queued)."""
         self.ranks.require_live(rank_id)
         cur = self._require_step(step)
-        if cur is None or cur.stop_unix_s is not None:
+        if cur is None or self.pregen_over(step):
             return [], step + 1, True, 0
         if rank_id in cur.shards and rank_id not in cur.done:
             raise precondition(

@@ -66,6 +66,18 @@ class SpanKind(str, enum.Enum):
     DECODE = "decode"
     PREGEN = "pregen"
     IDLE = "idle"
+    PREGEN_WINDOW = "pregen_window"
+    """Pre-generation after the step's stop signal, in the training window."""
+
+
+class PregenWindow(str, enum.Enum):
+    """When a step's pre-generation (of step + 1) ends."""
+
+    BUBBLE = "bubble"
+    """At the stop signal (the slowest rank is done): the inter-rank bubble only."""
+    TRAINING = "training"
+    """At the step's close (next step or weight push): the bubble and the training window
+    after it, for rollout ranks idle while the trainer trains (disaggregated set-ups)."""
 
 
 class StepEventKind(str, enum.Enum):

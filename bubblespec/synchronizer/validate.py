@@ -74,6 +74,8 @@ class Validator:
 
     def open_step(self, r: pb.OpenStepRequest) -> None:
         self.non_negative(r.step, "step")
+        if r.pregen_window not in pb.PregenWindow.values():
+            raise invalid("pregen_window", f"unknown value {r.pregen_window}")
         if not r.shards:
             raise invalid("shards", "must name at least one rank")
         seen: set[str] = set()

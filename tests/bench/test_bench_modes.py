@@ -103,7 +103,7 @@ def test_reductions_and_final_line():
     line = final_line(red)
     assert line == ("critical_path_decode_step_reduction: bubblespec=0.500 suffix=n/a "
                     "ngram=0.200 history=n/a keyed=0.750 bubblespec_history=n/a "
-                    "keyed_history=n/a")
+                    "keyed_history=n/a keyed_window=n/a")
     assert reductions({"ngram": res["ngram"]})["ngram"] is None  # no baseline
 
 
@@ -163,7 +163,10 @@ def test_bench_doc_json_shape():
 def test_modes():
     names = [m.name for m in MODES]
     assert names == ["nospec", "ngram", "suffix", "history", "bubblespec", "bubblespec-keyed",
-                     "bubblespec-history", "bubblespec-keyed-history"]
+                     "bubblespec-history", "bubblespec-keyed-history", "bubblespec-keyed-window"]
+    win = mode_by_name(["bubblespec-keyed-window"])[0]
+    assert win.pregen and win.seed_mode == "keyed" and win.pregen_window == "training"
+    assert all(m.pregen_window == "bubble" for m in MODES if m is not win)
     both = mode_by_name(["bubblespec-keyed-history"])[0]
     assert both.pregen and both.seed_mode == "keyed" and "--src-history" in both.rank_args
     hist = mode_by_name(["history"])[0]

@@ -10,7 +10,7 @@ import pytest
 
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.synchronizer.pregen import TaskQueue
-from bubblespec.synchronizer.types import Draft, PregenTask, RankState, RankStatus
+from bubblespec.synchronizer.types import Draft, PregenTask, PregenWindow, RankState, RankStatus
 
 from .helpers import eventually, make_tasks, serving, stub
 
@@ -100,3 +100,48 @@ async def test_lost_rank_tasks_go_back_to_the_queue_and_complete_ones_do_not() -
         assert not await client.poll_stop(0, "r1")  # "slow" is alive and not done
         stop.set()
         await asyncio.gather(*beats)
+
+
+async def test_training_window_hands_out_tasks_after_the_stop_until_the_close() -> None:
+    async with serving() as (server, client):
+        for r in ("r0", "r1"):
+            await client.register(r, r)
+        await client.open_step(0, {"r0": 1, "r1": 1}, make_tasks(2, 2),
+                               pregen_window=PregenWindow.TRAINING)
+        await client.report_done(0, "r0")
+        assert await client.poll_pregen(0, "r0") == (False, False)
+        await client.report_done(0, "r1")  # the stop signal fires: the bubble is over
+        assert await client.poll_stop(0, "r0")
+        assert await client.poll_pregen(0, "r1") == (True, False)  # the window is not
+        claim = await client.claim_tasks(0, "r1", 3)
+        assert len(claim.tasks) == 3 and not claim.stop and claim.target_step == 1
+        res = await client.push_drafts(1, "r1", [Draft("p0", 0, [5, 6], complete=True)])
+        assert res.stored == 1
+        await client.close_step(0)  # the next step (or the weight push) ends the window
+        assert await client.poll_pregen(0, "r1") == (True, True)
+        after = await client.claim_tasks(0, "r0", 3)
+        assert after.stop and after.tasks == []
+        await client.push_drafts(1, "r1", [Draft("p1", 0, [7], complete=False)])
+        await client.open_step(1, {"r0": 1})
+        got = {(d.prompt_key, d.sample_index): list(d.token_ids)
+               for d in await client.fetch_drafts(1, ["p0", "p1"])}
+        assert got == {("p0", 0): [5, 6], ("p1", 0): [7]}  # pushes up to the fetch are kept
+
+
+async def test_bubble_window_ends_pregen_at_the_stop_and_bad_window_is_invalid() -> None:
+    async with serving() as (server, client):
+        await client.register("r0", "a")
+        await client.open_step(0, {"r0": 1}, make_tasks(1, 2))
+        assert await client.poll_pregen(0, "r0") == (False, False)
+        await client.report_done(0, "r0")
+        assert await client.poll_pregen(0, "r0") == (True, True)
+        assert await client.poll_pregen(7, "r0") == (True, True)  # not the current step
+        channel, raw = stub(server.address)
+        bad = pb.OpenStepRequest(step=1, shards=[pb.ShardAssignment(rank_id="r0",
+                                                                     num_requests=1)],
+                                 pregen_window=9)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await raw.OpenStep(bad)
+        assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "pregen_window" in e.value.details()
+        await channel.close()

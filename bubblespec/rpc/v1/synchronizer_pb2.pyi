@@ -16,6 +16,12 @@ class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RANK_STATE_UPDATING_WEIGHTS: _ClassVar[RankState]
     RANK_STATE_LOST: _ClassVar[RankState]
 
+class PregenWindow(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PREGEN_WINDOW_UNSPECIFIED: _ClassVar[PregenWindow]
+    PREGEN_WINDOW_BUBBLE: _ClassVar[PregenWindow]
+    PREGEN_WINDOW_TRAINING: _ClassVar[PregenWindow]
+
 class StepEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STEP_EVENT_KIND_UNSPECIFIED: _ClassVar[StepEventKind]
@@ -37,12 +43,16 @@ class SpanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPAN_KIND_DECODE: _ClassVar[SpanKind]
     SPAN_KIND_PREGEN: _ClassVar[SpanKind]
     SPAN_KIND_IDLE: _ClassVar[SpanKind]
+    SPAN_KIND_PREGEN_WINDOW: _ClassVar[SpanKind]
 RANK_STATE_UNSPECIFIED: RankState
 RANK_STATE_IDLE: RankState
 RANK_STATE_DECODING: RankState
 RANK_STATE_PREGEN: RankState
 RANK_STATE_UPDATING_WEIGHTS: RankState
 RANK_STATE_LOST: RankState
+PREGEN_WINDOW_UNSPECIFIED: PregenWindow
+PREGEN_WINDOW_BUBBLE: PregenWindow
+PREGEN_WINDOW_TRAINING: PregenWindow
 STEP_EVENT_KIND_UNSPECIFIED: StepEventKind
 STEP_EVENT_KIND_OPENED: StepEventKind
 STEP_EVENT_KIND_STOP: StepEventKind
@@ -56,6 +66,7 @@ SPAN_KIND_UNSPECIFIED: SpanKind
 SPAN_KIND_DECODE: SpanKind
 SPAN_KIND_PREGEN: SpanKind
 SPAN_KIND_IDLE: SpanKind
+SPAN_KIND_PREGEN_WINDOW: SpanKind
 
 class RegisterRankRequest(_message.Message):
     __slots__ = ("rank_id", "address", "capacity", "weight_version")
@@ -172,14 +183,16 @@ class PregenTask(_message.Message):
     def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sample_index: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class OpenStepRequest(_message.Message):
-    __slots__ = ("step", "shards", "next_prompts")
+    __slots__ = ("step", "shards", "next_prompts", "pregen_window")
     STEP_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    PREGEN_WINDOW_FIELD_NUMBER: _ClassVar[int]
     step: int
     shards: _containers.RepeatedCompositeFieldContainer[ShardAssignment]
     next_prompts: _containers.RepeatedCompositeFieldContainer[PregenPrompt]
-    def __init__(self, step: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardAssignment, _Mapping]]] = ..., next_prompts: _Optional[_Iterable[_Union[PregenPrompt, _Mapping]]] = ...) -> None: ...
+    pregen_window: PregenWindow
+    def __init__(self, step: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardAssignment, _Mapping]]] = ..., next_prompts: _Optional[_Iterable[_Union[PregenPrompt, _Mapping]]] = ..., pregen_window: _Optional[_Union[PregenWindow, str]] = ...) -> None: ...
 
 class OpenStepResponse(_message.Message):
     __slots__ = ("step", "num_tasks", "already_open", "opened_unix_s")
@@ -238,12 +251,14 @@ class PollStopRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., rank_id: _Optional[str] = ...) -> None: ...
 
 class PollStopResponse(_message.Message):
-    __slots__ = ("stop", "current_step")
+    __slots__ = ("stop", "current_step", "pregen_over")
     STOP_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    PREGEN_OVER_FIELD_NUMBER: _ClassVar[int]
     stop: bool
     current_step: int
-    def __init__(self, stop: _Optional[bool] = ..., current_step: _Optional[int] = ...) -> None: ...
+    pregen_over: bool
+    def __init__(self, stop: _Optional[bool] = ..., current_step: _Optional[int] = ..., pregen_over: _Optional[bool] = ...) -> None: ...
 
 class WatchStepRequest(_message.Message):
     __slots__ = ("step", "rank_id")

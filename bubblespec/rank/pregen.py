@@ -1,0 +1,182 @@
+"""A rank's pre-generation of the next step's tasks in its bubble.
+
+Every claimed task is its own engine request, and the rank keeps up to `inflight` of them
+decoding at once, claiming more as each one finishes. A fixed claim batch would instead
+shrink to its longest response: the bubble is then spent decoding a batch of one while the
+rest of the queue waits, and the long responses (the ones that set the next step's critical
+path) start late. Keeping the batch full lets every task progress from the bubble's start.
+
+Stopping: every lane asks `StopWatch` every T decode steps; concurrent asks share one
+synchronizer RPC, so the synchronizer sees about one poll per T steps, not one per lane.
+Pre-generation ends at the step's stop signal, or, when the gateway opened the step with the
+TRAINING window, at the step's close (the rank keeps pre-generating while the trainer
+trains); the watch also notes when it first saw the stop signal, so the time and tokens
+before it (the bubble) and after it (the training window) are reported apart.
+Drafts are pushed as lanes finish (complete ones retire their tasks at once, so no other
+rank redoes them) and, on stop, as partial drafts in one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bubblespec.engine.types import GenRequest, GenResult, SamplingSpec
+from bubblespec.synchronizer.types import Draft, PregenTask
+
+log = logging.getLogger(__name__)
+
+
+class StopWatch:
+    """Has pre-generation of `step` to end? True once the synchronizer says so (or a local
+    stop is set); concurrent callers share the RPC in flight. `stop_seen` is (time, engine
+    token counter) when the step's stop signal was first seen while pre-generation went on
+    (the TRAINING window; None: not seen, or it ended pre-generation)."""
+
+    def __init__(self, sync: Any, step: int, rank_id: str, local: asyncio.Event,
+                 engine: Any) -> None:
+        self.sync = sync
+        self.step = step
+        self.rank_id = rank_id
+        self.local = local
+        self.engine = engine
+        self.fired = False
+        self.polls = 0
+        self.stop_seen: tuple[float, int] | None = None
+        self._poll: asyncio.Future | None = None
+
+    def fire(self) -> None:
+        self.fired = True
+
+    async def __call__(self) -> bool:
+        if self.fired or self.local.is_set():
+            self.fired = True
+            return True
+        if self._poll is None or self._poll.done():
+            self.polls += 1
+            self._poll = asyncio.ensure_future(self.sync.poll_pregen(self.step, self.rank_id))
+        stop, over = await asyncio.shield(self._poll)
+        if stop and not over and self.stop_seen is None:  # the training window begins
+            self.stop_seen = (time.time(), self.engine.tokens_generated)
+        self.fired = self.fired or over
+        return self.fired
+
+
+@dataclass
+class PregenOutcome:
+    """What one bubble's pre-generation did."""
+
+    tokens: int = 0
+    tasks: int = 0
+    complete: int = 0
+    pushed_tokens: int = 0
+    stopped: bool = False
+    """The stop signal (or a local stop) ended it, rather than an empty queue."""
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    stop_seen: tuple[float, int] | None = None
+    """(time, tokens generated so far) when the step's stop signal was first seen."""
+
+    def spans(self) -> list[tuple[str, float, float, int]]:
+        """(kind, start, end, tokens): the bubble part ("pregen") and the part after the
+        stop signal ("pregen_window"; only when pre-generation went on past it)."""
+        if self.ended_at <= self.started_at:
+            return []
+        cut = self.stop_seen
+        if cut is None or cut[0] >= self.ended_at or cut[0] <= self.started_at:
+            return [("pregen", self.started_at, self.ended_at, self.tokens)]
+        before = min(cut[1], self.tokens)
+        return [("pregen", self.started_at, cut[0], before),
+                ("pregen_window", cut[0], self.ended_at, self.tokens - before)]
+
+
+def task_request(t: PregenTask) -> GenRequest:
+    """The engine request of one pre-generation task (one sample, its own seed)."""
+    sp = t.sampling
+    return GenRequest(input_ids=list(t.prompt_token_ids), n=1, seeds=[t.seed],
+                      sample_offset=t.sample_index, group=t.prompt_key,
+                      sampling=SamplingSpec(
+                          max_new_tokens=t.max_new_tokens, temperature=sp.temperature,
+                          top_p=sp.top_p, top_k=sp.top_k if sp.top_k > 0 else -1,
+                          stop_token_ids=list(sp.stop_token_ids), seed_mode=sp.seed_mode))
+
+
+def task_draft(t: PregenTask, g: GenResult) -> Draft:
+    s = g.samples[0]
+    return Draft(prompt_key=t.prompt_key, sample_index=t.sample_index, token_ids=s.output_ids,
+                 complete=s.finish_reason != "abort", weight_version=s.weight_version)
+
+
+class Pregenerator:
+    """Runs one bubble: claim, decode up to `inflight` tasks at once, push, until stop."""
+
+    def __init__(self, engine: Any, sync: Any, rank_id: str, step: int, inflight: int,
+                 poll_every: int, local_stop: asyncio.Event) -> None:
+        self.engine = engine
+        self.sync = sync
+        self.rank_id = rank_id
+        self.step = step
+        self.inflight = inflight
+        self.poll_every = poll_every
+        self.stop = StopWatch(sync, step, rank_id, local_stop, engine)
+        self.target = step + 1
+
+    async def run(self) -> PregenOutcome:
+        out = PregenOutcome(started_at=time.time())
+        base = self.engine.tokens_generated
+        lanes: dict[asyncio.Task, PregenTask] = {}
+        groups: set[str] = set()
+        exhausted = False
+        try:
+            while True:
+                room = self.inflight - len(lanes)
+                if room > 0 and not exhausted and not await self.stop():
+                    claim = await self.sync.claim_tasks(self.step, self.rank_id, room)
+                    self.target = claim.target_step
+                    if claim.stop:
+                        self.stop.fire()
+                    exhausted = claim.stop or not claim.tasks
+                    for t in claim.tasks:
+                        lanes[asyncio.create_task(self._lane(t))] = t
+                        groups.add(t.prompt_key)
+                    out.tasks += len(claim.tasks)
+                if not lanes:
+                    break
+                done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED)
+                await self._push(out, [(lanes.pop(d), d) for d in done])
+        finally:
+            for lane in lanes:  # only on an error: do not leave requests decoding
+                lane.cancel()
+            if groups:
+                await self.engine.release_groups(sorted(groups))
+        out.stopped = self.stop.fired
+        out.ended_at = time.time()
+        seen = self.stop.stop_seen
+        out.stop_seen = None if seen is None else (seen[0], seen[1] - base)
+        return out
+
+    async def _lane(self, t: PregenTask) -> GenResult:
+        results = await self.engine.generate([task_request(t)], should_stop=self.stop,
+                                             poll_every=self.poll_every)
+        return results[0]
+
+    async def _push(self, out: PregenOutcome, finished: list[tuple[PregenTask, Any]]) -> None:
+        drafts = []
+        for t, lane in finished:
+            if lane.exception() is not None:
+                log.warning("pre-generation of %s/%d failed: %r", t.prompt_key, t.sample_index,
+                            lane.exception())
+                continue
+            d = task_draft(t, lane.result())
+            out.tokens += len(d.token_ids)
+            out.complete += d.complete
+            if d.token_ids:
+                drafts.append(d)
+        if not drafts:
+            return
+        res = await self.sync.push_drafts(self.target, self.rank_id, drafts)
+        out.pushed_tokens += sum(len(d.token_ids) for d, st in zip(drafts, res.statuses)
+                                 if st.value == "stored")

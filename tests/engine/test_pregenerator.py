@@ -1,0 +1,109 @@
+"""The rank's pre-generation loop (`bubblespec/rank/pregen.py`) on a real engine and a real
+synchronizer: lanes refill from the queue, drafts are exactly what the real rollout would
+sample with the same keyed seeds, and the stop signal (or the close, in the training
+window) ends it with partial drafts pushed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bubblespec.engine.types import GenRequest, SamplingSpec
+from bubblespec.rank.pregen import Pregenerator
+from bubblespec.synchronizer.types import PregenTask, PregenWindow, SamplingParams
+from bubblespec.tasks import default_task
+from bubblespec.tasks.addchain import MAX_STEPS
+
+from ..synchronizer.helpers import eventually, serving
+
+KEYED = SamplingParams(temperature=1.0, seed_mode="keyed")
+
+
+def tasks_for(prompts: list[Any], samples: int, max_new_tokens: int) -> list[PregenTask]:
+    return [PregenTask(f"q{i}", list(p.input_ids), s, seed=7919 * i + s,
+                       max_new_tokens=max_new_tokens, sampling=KEYED)
+            for i, p in enumerate(prompts) for s in range(samples)]
+
+
+def direct(t: PregenTask) -> GenRequest:
+    return GenRequest(input_ids=list(t.prompt_token_ids), n=1, seeds=[t.seed],
+                      sample_offset=t.sample_index, group=f"direct-{t.prompt_key}",
+                      sampling=SamplingSpec(max_new_tokens=t.max_new_tokens, temperature=1.0,
+                                            seed_mode="keyed"))
+
+
+def test_lanes_drain_the_queue_with_exact_drafts(loop_runner: Any, spec_engine: Any) -> None:
+    task = default_task()
+    tasks = tasks_for(task.make_prompts(3, 5), 2, 40)
+
+    async def go() -> None:
+        async with serving() as (_, sync):
+            for r in ("fast", "slow"):
+                await sync.register(r, r)
+            await sync.open_step(0, {"fast": 1, "slow": 1}, tasks)
+            await sync.report_done(0, "fast")
+            out = await Pregenerator(spec_engine, sync, "fast", 0, inflight=4, poll_every=4,
+                                     local_stop=asyncio.Event()).run()
+            assert (out.tasks, out.complete, out.stopped) == (6, 6, False)
+            assert [k for k, *_ in out.spans()] == ["pregen"]
+            stored = {(d.prompt_key, d.sample_index): list(d.token_ids)
+                      for d in await sync.fetch_drafts(1, sorted({t.prompt_key for t in tasks}))}
+            assert out.pushed_tokens == out.tokens == sum(map(len, stored.values()))
+            again = await spec_engine.generate([direct(t) for t in tasks])
+            for t, g in zip(tasks, again):  # keyed: the draft is the rollout's exact sample
+                assert stored[(t.prompt_key, t.sample_index)] == g.samples[0].output_ids
+
+    loop_runner.run(go())
+
+
+def run_until_stopped(runner: Any, engine: Any, window: PregenWindow) -> tuple[Any, dict]:
+    """Pre-generate long responses; fire the stop signal after some progress, then (after
+    more progress, in the training window) close the step."""
+    task = default_task()
+    long = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(11, 9, MAX_STEPS)]
+    tasks = tasks_for(long, 2, 600)
+
+    async def progress(tokens: int) -> None:
+        mark = engine.tokens_generated
+        await eventually(lambda: engine.tokens_generated >= mark + tokens, timeout_s=60)
+
+    async def go() -> tuple[Any, dict]:
+        async with serving() as (_, sync):
+            for r in ("fast", "slow"):
+                await sync.register(r, r)
+            await sync.open_step(0, {"fast": 1, "slow": 1}, tasks, pregen_window=window)
+            await sync.report_done(0, "fast")
+            run = asyncio.create_task(Pregenerator(engine, sync, "fast", 0, inflight=8,
+                                                   poll_every=2,
+                                                   local_stop=asyncio.Event()).run())
+            await progress(40)
+            await sync.report_done(0, "slow")  # the stop signal
+            if window is PregenWindow.BUBBLE:  # ends within T decode steps of it
+                out = await asyncio.wait_for(run, 10)
+                running_after_stop = False
+            else:
+                await progress(40)
+                running_after_stop = not run.done()
+                await sync.close_step(0)
+                out = await asyncio.wait_for(run, 10)
+            drafts = await sync.fetch_drafts(1, ["q0", "q1"])
+            return out, {"running_after_stop": running_after_stop,
+                         "drafts": {(d.prompt_key, d.sample_index): d for d in drafts}}
+
+    return runner.run(go())
+
+
+def test_bubble_window_stops_at_the_stop_signal(loop_runner: Any, spec_engine: Any) -> None:
+    out, seen = run_until_stopped(loop_runner, spec_engine, PregenWindow.BUBBLE)
+    assert out.stopped and out.tasks == 4
+    assert out.complete < 4 and len(seen["drafts"]) == 4  # partial drafts were pushed
+    assert any(not d.complete and d.token_ids for d in seen["drafts"].values())
+    assert [k for k, *_ in out.spans()] == ["pregen"]  # all of it in the bubble
+
+
+def test_training_window_goes_on_until_the_close(loop_runner: Any, spec_engine: Any) -> None:
+    out, seen = run_until_stopped(loop_runner, spec_engine, PregenWindow.TRAINING)
+    assert out.stopped and seen["running_after_stop"] and len(seen["drafts"]) == 4
+    kinds = [(k, n) for k, _, _, n in out.spans()]
+    assert [k for k, _ in kinds] == ["pregen", "pregen_window"]
+    assert all(n > 0 for _, n in kinds) and sum(n for _, n in kinds) == out.tokens
