@@ -65,7 +65,9 @@ async def main(args: argparse.Namespace) -> None:
     new_dir = tempfile.mkdtemp(prefix="bubblespec-newweights-")
     rows = []
     # Old weights: sample B0 (the step that trains) and pre-generate B1 in "the bubble".
-    eng = await RolloutEngine.start(EngineConfig(model=old_dir, spec_mode="bubblespec"))
+    # no global pool: it would hold the B1 pre-generation and blur the modes apart
+    eng = await RolloutEngine.start(EngineConfig(model=old_dir, spec_mode="bubblespec",
+                                                 src_global=False))
     try:
         out0 = await eng.generate(r0)
         pregen = await eng.generate(r1)

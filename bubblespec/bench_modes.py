@@ -27,7 +27,7 @@ from typing import Any
 
 SCHEMA = "bubblespec.bench/v1"
 
-SPEC_OFF_SRCS = ["--no-src-pregen", "--no-src-siblings", "--no-src-self"]
+SPEC_OFF_SRCS = ["--no-src-pregen", "--no-src-siblings", "--no-src-self", "--no-src-global"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Mode:
 
 MODES: tuple[Mode, ...] = (
     Mode("nospec", ("--spec-mode=none",)),
+    Mode("nospec-keyed", ("--spec-mode=none",), seed_mode="keyed", label="nospec_keyed"),
     Mode("ngram", ("--spec-mode=ngram",)),
     Mode("suffix", ("--spec-mode=suffix",), needs="arctic_inference"),
     Mode("history", ("--spec-mode=bubblespec", *SPEC_OFF_SRCS, "--src-history")),
@@ -68,6 +69,7 @@ MODES: tuple[Mode, ...] = (
          pregen=True, seed_mode="keyed", label="keyed_window", pregen_window="training"),
 )
 BASELINE = "nospec"
+KEYED_BASELINE = "nospec-keyed"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
                "bubblespec-history", "bubblespec-keyed-history", "bubblespec-keyed-window")
 
@@ -172,14 +174,24 @@ def reduction(mode_crit: float, base_crit: float) -> float | None:
     return 1.0 - mode_crit / base_crit
 
 
+def baseline_of(name: str, results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The baseline a mode is compared with: keyed modes against keyed sampling without
+    speculation when that ran (same seeds, so bit-identical outputs and lengths), else
+    nospec."""
+    keyed = (results.get(name) or {}).get("seed_mode") == "keyed"
+    if keyed and (results.get(KEYED_BASELINE) or {}).get("totals"):
+        return KEYED_BASELINE
+    return BASELINE
+
+
 def reductions(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
-    """Per mode name: the reduction of its after-step-0 critical path against nospec
-    (None for skipped or failed modes, or without a baseline)."""
-    base = results.get(BASELINE) or {}
-    base_crit = (base.get("totals") or {}).get("decode_steps_critical", 0)
+    """Per mode name: the reduction of its after-step-0 critical path against its baseline
+    (`baseline_of`; None for skipped or failed modes, or without a baseline)."""
     out: dict[str, float | None] = {}
     for name, r in results.items():
         t = r.get("totals")
+        base = (results.get(baseline_of(name, results)) or {}).get("totals") or {}
+        base_crit = base.get("decode_steps_critical", 0)
         out[name] = reduction(t["decode_steps_critical"], base_crit) if t else None
     return out
 
@@ -210,6 +222,25 @@ def greedy_agreement(outputs: Mapping[str, list[list[list[int]]] | None]
                     "sequences": len(seqs)}
     return {"reference": ref_name, "all_identical": all(m["identical"] for m in modes.values()),
             "modes": modes}
+
+
+def keyed_agreement(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Keyed modes against keyed sampling without speculation: per mode, the steps whose
+    sampled token ids (all prompts and samples, hashed) are bit-identical. With keyed noise
+    every step must match: same seeds, same outputs, hence the same training updates."""
+    ref = [s.get("output_ids_sha256") for s in
+           (results.get(KEYED_BASELINE) or {}).get("steps") or []]
+    out: dict[str, Any] = {}
+    if not ref:
+        return out
+    for name, r in results.items():
+        if name == KEYED_BASELINE or r.get("seed_mode") != "keyed" or not r.get("steps"):
+            continue
+        got = [s.get("output_ids_sha256") for s in r["steps"]]
+        same = sum(1 for a, b in zip(ref, got) if a is not None and a == b)
+        out[name] = {"identical_steps": same, "steps": min(len(ref), len(got)),
+                     "identical": same == len(ref) == len(got)}
+    return out
 
 
 def reward_agreement(results: Mapping[str, Mapping[str, Any]], z: float = 3.0
@@ -264,7 +295,8 @@ class BenchDoc:
         red = reductions(self.modes)
         return {"schema": SCHEMA, "config": self.config, "definitions": DEFINITIONS,
                 "modes": self.modes, "reductions": red, "greedy_check": self.greedy,
-                "reward_check": reward_agreement(self.modes), "final_line": final_line(red)}
+                "reward_check": reward_agreement(self.modes),
+                "keyed_check": keyed_agreement(self.modes), "final_line": final_line(red)}
 
 
 DEFINITIONS = {
@@ -272,7 +304,9 @@ DEFINITIONS = {
                              "the step (fallback: max per-request decode_steps)",
     "decode_steps_total": "engine forward passes summed over ranks",
     "tokens_per_forward": "completion tokens / per-request forward passes",
-    "reduction": "1 - sum(mode critical) / sum(nospec critical) over steps after step 0",
+    "reduction": "1 - sum(mode critical) / sum(baseline critical) over steps after step 0; "
+                 "baseline: nospec-keyed for keyed modes when it ran (bit-identical "
+                 "outputs), else nospec",
     "critical_per_longest": "sum(critical) / sum(longest response tokens), steps after 0",
     "bubble_fraction": "per rank: (step wall - decode busy) / step wall, synchronizer timeline",
 }

@@ -63,6 +63,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--greedy-prompts", type=int, default=4)
     p.add_argument("--modes", default=",".join(m.name for m in MODES))
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--extra-rank-args", default="",
+                   help="appended to every mode's rank arguments, for ablations "
+                        "(e.g. '--no-src-global')")
     p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
     p.add_argument("--out", default="out/bench")
     p.add_argument("--timeline-step", type=int, default=1,
@@ -78,10 +81,11 @@ def run_mode(mode: Mode, args: argparse.Namespace, model_dir: str, task: Any) ->
     t0 = time.monotonic()
     log_dir = Path(args.out) / "logs" / mode.name
     log_dir.mkdir(parents=True, exist_ok=True)
-    with LocalCluster(ranks=args.ranks, model=model_dir, rank_args=list(mode.rank_args),
+    rank_args = [*mode.rank_args, *args.extra_rank_args.split()]
+    with LocalCluster(ranks=args.ranks, model=model_dir, rank_args=rank_args,
                       log_dir=log_dir) as cluster:
         start_s = time.monotonic() - t0
-        print(f"[{mode.name}] cluster ready in {start_s:.0f} s ({' '.join(mode.rank_args)})",
+        print(f"[{mode.name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args)})",
               flush=True)
         with BubbleSpecClient(cluster.gateway_url) as client:
             client.wait_ready(timeout_s=300)
@@ -98,7 +102,7 @@ def run_mode(mode: Mode, args: argparse.Namespace, model_dir: str, task: Any) ->
                              epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
                              work_dir=str(Path(args.out) / "weights" / mode.name),
                              log=lambda s: print(f"[{mode.name}] {s}", flush=True))
-    return {"rank_args": list(mode.rank_args), "pregen": mode.pregen,
+    return {"rank_args": rank_args, "pregen": mode.pregen,
             "seed_mode": mode.seed_mode, "pregen_window": mode.pregen_window,
             "cluster_start_s": start_s,
             "mode_wall_s": time.monotonic() - t0, "greedy_output_ids": greedy,
@@ -213,6 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       + ("" if "within_noise" not in v else
                          (" ok" if v["within_noise"] else " DIFFERS"))
                       for k, v in d["reward_check"].items()))
+    if d["keyed_check"]:
+        print("keyed check (sampled token ids at T=1.0 vs keyed sampling without speculation, "
+              "every step): " + ", ".join(
+                  f"{k}: {v['identical_steps']}/{v['steps']} steps identical"
+                  for k, v in d["keyed_check"].items()))
     print(f"wrote {out}/bench.json, lengths.json, {plots} in {time.monotonic() - t_all:.0f} s")
     print(d["final_line"], flush=True)
     return 0

@@ -19,6 +19,7 @@ same tokens under the same weights: the on-policy check). Writes `<out>/grpo_log
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -97,6 +98,9 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                        prompt_keys=[pr.prompt_key for pr in res.prompts],
                        output_lengths=[[len(s.output_ids) for s in pr.samples]
                                        for pr in res.prompts],
+                       output_ids_sha256=hashlib.sha256(json.dumps(
+                           [[s.output_ids for s in pr.samples] for pr in res.prompts]
+                       ).encode()).hexdigest(),
                        warnings=list(res.warnings))
             records.append(fig)
             log(format_row(fig))

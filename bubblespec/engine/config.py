@@ -20,6 +20,8 @@ class EngineConfig(BaseModel):
     src_siblings: bool = Field(True, description="Draft from sibling responses of the same prompt.")
     src_self: bool = Field(True, description="Draft from the request's own prompt and output.")
     src_history: bool = Field(False, description="Keep finished responses across batches as drafts.")
+    src_global: bool = Field(False, description="Draft from a global pool of recent finished responses to any prompt.")
+    global_token_budget: int = Field(200_000, ge=1000, description="Token budget of the global pool (oldest dropped first).")
     index_token_budget: int = Field(4_000_000, ge=1000, description="Token budget of the draft index (LRU eviction).")
     max_model_len: int = Field(0, ge=0, description="Longest prompt + response, tokens (0: the model's own).")
     max_num_seqs: int = Field(256, ge=1, description="Most sequences decoded at once.")

@@ -102,20 +102,25 @@ class RolloutEngine:
         c = self.cfg
         return {"mode": c.spec_mode.value,
                 "sources": {"pregen": c.src_pregen, "siblings": c.src_siblings,
-                            "self_context": c.src_self, "history": c.src_history},
+                            "self_context": c.src_self, "history": c.src_history,
+                            "global_pool": c.src_global},
                 "draft": {"max_spec_tokens": c.num_speculative_tokens,
                           "max_spec_factor": c.max_spec_factor,
                           "max_spec_offset": c.max_spec_offset,
                           "min_token_prob": c.min_token_prob},
                 "token_budget": c.index_token_budget,
+                "global_token_budget": c.global_token_budget,
                 "fault_biased_verifier": c.fault_biased_verifier}
 
     async def set_sources(self, pregen: bool, siblings: bool, self_context: bool,
-                          history: bool = False) -> None:
-        """Switch draft sources between batches (resets the draft index)."""
-        self.cfg = self.cfg.model_copy(update={"src_pregen": pregen, "src_siblings": siblings,
-                                               "src_self": self_context,
-                                               "src_history": history})
+                          history: bool = False, global_pool: bool | None = None) -> None:
+        """Switch draft sources between batches (resets the draft index; `global_pool`
+        None keeps the configured one)."""
+        upd = {"src_pregen": pregen, "src_siblings": siblings, "src_self": self_context,
+               "src_history": history}
+        if global_pool is not None:
+            upd["src_global"] = global_pool
+        self.cfg = self.cfg.model_copy(update=upd)
         if self.speculative:
             await self.llm.collective_rpc("bubblespec_configure",
                                           args=(self._proposer_options(),))

@@ -21,6 +21,11 @@ from bubblespec.engine.types import parse_request_id
 from bubblespec.engine.vllm_glue import batch_view, install_cpu_sampler_fix, max_model_len
 
 _MAX_FINISHED_STATS = 200_000
+RESYNC = 4
+"""After the output leaves the aligned pre-generated response, drafting from it resumes once
+the last RESYNC output tokens equal the response's tokens at the same positions: keyed noise
+is keyed by position, so a response that re-joins its draft at the same offset is coupled
+to it again."""
 
 
 @dataclass
@@ -33,8 +38,10 @@ class _Req:
     last_draft: int = 0
     last_aligned: bool = False  # the last draft came from the aligned pre-generated response
     aligned: list[int] | None = None  # pre-generated response with this sample index
+    aligned_on: bool = True  # output equals the aligned response so far (or re-synced)
+    tail: list[int] = field(default_factory=list)  # the last RESYNC output tokens
     n_out: int = 0  # output tokens so far
-    out: list[int] = field(default_factory=list)  # the output (kept for history)
+    out: list[int] = field(default_factory=list)  # the output (kept for history / global)
 
 
 class BubbleSpecProposer:
@@ -49,6 +56,7 @@ class BubbleSpecProposer:
         self.inner: Any = None
         self.pregen = self.siblings = self.self_context = True
         self.history = False
+        self.global_pool = False
         self.params = DraftParams(max_spec_tokens=self.k)
         self.index = SuffixIndex(max_depth=64, token_budget=4_000_000)
         self.reqs: dict[str, _Req] = {}
@@ -72,14 +80,17 @@ class BubbleSpecProposer:
         self.siblings = bool(src.get("siblings", True))
         self.self_context = bool(src.get("self_context", True))
         self.history = bool(src.get("history", False))
+        self.global_pool = bool(src.get("global_pool", False))
         dp = options.get("draft", {})
         self.params = DraftParams(
             max_spec_tokens=min(int(dp.get("max_spec_tokens", self.k)), self.k),
             max_spec_factor=float(dp.get("max_spec_factor", 1.0)),
             max_spec_offset=float(dp.get("max_spec_offset", 0.0)),
             min_token_prob=float(dp.get("min_token_prob", 0.1)))
-        self.index = SuffixIndex(max_depth=int(options.get("max_depth", 64)),
-                                 token_budget=int(options.get("token_budget", 4_000_000)))
+        self.index = SuffixIndex(
+            max_depth=int(options.get("max_depth", 64)),
+            token_budget=int(options.get("token_budget", 4_000_000)),
+            global_token_budget=int(options.get("global_token_budget", 200_000)))
         if self.mode == "ngram":
             from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
@@ -156,18 +167,20 @@ class BubbleSpecProposer:
         done = token_ids_cpu[row, n_prompt:n_tokens].tolist()
         if self.siblings or self.self_context:
             self.index.add_sequence(seq_id, group, done, live=True)
-        matcher = self.index.matcher(group, prompt + done, use_global=False)
+        matcher = self.index.matcher(group, prompt + done, use_global=self.global_pool)
         aligned = self.aligned.get((gtok, sample)) if self.pregen else None
-        if aligned is not None and aligned[: len(done)] != done:
-            aligned = None
-        return _Req(group, seq_id, matcher, aligned=aligned, n_out=len(done),
-                    out=list(done) if self.history else [])
+        on = aligned is not None and aligned[: len(done)] == done
+        return _Req(group, seq_id, matcher, aligned=aligned, aligned_on=on,
+                    tail=done[-RESYNC:], n_out=len(done),
+                    out=list(done) if self.history or self.global_pool else [])
 
     def _finish(self, req_id: str) -> None:
         st = self.reqs.pop(req_id)
         gtok = parse_request_id(req_id)[0]
         if self.siblings or self.self_context:
             self.index.finish_sequence(st.seq_id)
+        if self.global_pool and st.out:  # a copy in the global pool, outside every group
+            self.index.add_sequence(("glob",) + st.seq_id[1:], None, st.out, to_global=True)
         if self.history and self.siblings:  # the finished output stays in the shared group
             self.history_seqs.setdefault(gtok, []).append(st.seq_id)
         elif self.history and st.out:  # keep a copy in the shared group
@@ -199,7 +212,7 @@ class BubbleSpecProposer:
                 continue
             stats = st.stats
             stats[0] += 1
-            if self.history:
+            if self.history or self.global_pool:
                 st.out.extend(sampled)
             if st.last_draft:
                 stats[3] += len(sampled) - 1
@@ -231,16 +244,22 @@ class BubbleSpecProposer:
 
     @staticmethod
     def _aligned_draft(st: _Req, sampled: list[int], budget: int) -> list[int]:
-        """Continue the aligned pre-generated response while the output still equals its
-        prefix (with keyed sampling it is a coupled prediction); [] once it diverged."""
+        """Continue the aligned pre-generated response while the output still equals it
+        (with keyed sampling it is a coupled prediction); after a divergence, [] until the
+        last RESYNC output tokens equal it at the same positions again."""
         start = st.n_out
         st.n_out += len(sampled)
+        st.tail = (st.tail + list(sampled))[-RESYNC:]
         al = st.aligned
         if al is None:
             return []
-        if al[start : st.n_out] != sampled:
-            st.aligned = None
-            return []
+        if st.aligned_on and al[start : st.n_out] != sampled:
+            st.aligned_on = False
+        if not st.aligned_on:
+            n = st.n_out
+            if n < RESYNC or al[n - RESYNC : n] != st.tail:
+                return []
+            st.aligned_on = True
         return al[st.n_out : st.n_out + max(budget, 0)]
 
     def _propose_inner(self, sampled: list[list[int]], num_tokens_no_spec: Any,

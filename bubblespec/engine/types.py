@@ -32,6 +32,10 @@ class DraftSources:
     """The request's own prompt and output (prompt lookup)."""
     history: bool = False
     """Responses to the same prompt from earlier steps (kept across batches)."""
+    global_pool: bool = False
+    """Recent finished responses to any prompt (one global pool, FIFO under a token budget),
+    as SuffixDecoding's global tree: drafts from step 0 on, also while pre-generating. Off
+    by default: on the embedded task it did not shorten the critical path (README)."""
 
 
 class InvalidRequest(ValueError):

@@ -50,6 +50,8 @@ class RankConfig(BaseConfig):
     """Draft from the request's own prompt and output."""
     src_history: bool = False
     """Keep finished responses across steps as drafts."""
+    src_global: bool = False
+    """Draft from a global pool of recent finished responses to any prompt."""
     max_model_len: int = Field(0, ge=0)
     """Longest prompt + response, tokens (0: the model's own limit)."""
     max_num_seqs: int = Field(256, ge=1)
@@ -72,7 +74,8 @@ class RankConfig(BaseConfig):
             model=self.model, spec_mode=self.spec_mode,
             num_speculative_tokens=self.num_speculative_tokens, src_pregen=self.src_pregen,
             src_siblings=self.src_siblings, src_self=self.src_self,
-            src_history=self.src_history, max_model_len=self.max_model_len,
+            src_history=self.src_history, src_global=self.src_global,
+            max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs, dtype=self.dtype, kv_cache_gib=self.kv_cache_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager)

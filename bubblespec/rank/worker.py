@@ -104,11 +104,11 @@ class RankWorker:
                               results=[to_prompt_out(r.index, g)
                                        for r, g in zip(shard.requests, results)],
                               decode_seconds=t1 - t0, drafts_fetched_tokens=fetched)
-        if self.sync is not None:
-            await self.sync.report_spans(self.rank_id, shard.step,
-                                         [Span(SpanKind.DECODE, t0, t1, tokens)])
+        if self.sync is not None:  # done first: it may fire the stop signal
             if not shard.rerun:
                 await self.sync.report_done(shard.step, self.rank_id)
+            await self.sync.report_spans(self.rank_id, shard.step,
+                                         [Span(SpanKind.DECODE, t0, t1, tokens)])
         if not shard.rerun:
             self.done_step = shard.step
         self._set("idle")

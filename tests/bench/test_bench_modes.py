@@ -13,6 +13,7 @@ from bubblespec.bench_modes import (
     final_line,
     format_table,
     greedy_agreement,
+    keyed_agreement,
     lengths_doc,
     mode_by_name,
     reduction,
@@ -162,7 +163,7 @@ def test_bench_doc_json_shape():
 
 def test_modes():
     names = [m.name for m in MODES]
-    assert names == ["nospec", "ngram", "suffix", "history", "bubblespec", "bubblespec-keyed",
+    assert names == ["nospec", "nospec-keyed", "ngram", "suffix", "history", "bubblespec", "bubblespec-keyed",
                      "bubblespec-history", "bubblespec-keyed-history", "bubblespec-keyed-window"]
     win = mode_by_name(["bubblespec-keyed-window"])[0]
     assert win.pregen and win.seed_mode == "keyed" and win.pregen_window == "training"
@@ -177,3 +178,29 @@ def test_modes():
     assert "--no-src-history" in mode_by_name(["bubblespec"])[0].rank_args
     with pytest.raises(ValueError):
         mode_by_name(["nope"])
+
+
+def test_keyed_modes_compare_with_keyed_nospec_and_must_match_it_bit_for_bit():
+    def mode(crits, hashes, seed_mode="keyed"):
+        steps = steps_of(crits)
+        for st, h in zip(steps, hashes):
+            st["output_ids_sha256"] = h
+        return {"seed_mode": seed_mode, "steps": steps, "totals": totals(steps)}
+
+    res = {"nospec": mode([9, 200, 200], ["x", "y", "z"], "default"),
+           "nospec-keyed": mode([9, 100, 100], ["a", "b", "c"]),
+           "bubblespec-keyed": mode([9, 20, 30], ["a", "b", "c"]),
+           "bubblespec-keyed-window": mode([9, 10, 10], ["a", "b", "WRONG"]),
+           "bubblespec": mode([9, 50, 50], ["p", "q", "r"], "default")}
+    red = reductions(res)
+    assert red["bubblespec-keyed"] == pytest.approx(0.75)  # against nospec-keyed
+    assert red["bubblespec"] == pytest.approx(0.75)  # against nospec
+    assert red["nospec-keyed"] == 0.0
+    check = keyed_agreement(res)
+    assert set(check) == {"bubblespec-keyed", "bubblespec-keyed-window"}
+    assert check["bubblespec-keyed"] == {"identical_steps": 3, "steps": 3, "identical": True}
+    assert check["bubblespec-keyed-window"]["identical"] is False
+    assert check["bubblespec-keyed-window"]["identical_steps"] == 2
+    del res["nospec-keyed"]  # without the keyed baseline: nospec, and no keyed check
+    assert reductions(res)["bubblespec-keyed"] == pytest.approx(0.875)
+    assert keyed_agreement(res) == {}

@@ -63,6 +63,9 @@ def plain_engine(loop_runner: LoopRunner) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def spec_engine(loop_runner: LoopRunner) -> Iterator[Any]:
-    eng = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8)
+    # every draft source on (the global pool is off by default), so the exactness tests
+    # cover them all
+    eng = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
+                       src_global=True)
     yield eng
     loop_runner.run(eng.shutdown())

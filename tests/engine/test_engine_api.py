@@ -77,3 +77,28 @@ def test_weight_reload_changes_outputs_and_tags_version(loop_runner, spec_engine
     assert [r.samples[0].output_ids for r in again] == [r.samples[0].output_ids for r in before]
     with pytest.raises(InvalidRequest):
         loop_runner.run(spec_engine.update_weights(str(tmp_path / "missing")))
+
+
+def test_global_pool_drafts_across_prompt_groups(loop_runner, spec_engine) -> None:
+    """A finished response to one group drafts for another group only via the global pool
+    (pre-gen, siblings and self off, so nothing else can draft)."""
+    p = default_task().make_prompts(1, 77)[0]
+
+    def second_accepts(global_pool: bool) -> tuple[int, int, list[int]]:
+        loop_runner.run(spec_engine.set_sources(False, False, False, global_pool=global_pool))
+        a, b = _greedy([p, p], max_new=64)
+        a.group, b.group = "pool-a", "pool-b"
+        first = loop_runner.run(spec_engine.generate([a]))[0].samples[0]
+        loop_runner.run(spec_engine.release_groups(["pool-a"]))
+        s = loop_runner.run(spec_engine.generate([b]))[0].samples[0]
+        loop_runner.run(spec_engine.release_groups(["pool-b"]))
+        assert s.output_ids == first.output_ids  # greedy: drafts never change the output
+        return s.num_accepted_tokens, len(s.output_ids), s.output_ids
+
+    try:
+        acc_on, n_on, ids_on = second_accepts(True)
+        acc_off, _, ids_off = second_accepts(False)
+    finally:
+        loop_runner.run(spec_engine.set_sources(True, True, True, global_pool=True))
+    assert acc_off == 0 and ids_on == ids_off
+    assert acc_on >= n_on // 2, (acc_on, n_on)
