@@ -323,11 +323,12 @@ def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     red = reductions(results)
     head = ["mode", "crit steps", "total steps", "tok/fwd", "accept %", "pregen tok",
             "pregen acc", "bubble %", "wall s", "reward", "crit/longest", "reduction"]
-    rows = []
+    rows, skipped = [], []
     for name, r in results.items():
         t = r.get("totals")
         if not t:
-            rows.append([name, "skipped: " + str(r.get("skipped", ""))[:60]] + [""] * 10)
+            rows.append([name, "skipped"] + ["-"] * 10)
+            skipped.append(f"{name} skipped: {r.get('skipped', '')}")
             continue
         acc = t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else None
         bf = t["mean_bubble_fraction"]
@@ -342,7 +343,7 @@ def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                   for i, (c, w) in enumerate(zip(cells, widths)))
-    lines = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+    lines = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows), *skipped]
     per_step = [n for n, r in results.items() if r.get("steps")]
     if per_step:
         lines += ["", "critical-path decode steps per step:",

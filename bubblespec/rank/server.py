@@ -202,8 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
+    # bind before the engine starts: vLLM opens ports of its own while it starts (~20 s),
+    # and one of them could otherwise take the port this rank was given
+    family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((cfg.host, cfg.port))
+    except OSError as e:
+        print(f"bubblespec rank: cannot bind {cfg.host}:{cfg.port}: {e}", file=sys.stderr)
+        return 3
+    if cfg.port == 0:
+        cfg = cfg.model_copy(update={"port": sock.getsockname()[1]})
     server = RankServer(cfg)
     log.info("rank %s config: %s", server.rank_id, effective_config_dict(cfg))
-    uvicorn.run(server.app, host=cfg.host, port=cfg.port, log_level=cfg.log_level.lower(),
-                timeout_graceful_shutdown=10)
+    config = uvicorn.Config(server.app, log_level=cfg.log_level.lower(),
+                            timeout_graceful_shutdown=10)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
