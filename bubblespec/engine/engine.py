@@ -268,7 +268,7 @@ class RolloutEngine:
                 finish_reason=sub.finish, sample_index=sub.sample_index,
                 weight_version=version, decode_steps=steps, num_drafts=drafts,
                 num_draft_tokens=dtoks, num_accepted_tokens=max(0, n_out - steps),
-                num_accepted_pregen_tokens=acc_pregen))
+                num_accepted_pregen_tokens=min(acc_pregen, max(0, n_out - steps))))
         return results
 
     async def shutdown(self) -> None:
