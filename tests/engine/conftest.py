@@ -1,4 +1,5 @@
-"""Real vLLM engines for the engine tests, shared per session (each takes ~15 s to start).
+"""Real vLLM engines for the engine tests, shared by tests/engine (each takes ~15 s to start;
+package scope: they stop before later packages run, so they do not compete for the CPU).
 
 AsyncLLM lives on one event loop, so the engines run on a background loop thread and
 tests submit coroutines to it with `loop_runner.run(coro)`.
@@ -33,7 +34,7 @@ class LoopRunner:
         self.thread.join(5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def loop_runner() -> Iterator[LoopRunner]:
     r = LoopRunner()
     yield r
@@ -54,14 +55,14 @@ def start_engine(runner: LoopRunner, **kw: Any) -> Any:
     return runner.run(RolloutEngine.start(cfg))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def plain_engine(loop_runner: LoopRunner) -> Iterator[Any]:
     eng = start_engine(loop_runner, spec_mode="none")
     yield eng
     loop_runner.run(eng.shutdown())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spec_engine(loop_runner: LoopRunner) -> Iterator[Any]:
     # every draft source on (the global pool is off by default), so the exactness tests
     # cover them all

@@ -8,6 +8,7 @@ mid-step, then the last rank killed). Set BUBBLESPEC_TEST_MODEL to use another m
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -21,6 +22,8 @@ import pytest
 from bubblespec.cli.up import LocalCluster
 from bubblespec.client import BubbleSpecClient, BubbleSpecError, BubbleSpecUnavailable
 from bubblespec.client.types import RolloutResult
+from bubblespec.synchronizer.client import SyncClient
+from bubblespec.synchronizer.types import SyncError
 from bubblespec.tasks.addchain import MAX_STEPS
 
 pytestmark = pytest.mark.engine
@@ -198,17 +201,35 @@ def test_synchronizer_down_then_back(client: BubbleSpecClient, cluster: LocalClu
     check_result(res, prompts, 2)
 
 
-def _wait_decoding(cluster: LocalCluster, rank: str, timeout_s: float = 60) -> None:
-    url = cluster.rank_urls[rank] + "/v1/state"
+def _sync_state(cluster: LocalCluster) -> Any:
+    async def get() -> Any:
+        async with SyncClient(cluster.sync_address, timeout_s=2.0) as c:
+            return await c.get_state()
+
+    return asyncio.run(get())
+
+
+def _step_now(cluster: LocalCluster) -> int:
+    step = _sync_state(cluster).current_step
+    return -1 if step is None else step
+
+
+def _wait_decoding(cluster: LocalCluster, rank: str, after_step: int,
+                   timeout_s: float = 60) -> None:
+    """Wait until a step newer than `after_step` is open with `rank` still owing its shard,
+    then a little longer so it is decoding. Asked of the synchronizer, not the rank: on 2
+    cores a decoding rank's event loop can leave HTTP requests unanswered for seconds."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            # a long timeout: on 2 cores a decoding rank's event loop answers late
-            if httpx.get(url, timeout=10).json().get("state") == "decoding":
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.02)
+            s = _sync_state(cluster)
+        except SyncError:
+            s = None
+        if (s is not None and s.current_step is not None and s.current_step > after_step
+                and s.step_open and rank in s.pending_rank_ids):
+            time.sleep(0.5)
+            return
+        time.sleep(0.05)
     raise AssertionError(f"{rank} never started decoding")
 
 
@@ -233,9 +254,10 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
     greedy = {"temperature": 0.0, "max_new_tokens": 600, "ignore_eos": True}
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 30 + i) for i in range(4)]
     clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
+    before = _step_now(cluster)
     t, out = _rollout_in_thread(client, prompts=prompts, n=1, sampling_params=greedy,
                                 next_prompts=prompts)
-    _wait_decoding(cluster, "r0")
+    _wait_decoding(cluster, "r0", before)
     cluster.kill("sync")
     t.join(300)
     assert "result" in out, out.get("error")
@@ -254,8 +276,9 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
 def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalCluster,
                                        task: Any) -> None:
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(6)]
+    before = _step_now(cluster)
     t, out = _rollout_in_thread(client, prompts=prompts, n=2, sampling_params=LONG)
-    _wait_decoding(cluster, "r1")
+    _wait_decoding(cluster, "r1", before)
     cluster.kill("r1")
     t.join(300)
     assert "result" in out, out.get("error")
@@ -272,8 +295,9 @@ def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalC
 def test_last_rank_lost_is_503_naming_it(client: BubbleSpecClient, cluster: LocalCluster,
                                          task: Any) -> None:
     prompts = [task.make_prompt(i, 3, MAX_STEPS) for i in range(4)]
+    before = _step_now(cluster)
     t, out = _rollout_in_thread(client, prompts=prompts, n=2, sampling_params=LONG)
-    _wait_decoding(cluster, "r0")
+    _wait_decoding(cluster, "r0", before)
     cluster.kill("r0")
     t.join(120)
     err = out.get("error")
