@@ -161,23 +161,25 @@ class RolloutEngine:
         validate_request(req, self.vocab_size, self.max_model_len)
 
     async def generate(self, requests: list[GenRequest], should_stop: StopHook | None = None,
-                       poll_every: int = 8) -> list[GenResult]:
+                       poll_every: int = 8, counters: bool = True) -> list[GenResult]:
         """Run a batch; with `should_stop`, poll it every `poll_every` decode steps and abort
-        the unfinished samples when it says so (their partial outputs are returned)."""
+        the unfinished samples when it says so (their partial outputs are returned).
+        `counters=False` skips fetching the per-request draft counters (one engine RPC per
+        call; pre-generation runs each task as its own call and does not use them)."""
         for req in requests:
             self.validate(req)
         async with self._weights_lock:
             self._gen_count += 1
             self._idle.clear()
         try:
-            return await self._generate(requests, should_stop, poll_every)
+            return await self._generate(requests, should_stop, poll_every, counters)
         finally:
             self._gen_count -= 1
             if self._gen_count == 0:
                 self._idle.set()
 
     async def _generate(self, requests: list[GenRequest], should_stop: StopHook | None,
-                        poll_every: int) -> list[GenResult]:
+                        poll_every: int, counters: bool = True) -> list[GenResult]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -229,7 +231,7 @@ class RolloutEngine:
             for sub in subs:
                 if sub.finish == "running":
                     sub.finish = "abort"
-        return await self._collect(requests, subs, version)
+        return await self._collect(requests, subs, version, counters)
 
     async def _watch(self, subs: list[_Sub], tasks: list, progress: asyncio.Event,
                      should_stop: StopHook, poll_every: int) -> bool:
@@ -253,9 +255,9 @@ class RolloutEngine:
         return False
 
     async def _collect(self, requests: list[GenRequest], subs: list[_Sub],
-                       version: int) -> list[GenResult]:
+                       version: int, counters: bool = True) -> list[GenResult]:
         stats: dict[str, tuple] = {}
-        if self.speculative:
+        if self.speculative and counters:
             res = await self.llm.collective_rpc("bubblespec_pop_stats",
                                                 args=([s.rid for s in subs],))
             stats = res[0]

@@ -123,6 +123,10 @@ class BubbleSpecProposer:
         """A batch is over: drop its groups (keep finished outputs when history is on)."""
         dropped = 0
         dead = set(groups)
+        # requests still tracked (their counters never fetched) end here, before their
+        # sequences go: finishing them later would name sequences the index no longer has
+        for rid in [r for r in self.reqs if parse_request_id(r)[0] in dead]:
+            self._finish(rid)
         self.aligned = {k: v for k, v in self.aligned.items() if k[0] not in dead}
         for gtok in groups:
             if self.history:

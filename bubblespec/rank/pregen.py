@@ -6,8 +6,9 @@ shrink to its longest response: the bubble is then spent decoding a batch of one
 rest of the queue waits, and the long responses (the ones that set the next step's critical
 path) start late. Keeping the batch full lets every task progress from the bubble's start.
 
-Stopping: every lane asks `StopWatch` every T decode steps; concurrent asks share one
-synchronizer RPC, so the synchronizer sees about one poll per T steps, not one per lane.
+Stopping: every lane asks `StopWatch` at every decode step; it answers from a flag that the
+synchronizer's step stream sets the moment the stop comes (PollStop about every T decode
+steps is the fallback), so lanes stop within one decode step of the signal.
 Pre-generation ends at the step's stop signal, or, when the gateway opened the step with the
 TRAINING window, at the step's close (the rank keeps pre-generating while the trainer
 trains); the watch also notes when it first saw the stop signal, so the time and tokens
@@ -31,38 +32,65 @@ log = logging.getLogger(__name__)
 
 
 class StopWatch:
-    """Has pre-generation of `step` to end? True once the synchronizer says so (or a local
-    stop is set); concurrent callers share the RPC in flight. `stop_seen` is (time, engine
-    token counter) when the step's stop signal was first seen while pre-generation went on
-    (the TRAINING window; None: not seen, or it ended pre-generation)."""
+    """Has pre-generation of `step` to end? Asked by every lane at every decode step, it
+    answers from a local flag, set by the synchronizer's step stream (at once), by a
+    PollStop RPC about every T decode steps (the fallback if the stream is down), or by a
+    local stop. `stop_seen` is (time, engine token counter) when the step's stop signal
+    was first seen while pre-generation went on (the TRAINING window; None otherwise)."""
 
     def __init__(self, sync: Any, step: int, rank_id: str, local: asyncio.Event,
-                 engine: Any) -> None:
+                 engine: Any, poll_every: int = 8, lanes: Any = lambda: 1) -> None:
         self.sync = sync
         self.step = step
         self.rank_id = rank_id
         self.local = local
         self.engine = engine
+        self.poll_every = poll_every
+        self.lanes = lanes
         self.fired = False
         self.polls = 0
         self.stop_seen: tuple[float, int] | None = None
+        self._calls = 0
         self._poll: asyncio.Future | None = None
 
     def fire(self) -> None:
         self.fired = True
 
+    def _apply(self, stop: bool, over: bool) -> None:
+        if stop and not over and self.stop_seen is None:  # the training window begins
+            self.stop_seen = (time.time(), self.engine.tokens_generated)
+        self.fired = self.fired or over
+
+    async def poll(self) -> bool:
+        """Ask the synchronizer now (PollStop)."""
+        self.polls += 1
+        self._apply(*await self.sync.poll_pregen(self.step, self.rank_id))
+        return self.fired
+
     async def __call__(self) -> bool:
         if self.fired or self.local.is_set():
             self.fired = True
             return True
-        if self._poll is None or self._poll.done():
-            self.polls += 1
-            self._poll = asyncio.ensure_future(self.sync.poll_pregen(self.step, self.rank_id))
-        stop, over = await asyncio.shield(self._poll)
-        if stop and not over and self.stop_seen is None:  # the training window begins
-            self.stop_seen = (time.time(), self.engine.tokens_generated)
-        self.fired = self.fired or over
+        self._calls += 1  # each lane asks once per decode step: T steps = T x lanes asks
+        if self._calls >= self.poll_every * max(1, self.lanes()) and (
+                self._poll is None or self._poll.done()):
+            self._calls = 0
+            self._poll = asyncio.ensure_future(self.poll())
         return self.fired
+
+    async def watch(self) -> None:
+        """Follow the step stream; on any event after the step opened, ask whether
+        pre-generation is over (the stream does not say which window the step has)."""
+        from bubblespec.synchronizer.types import StepEventKind
+
+        async for ev in self.sync.watch_step(self.step, self.rank_id):
+            if ev.step == self.step and ev.kind is StepEventKind.OPENED:
+                continue
+            if ev.step > self.step or ev.kind is StepEventKind.CLOSED:
+                self.fired = True
+            elif not await self.poll():
+                continue
+            return
 
 
 @dataclass
@@ -121,15 +149,18 @@ class Pregenerator:
         self.step = step
         self.inflight = inflight
         self.poll_every = poll_every
-        self.stop = StopWatch(sync, step, rank_id, local_stop, engine)
+        self.lanes: dict[asyncio.Task, PregenTask] = {}
+        self.stop = StopWatch(sync, step, rank_id, local_stop, engine, poll_every,
+                              lambda: len(self.lanes))
         self.target = step + 1
 
     async def run(self) -> PregenOutcome:
         out = PregenOutcome(started_at=time.time())
         base = self.engine.tokens_generated
-        lanes: dict[asyncio.Task, PregenTask] = {}
+        lanes = self.lanes
         groups: set[str] = set()
         exhausted = False
+        watcher = asyncio.create_task(self.stop.watch())
         try:
             while True:
                 room = self.inflight - len(lanes)
@@ -148,6 +179,7 @@ class Pregenerator:
                 done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED)
                 await self._push(out, [(lanes.pop(d), d) for d in done])
         finally:
+            watcher.cancel()
             for lane in lanes:  # only on an error: do not leave requests decoding
                 lane.cancel()
             if groups:
@@ -160,7 +192,7 @@ class Pregenerator:
 
     async def _lane(self, t: PregenTask) -> GenResult:
         results = await self.engine.generate([task_request(t)], should_stop=self.stop,
-                                             poll_every=self.poll_every)
+                                             poll_every=1, counters=False)
         return results[0]
 
     async def _push(self, out: PregenOutcome, finished: list[tuple[PregenTask, Any]]) -> None:

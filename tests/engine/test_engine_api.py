@@ -102,3 +102,15 @@ def test_global_pool_drafts_across_prompt_groups(loop_runner, spec_engine) -> No
         loop_runner.run(spec_engine.set_sources(True, True, True, global_pool=True))
     assert acc_off == 0 and ids_on == ids_off
     assert acc_on >= n_on // 2, (acc_on, n_on)
+
+
+def test_release_right_after_uncounted_requests_keeps_the_engine_up(loop_runner,
+                                                                    spec_engine) -> None:
+    """Pre-generation skips the counter RPC, so its requests are still tracked by the
+    proposer when their groups are released; the engine must keep serving."""
+    task = default_task()
+    reqs = _greedy(task.make_prompts(2, 5), 16)
+    loop_runner.run(spec_engine.generate(reqs, counters=False))
+    loop_runner.run(spec_engine.release_groups([r.group_key() for r in reqs]))
+    res = loop_runner.run(spec_engine.generate(_greedy(task.make_prompts(2, 6), 16)))
+    assert [len(g.samples[0].output_ids) for g in res] == [16, 16]
