@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubblespec.engine.types import GenRequest, GenResult, SamplingSpec
-from bubblespec.synchronizer.types import Draft, PregenTask
+from bubblespec.synchronizer.types import Draft, PregenTask, StepEventKind
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,6 @@ class StopWatch:
     async def watch(self) -> None:
         """Follow the step stream; on any event after the step opened, ask whether
         pre-generation is over (the stream does not say which window the step has)."""
-        from bubblespec.synchronizer.types import StepEventKind
-
         async for ev in self.sync.watch_step(self.step, self.rank_id):
             if ev.step == self.step and ev.kind is StepEventKind.OPENED:
                 continue
@@ -148,7 +146,6 @@ class Pregenerator:
         self.rank_id = rank_id
         self.step = step
         self.inflight = inflight
-        self.poll_every = poll_every
         self.lanes: dict[asyncio.Task, PregenTask] = {}
         self.stop = StopWatch(sync, step, rank_id, local_stop, engine, poll_every,
                               lambda: len(self.lanes))

@@ -269,9 +269,7 @@ class SyncClient:
 
     async def poll_stop(self, step: int, rank_id: str, timeout_s: float | None = None) -> bool:
         """Has `step`'s stop signal fired? False when the synchronizer is unreachable."""
-        r = await self._soft("PollStop", pb.PollStopRequest(step=step, rank_id=rank_id),
-                             timeout_s)
-        return False if r is None else r.stop
+        return (await self.poll_pregen(step, rank_id, timeout_s))[0]
 
     async def poll_pregen(self, step: int, rank_id: str, timeout_s: float | None = None
                           ) -> tuple[bool, bool]:

@@ -9,7 +9,6 @@ mid-step, then the last rank killed). Set BUBBLESPEC_TEST_MODEL to use another m
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -25,31 +24,16 @@ from bubblespec.client.types import RolloutResult
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.types import SyncError
 from bubblespec.tasks.addchain import MAX_STEPS
+from tests.deploy.helpers import engine_model_dir
+from tests.integration.helpers import local_cluster
 
 pytestmark = pytest.mark.engine
 
 
-def _model_dir() -> str | None:
-    if os.environ.get("BUBBLESPEC_TEST_MODEL"):
-        return os.environ["BUBBLESPEC_TEST_MODEL"]
-    try:
-        from bubblespec.tasks import default_model_dir
-
-        return str(default_model_dir())
-    except FileNotFoundError:
-        return None
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    model = _model_dir()
-    if model is None:
-        pytest.skip("no model: build bubblespec/assets/tiny-llama or set BUBBLESPEC_TEST_MODEL")
-    log_dir = tmp_path_factory.mktemp("cluster-logs")
-    c = LocalCluster(ranks=2, model=model, log_dir=log_dir, start_timeout_s=300,
-                     sync_args=["--heartbeat-interval-s", "0.5", "--rank-timeout-s", "5"])
-    with c:
-        yield c
+    yield from local_cluster(tmp_path_factory, sync_args=["--heartbeat-interval-s", "0.5",
+                                                          "--rank-timeout-s", "5"])
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +146,7 @@ def test_ranks_health_and_metrics(client: BubbleSpecClient, cluster: LocalCluste
 
 
 def test_weight_update_fans_out(client: BubbleSpecClient, task: Any) -> None:
-    model = _model_dir()
+    model = engine_model_dir()
     assert model is not None
     before = {r.rank_id: r.weight_version for r in client.ranks()}
     w = client.update_weights(model)
@@ -247,6 +231,15 @@ def _rollout_in_thread(client: BubbleSpecClient, **kw: Any) -> tuple[threading.T
     return t, out
 
 
+def _rollout_mid_step(client: BubbleSpecClient, cluster: LocalCluster, rank: str,
+                      **kw: Any) -> tuple[threading.Thread, dict]:
+    """Start a rollout in a thread and return once `rank` is mid-step in it."""
+    before = _step_now(cluster)
+    t, out = _rollout_in_thread(client, **kw)
+    _wait_decoding(cluster, rank, before)
+    return t, out
+
+
 def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: LocalCluster,
                                         task: Any) -> None:
     """SIGKILL the synchronizer while both ranks decode: the step completes, every request
@@ -254,10 +247,8 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
     greedy = {"temperature": 0.0, "max_new_tokens": 600, "ignore_eos": True}
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 30 + i) for i in range(4)]
     clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
-    before = _step_now(cluster)
-    t, out = _rollout_in_thread(client, prompts=prompts, n=1, sampling_params=greedy,
-                                next_prompts=prompts)
-    _wait_decoding(cluster, "r0", before)
+    t, out = _rollout_mid_step(client, cluster, "r0", prompts=prompts, n=1,
+                               sampling_params=greedy, next_prompts=prompts)
     cluster.kill("sync")
     t.join(300)
     assert "result" in out, out.get("error")
@@ -276,9 +267,8 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
 def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalCluster,
                                        task: Any) -> None:
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(6)]
-    before = _step_now(cluster)
-    t, out = _rollout_in_thread(client, prompts=prompts, n=2, sampling_params=LONG)
-    _wait_decoding(cluster, "r1", before)
+    t, out = _rollout_mid_step(client, cluster, "r1", prompts=prompts, n=2,
+                               sampling_params=LONG)
     cluster.kill("r1")
     t.join(300)
     assert "result" in out, out.get("error")
@@ -295,9 +285,8 @@ def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalC
 def test_last_rank_lost_is_503_naming_it(client: BubbleSpecClient, cluster: LocalCluster,
                                          task: Any) -> None:
     prompts = [task.make_prompt(i, 3, MAX_STEPS) for i in range(4)]
-    before = _step_now(cluster)
-    t, out = _rollout_in_thread(client, prompts=prompts, n=2, sampling_params=LONG)
-    _wait_decoding(cluster, "r0", before)
+    t, out = _rollout_mid_step(client, cluster, "r0", prompts=prompts, n=2,
+                               sampling_params=LONG)
     cluster.kill("r0")
     t.join(120)
     err = out.get("error")

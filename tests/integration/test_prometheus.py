@@ -20,7 +20,8 @@ import yaml
 
 from bubblespec.cli.up import LocalCluster, free_ports
 from bubblespec.client import BubbleSpecClient
-from tests.deploy.helpers import DEPLOY, engine_model_dir, ensure_tool
+from tests.deploy.helpers import DEPLOY, ensure_tool
+from tests.integration.helpers import local_cluster
 
 pytestmark = pytest.mark.engine
 
@@ -41,13 +42,7 @@ def prometheus_bin() -> str:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str
             ) -> Iterator[LocalCluster]:
-    model = engine_model_dir()
-    if model is None:
-        pytest.skip("no model: build bubblespec/assets/tiny-llama or set BUBBLESPEC_TEST_MODEL")
-    c = LocalCluster(ranks=2, model=model, log_dir=tmp_path_factory.mktemp("cluster-logs"),
-                     start_timeout_s=300)
-    with c:
-        yield c
+    yield from local_cluster(tmp_path_factory)
 
 
 def hostport(url: str) -> str:

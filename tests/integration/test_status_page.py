@@ -20,7 +20,7 @@ import pytest
 from bubblespec.cli.up import LocalCluster
 from bubblespec.client import BubbleSpecClient
 from tests.deploy.browser import OUT, Dom, capture, chromium, serve_app
-from tests.deploy.helpers import engine_model_dir
+from tests.integration.helpers import local_cluster
 
 pytestmark = pytest.mark.engine
 
@@ -38,13 +38,7 @@ def browser() -> str:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, browser: str) -> Iterator[LocalCluster]:
-    model = engine_model_dir()
-    if model is None:
-        pytest.skip("no model: build bubblespec/assets/tiny-llama or set BUBBLESPEC_TEST_MODEL")
-    c = LocalCluster(ranks=2, model=model, log_dir=tmp_path_factory.mktemp("cluster-logs"),
-                     start_timeout_s=300)
-    with c:
-        yield c
+    yield from local_cluster(tmp_path_factory)
 
 
 def serves_status_page(url: str) -> bool:

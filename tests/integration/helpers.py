@@ -1,0 +1,22 @@
+"""Shared by the integration modules: one real 2-rank local cluster per module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bubblespec.cli.up import LocalCluster
+from tests.deploy.helpers import engine_model_dir
+
+
+def local_cluster(tmp_path_factory: pytest.TempPathFactory, **kw: Any
+                  ) -> Iterator[LocalCluster]:
+    """Start a 2-rank LocalCluster on the test model (skip without one); yield it; stop it."""
+    model = engine_model_dir()
+    if model is None:
+        pytest.skip("no model: build bubblespec/assets/tiny-llama or set BUBBLESPEC_TEST_MODEL")
+    with LocalCluster(ranks=2, model=model, log_dir=tmp_path_factory.mktemp("cluster-logs"),
+                      start_timeout_s=300, **kw) as c:
+        yield c
