@@ -18,8 +18,9 @@ import importlib.util
 import tempfile
 import time
 
-from bubblespec.engine import EngineConfig, GenRequest, SamplingSpec
+from bubblespec.engine import EngineConfig, GenRequest
 from bubblespec.engine.engine import RolloutEngine
+from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_model_dir, default_task
 from bubblespec.train.grpo import Rollout, Trainer
 
@@ -28,8 +29,8 @@ def requests(prompts: list, n: int, seed: int, max_new: int, eos: int,
              seed_mode: str = "default") -> list[GenRequest]:
     return [GenRequest(input_ids=list(p.input_ids), n=n,
                        seeds=[seed * 100_003 + i * 1_009 + j for j in range(n)],
-                       sampling=SamplingSpec(max_new_tokens=max_new, temperature=1.0,
-                                             stop_token_ids=[eos], seed_mode=seed_mode))
+                       sampling=SamplingParams(max_new_tokens=max_new, temperature=1.0,
+                                               stop_token_ids=[eos], seed_mode=seed_mode))
             for i, p in enumerate(prompts)]
 
 

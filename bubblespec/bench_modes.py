@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bubblespec.protocol.sampling import PregenWindow, SeedMode
+
 SCHEMA = "bubblespec.bench/v1"
 
 SPEC_OFF_SRCS = ["--no-src-pregen", "--no-src-siblings", "--no-src-self", "--no-src-global"]
@@ -38,13 +40,13 @@ class Mode:
     rank_args: tuple[str, ...]
     pregen: bool = False
     """Pass the next step's prompts ahead (pre-generation in the bubble)."""
-    seed_mode: str = "default"
+    seed_mode: SeedMode = SeedMode.DEFAULT
     needs: str = ""
     """A module that must be importable, else the mode is skipped."""
     label: str = ""
     """Name in the final line (default: `name`)."""
-    pregen_window: str = "bubble"
-    """"training": pre-generation goes on through the training window (until the weight
+    pregen_window: PregenWindow = PregenWindow.BUBBLE
+    """TRAINING: pre-generation goes on through the training window (until the weight
     push), as on rollout ranks that idle while the trainer trains."""
 
     @property
@@ -54,19 +56,20 @@ class Mode:
 
 MODES: tuple[Mode, ...] = (
     Mode("nospec", ("--spec-mode=none",)),
-    Mode("nospec-keyed", ("--spec-mode=none",), seed_mode="keyed", label="nospec_keyed"),
+    Mode("nospec-keyed", ("--spec-mode=none",), seed_mode=SeedMode.KEYED, label="nospec_keyed"),
     Mode("ngram", ("--spec-mode=ngram",)),
     Mode("suffix", ("--spec-mode=suffix",), needs="arctic_inference"),
     Mode("history", ("--spec-mode=bubblespec", *SPEC_OFF_SRCS, "--src-history")),
     Mode("bubblespec", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True),
     Mode("bubblespec-keyed", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True,
-         seed_mode="keyed", label="keyed"),
+         seed_mode=SeedMode.KEYED, label="keyed"),
     Mode("bubblespec-history", ("--spec-mode=bubblespec", "--src-history"), pregen=True,
          label="bubblespec_history"),
     Mode("bubblespec-keyed-history", ("--spec-mode=bubblespec", "--src-history"), pregen=True,
-         seed_mode="keyed", label="keyed_history"),
+         seed_mode=SeedMode.KEYED, label="keyed_history"),
     Mode("bubblespec-keyed-window", ("--spec-mode=bubblespec", "--no-src-history"),
-         pregen=True, seed_mode="keyed", label="keyed_window", pregen_window="training"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window",
+         pregen_window=PregenWindow.TRAINING),
 )
 BASELINE = "nospec"
 KEYED_BASELINE = "nospec-keyed"
@@ -86,7 +89,7 @@ def mode_by_name(names: Iterable[str]) -> list[Mode]:
 
 def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
                  wall_s: float, mean_reward: float) -> dict[str, Any]:
-    """One step's figures from the rollout's JSON-like dict (`RolloutResult` as a dict:
+    """One step's figures from the rollout's JSON-like dict (`RolloutResponse` as a dict:
     counters, ranks, prompts) and the step timeline (`StepReport` as a dict, or None)."""
     c = result.get("counters", {})
     ranks = result.get("ranks", [])

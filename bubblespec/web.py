@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from bubblespec.engine.types import InvalidRequest
+from bubblespec.protocol.errors import InvalidRequest
 
 
 class ServiceUnavailable(Exception):

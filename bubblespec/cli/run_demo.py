@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bubblespec.cli.up import ClusterError, LocalCluster
-from bubblespec.client import BubbleSpecClient, BubbleSpecError, RolloutResult, StepReport
+from bubblespec.client import BubbleSpecClient, BubbleSpecError, RolloutResponse, StepReport
 
 
 @dataclass
@@ -35,11 +35,11 @@ class StepRecord:
     wall_s: float
     mean_reward: float
     num_samples: int
-    result: RolloutResult = field(repr=False)
+    result: RolloutResponse = field(repr=False)
     report: StepReport | None = field(default=None, repr=False)
 
 
-OnStep = Callable[[int, Sequence[Any], RolloutResult], None]
+OnStep = Callable[[int, Sequence[Any], RolloutResponse], None]
 
 
 def run_steps(client: BubbleSpecClient, task: Any, steps: int, prompts_per_step: int, n: int,

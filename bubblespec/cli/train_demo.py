@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bubblespec.bench_modes import step_figures
+from bubblespec.protocol.sampling import PregenWindow, SeedMode
 
 
 def resolve_model(model: str | None) -> str:
@@ -45,7 +46,8 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              sampling: dict[str, Any], seed: int = 0, lr: float = 1e-4, pregen: bool = True,
              work_dir: str | None = None, log: Callable[[str], None] = print,
              train: bool = True, timeline_settle_s: float = 0.3,
-             epoch_steps: int = 0, pregen_window: str | None = None) -> list[dict[str, Any]]:
+             epoch_steps: int = 0, pregen_window: PregenWindow | None = None
+             ) -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
     `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
@@ -152,7 +154,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed-mode", choices=["default", "keyed"], default="default")
+    p.add_argument("--seed-mode", choices=[m.value for m in SeedMode],
+                   default=SeedMode.DEFAULT.value)
     p.add_argument("--lr", type=float, default=1e-4,
                    help="AdamW learning rate (1e-3 made the reward collapse in a 20-step run)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed of the first step")

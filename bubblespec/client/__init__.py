@@ -5,28 +5,32 @@
         res = c.rollout([[1, 5, 9]], n=4, sampling_params={"temperature": 1.0},
                         next_prompts=[[1, 7, 3]])
         res.prompts[0].samples[2].output_ids
+
+Results are the gateway's own response models (`bubblespec.protocol.gateway`), re-exported
+here for convenience.
 """
 
 from __future__ import annotations
 
 from bubblespec.client.client import AsyncBubbleSpecClient, BubbleSpecClient
-from bubblespec.client.types import (
-    BubbleSpecError,
-    BubbleSpecUnavailable,
+from bubblespec.client.errors import BubbleSpecError, BubbleSpecUnavailable
+from bubblespec.protocol.gateway import (
     PromptResult,
     RankBubble,
-    RankInfo,
+    RankEntry,
     RankShard,
     Rerun,
     RolloutCounters,
-    RolloutResult,
-    Sample,
+    RolloutResponse,
+    RolloutSample,
     StepReport,
     WeightsResult,
 )
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams, SeedMode
 
 __all__ = [
     "AsyncBubbleSpecClient", "BubbleSpecClient", "BubbleSpecError", "BubbleSpecUnavailable",
-    "PromptResult", "RankBubble", "RankInfo", "RankShard", "Rerun", "RolloutCounters",
-    "RolloutResult", "Sample", "StepReport", "WeightsResult",
+    "PregenWindow", "PromptResult", "RankBubble", "RankEntry", "RankShard", "Rerun",
+    "RolloutCounters", "RolloutResponse", "RolloutSample", "SamplingParams", "SeedMode",
+    "StepReport", "WeightsResult",
 ]

@@ -1,20 +1,19 @@
 """Python clients of the gateway: `BubbleSpecClient` (blocking) and `AsyncBubbleSpecClient`.
 
-Both speak the gateway's HTTP API (see `bubblespec.gateway.server`) and return the typed
-dataclasses of `types.py`. Every failure is a `BubbleSpecError` carrying the HTTP status,
+Both speak the gateway's HTTP API (see `bubblespec.gateway.server`) and return its response
+models (`bubblespec.protocol.gateway`). Every failure is a `BubbleSpecError` carrying the HTTP status,
 the gateway's message and the request field at fault; `BubbleSpecUnavailable` when the
 gateway cannot be reached or has no rank to run on (503/504).
 
 Prompts may be given as token id lists, as text (tokenized by the gateway), as
 `{"input_ids": ...}` / `{"text": ...}` dicts, or as objects with an `input_ids` attribute
-(e.g. the embedded task's `Prompt`). Sampling parameters: a dict, or anything with
-`model_dump()` (the `bubblespec.api.SamplingParams` model).
+(e.g. the embedded task's `Prompt`). Sampling parameters: a dict, or a
+`bubblespec.protocol.sampling.SamplingParams`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,14 +21,9 @@ from typing import Any
 import httpx
 from typing_extensions import Self
 
-from bubblespec.client.types import (
-    BubbleSpecError,
-    BubbleSpecUnavailable,
-    RankInfo,
-    RolloutResult,
-    StepReport,
-    WeightsResult,
-)
+from bubblespec.client.errors import BubbleSpecError, BubbleSpecUnavailable
+from bubblespec.protocol.gateway import RankEntry, RolloutResponse, StepReport, WeightsResult
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 
 DEFAULT_TIMEOUT_S = 3700.0
 """A rollout may take as long as the gateway's rollout deadline (1 h by default)."""
@@ -47,27 +41,27 @@ def prompt_json(p: Any) -> dict[str, Any]:
     return {"input_ids": [int(t) for t in ids]}
 
 
-def sampling_json(sp: Any) -> dict[str, Any]:
+def sampling_json(sp: SamplingParams | Mapping[str, Any] | None) -> dict[str, Any]:
+    """Sampling parameters as the gateway wants them (a dict is sent as given)."""
     if sp is None:
         return {}
     if isinstance(sp, Mapping):
         return dict(sp)
-    if hasattr(sp, "model_dump"):
-        return sp.model_dump()
-    if dataclasses.is_dataclass(sp) and not isinstance(sp, type):
-        return dataclasses.asdict(sp)
-    raise TypeError(f"sampling_params: expected a dict or a model, got {type(sp).__name__}")
+    if isinstance(sp, SamplingParams):
+        return sp.model_dump(mode="json")
+    raise TypeError(f"sampling_params: expected a dict or SamplingParams, got "
+                    f"{type(sp).__name__}")
 
 
 def rollout_body(prompts: Sequence[Any], n: int, sampling_params: Any, seeds: Any,
                  next_prompts: Sequence[Any] | None, step: int | None, next_seeds: Any,
-                 return_logprobs: bool, pregen: bool, pregen_window: str | None = None
-                 ) -> dict[str, Any]:
+                 return_logprobs: bool, pregen: bool,
+                 pregen_window: PregenWindow | str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"prompts": [prompt_json(p) for p in prompts], "n": n,
                             "sampling_params": sampling_json(sampling_params),
                             "return_logprobs": return_logprobs, "pregen": pregen}
     if pregen_window is not None:
-        body["pregen_window"] = pregen_window
+        body["pregen_window"] = PregenWindow(pregen_window).value
     if step is not None:
         body["step"] = step
     if seeds is not None:
@@ -140,30 +134,30 @@ class BubbleSpecClient(_Common):
                 seeds: Sequence[Sequence[int]] | None = None,
                 next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
                 next_seeds: Sequence[Sequence[int]] | None = None, return_logprobs: bool = True,
-                pregen: bool = True, pregen_window: str | None = None) -> RolloutResult:
+                pregen: bool = True, pregen_window: PregenWindow | str | None = None
+                ) -> RolloutResponse:
         """Roll out `n` samples per prompt as one step (the next one unless `step` is given);
         `next_prompts` are pre-generated in this step's bubble (`pregen_window="training"`:
         and on until the next step or weight push; None: the gateway's default)."""
         body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
                             return_logprobs, pregen, pregen_window)
-        return RolloutResult.from_json(self._request("POST", "/v1/rollout", body))
+        return RolloutResponse.model_validate(self._request("POST", "/v1/rollout", body))
 
     def update_weights(self, path: str, version: int | None = None) -> WeightsResult:
         """Reload weights from `path` (visible to the ranks) on every rank."""
         body: dict[str, Any] = {"path": str(path)}
         if version is not None:
             body["version"] = version
-        return WeightsResult(**self._request("POST", "/v1/weights", body))
+        return WeightsResult.model_validate(self._request("POST", "/v1/weights", body))
 
     def step_timeline(self, step: int) -> StepReport:
         """Bubble figures of `step` per rank, and the gateway's summary of its rollout."""
-        return StepReport.from_json(self._request("GET", f"/v1/steps/{int(step)}"))
+        return StepReport.model_validate(self._request("GET", f"/v1/steps/{int(step)}"))
 
-    def ranks(self) -> list[RankInfo]:
+    def ranks(self) -> list[RankEntry]:
         """The ranks the gateway sees, with state and weight version."""
         data = self._request("GET", "/v1/ranks")
-        return [RankInfo(**{k: r.get(k) for k in RankInfo.__dataclass_fields__ if k in r})
-                for r in data["ranks"]]
+        return [RankEntry.model_validate(r) for r in data["ranks"]]
 
     def health(self) -> dict[str, Any]:
         """GET /health_generate: the readiness report; BubbleSpecUnavailable when not ready."""
@@ -211,24 +205,26 @@ class AsyncBubbleSpecClient(_Common):
                       next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
                       next_seeds: Sequence[Sequence[int]] | None = None,
                       return_logprobs: bool = True, pregen: bool = True,
-                      pregen_window: str | None = None) -> RolloutResult:
+                      pregen_window: PregenWindow | str | None = None
+                      ) -> RolloutResponse:
         body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
                             return_logprobs, pregen, pregen_window)
-        return RolloutResult.from_json(await self._request("POST", "/v1/rollout", body))
+        return RolloutResponse.model_validate(
+            await self._request("POST", "/v1/rollout", body))
 
     async def update_weights(self, path: str, version: int | None = None) -> WeightsResult:
         body: dict[str, Any] = {"path": str(path)}
         if version is not None:
             body["version"] = version
-        return WeightsResult(**await self._request("POST", "/v1/weights", body))
+        return WeightsResult.model_validate(await self._request("POST", "/v1/weights", body))
 
     async def step_timeline(self, step: int) -> StepReport:
-        return StepReport.from_json(await self._request("GET", f"/v1/steps/{int(step)}"))
+        return StepReport.model_validate(
+            await self._request("GET", f"/v1/steps/{int(step)}"))
 
-    async def ranks(self) -> list[RankInfo]:
+    async def ranks(self) -> list[RankEntry]:
         data = await self._request("GET", "/v1/ranks")
-        return [RankInfo(**{k: r.get(k) for k in RankInfo.__dataclass_fields__ if k in r})
-                for r in data["ranks"]]
+        return [RankEntry.model_validate(r) for r in data["ranks"]]
 
     async def health(self) -> dict[str, Any]:
         return await self._request("GET", "/health_generate")

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubblespec.engine.config import EngineConfig
-from bubblespec.engine.types import (GenRequest, GenResult, InvalidRequest, SampleResult,
-                                     SpecMode, group_token, make_request_id)
+from bubblespec.engine.sampling import vllm_sampling
+from bubblespec.engine.types import GenRequest, GenResult, SampleResult, SpecMode
 from bubblespec.engine.validate import validate_request
-
-KEY_ARG = "bubblespec_keyed_seed"  # same name as bubblespec.engine.keyed.KEY_ARG
+from bubblespec.protocol.errors import InvalidRequest
+from bubblespec.protocol.keys import group_token, make_request_id
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +180,7 @@ class RolloutEngine:
 
     async def _generate(self, requests: list[GenRequest], should_stop: StopHook | None,
                         poll_every: int, counters: bool = True) -> list[GenResult]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
         version = self.weight_version
         subs: list[_Sub] = []
@@ -210,15 +208,7 @@ class RolloutEngine:
             for j in range(req.n):
                 sample_index = req.sample_offset + j
                 seed = req.seeds[j] if req.seeds else None
-                keyed = req.sampling.seed_mode == "keyed" and s.temperature > 0
-                if keyed and seed is None:
-                    raise InvalidRequest("seeds", "keyed sampling needs one seed per sample")
-                sp = SamplingParams(
-                    n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                    max_tokens=s.max_new_tokens, stop_token_ids=list(s.stop_token_ids),
-                    ignore_eos=s.ignore_eos, seed=None if keyed else seed, logprobs=0,
-                    detokenize=False, output_kind=RequestOutputKind.DELTA,
-                    extra_args={KEY_ARG: seed} if keyed else None)
+                sp = vllm_sampling(s, seed)
                 sub = _Sub(ri, sample_index, make_request_id(req.group_key(), sample_index,
                                                              f"{uid}{j}"), [], [])
                 subs.append(sub)

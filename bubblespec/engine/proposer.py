@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bubblespec.core import DraftParams, SuffixIndex
-from bubblespec.engine.types import parse_request_id
 from bubblespec.engine.vllm_glue import batch_view, install_cpu_sampler_fix, max_model_len
+from bubblespec.protocol.keys import parse_request_id
 
 _MAX_FINISHED_STATS = 200_000
 RESYNC = 4

@@ -1,14 +1,17 @@
 """Plain request/result types of the rollout engine (no vLLM import here).
 
-Requests are token-in/token-out: a prompt as token ids, `n` samples, sampling
-parameters and a prompt-group key that ties siblings and pre-generated drafts together.
+Requests are token-in/token-out: a prompt as token ids, `n` samples, the protocol's
+sampling parameters and a prompt-group key that ties siblings and pre-generated drafts
+together.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
+
+from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.sampling import SamplingParams
 
 
 class SpecMode(str, Enum):
@@ -38,29 +41,6 @@ class DraftSources:
     by default: on the embedded task it did not shorten the critical path (README)."""
 
 
-class InvalidRequest(ValueError):
-    """A request field is out of range; `field` names it (HTTP 400 / INVALID_ARGUMENT)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
-
-@dataclass
-class SamplingSpec:
-    """Sampling parameters of one request (SGLang-style names)."""
-
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    seed_mode: str = "default"
-    """"default": vLLM's sampler; "keyed": keyed Gumbel noise per (seed, position),
-    bit-reproducible with speculation on or off (needs a seed per sample)."""
-
-
 @dataclass
 class GenRequest:
     """One prompt with `n` samples. `seeds` (one per sample) make sampling reproducible;
@@ -68,7 +48,7 @@ class GenRequest:
 
     input_ids: list[int]
     n: int = 1
-    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     seeds: list[int] | None = None
     group: str | None = None
     sample_offset: int = 0
@@ -76,12 +56,6 @@ class GenRequest:
     def group_key(self) -> str:
         """Prompt-group key: explicit, else a stable hash of the prompt ids."""
         return self.group if self.group is not None else prompt_key(self.input_ids)
-
-
-def prompt_key(input_ids: list[int]) -> str:
-    """Stable short key of a prompt (same ids -> same key across processes)."""
-    raw = ",".join(map(str, input_ids)).encode()
-    return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 @dataclass
@@ -110,25 +84,3 @@ class GenResult:
 
     group: str
     samples: list[SampleResult]
-
-
-def group_token(group: str) -> str:
-    """Fixed-width token for a group key, safe inside request ids."""
-    return hashlib.blake2b(group.encode(), digest_size=8).hexdigest()
-
-
-def make_request_id(group: str, sample_index: int, uid: str) -> str:
-    """Engine request id carrying the prompt group and sample index to the proposer."""
-    return f"bs.{group_token(group)}.{sample_index}.{uid}"
-
-
-def parse_request_id(req_id: str) -> tuple[str, int, str]:
-    """(group token, sample index, base id) of an engine request id.
-
-    vLLM appends "-<random>" to ids it receives; the base id drops it. Ids not made by
-    :func:`make_request_id` get their own group (no sharing) and sample index 0."""
-    base = req_id.rsplit("-", 1)[0] if "-" in req_id else req_id
-    parts = base.split(".")
-    if len(parts) == 4 and parts[0] == "bs" and parts[2].isdigit():
-        return parts[1], int(parts[2]), base
-    return base, 0, base

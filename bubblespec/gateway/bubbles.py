@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from bubblespec.synchronizer.types import Span, SpanKind, StepTimeline
+from bubblespec.protocol.domain import Span, SpanKind, StepTimeline
 
 
 @dataclass

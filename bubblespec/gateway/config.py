@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 
 from bubblespec.config import BaseConfig
+from bubblespec.protocol.sampling import PregenWindow
 
 ENV_PREFIX = "BUBBLESPEC_GATEWAY_"
 MiB = 1024 * 1024
@@ -27,7 +28,7 @@ class GatewayConfig(BaseConfig):
     """host:port of the synchronizer (empty: no synchronizer; ranks decode without drafts)."""
     sync_token: SecretStr | None = None
     """Bearer token for the synchronizer's mutating RPCs."""
-    pregen_window: Literal["bubble", "training"] = "bubble"
+    pregen_window: PregenWindow = PregenWindow.BUBBLE
     """Default pre-gen window of a step: until the slowest rank is done ("bubble"), or on
     through the training window until the next step or weight push ("training": for
     disaggregated set-ups whose rollout ranks idle while the trainer trains; not for

@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bubblespec.api import StepShardResult
 from bubblespec.gateway.ranks import RankCallError
 from bubblespec.gateway.shard import WorkItem, lpt
+from bubblespec.protocol.rank import StepShardResult
 
 log = logging.getLogger("bubblespec.gateway.dispatch")
 

@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 
 from bubblespec.gateway.config import GatewayConfig
+from bubblespec.protocol.domain import RankState, SyncSnapshot
 from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import RankState, SyncError, SyncSnapshot
+from bubblespec.synchronizer.errors import SyncError
 
 log = logging.getLogger("bubblespec.gateway.ranks")
 

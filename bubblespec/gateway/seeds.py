@@ -17,10 +17,9 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 
-from bubblespec.api import SamplingParams
-from bubblespec.engine.types import prompt_key
-from bubblespec.synchronizer.types import PregenTask
-from bubblespec.synchronizer.types import SamplingParams as SyncSampling
+from bubblespec.protocol.domain import PregenTask
+from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.sampling import SamplingParams
 
 SEED_LIMIT = 2**63
 """Seeds lie in [0, 2^63) (what the engine accepts)."""
@@ -65,13 +64,6 @@ def step_seeds(run_seed: int, step: int, keys: Sequence[str], n: int,
     return [derive_seeds(run_seed, step, k, n) for k in keys]
 
 
-def sync_sampling(sp: SamplingParams) -> SyncSampling:
-    """The synchronizer's sampling parameters of a task (top_k <= 0: off)."""
-    return SyncSampling(temperature=sp.temperature, top_p=sp.top_p,
-                        top_k=max(0, sp.top_k), seed_mode=sp.seed_mode,
-                        stop_token_ids=tuple(sp.stop_token_ids))
-
-
 def pregen_tasks(run_seed: int, next_step: int, prompts: Sequence[Sequence[int]], n: int,
                  sampling: SamplingParams, seeds: Sequence[Sequence[int]] | None = None
                  ) -> list[PregenTask]:
@@ -81,9 +73,8 @@ def pregen_tasks(run_seed: int, next_step: int, prompts: Sequence[Sequence[int]]
     """
     keys = assign_keys(prompts)
     all_seeds = step_seeds(run_seed, next_step, keys, n, seeds)
-    spec = sync_sampling(sampling)
     return [
         PregenTask(prompt_key=key, prompt_token_ids=list(ids), sample_index=i,
-                   seed=all_seeds[p][i], max_new_tokens=sampling.max_new_tokens, sampling=spec)
+                   seed=all_seeds[p][i], sampling=sampling)
         for p, (key, ids) in enumerate(zip(keys, prompts)) for i in range(n)
     ]

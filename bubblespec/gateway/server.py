@@ -1,6 +1,6 @@
 """The gateway: `bubblespec gateway [--port P] [--sync-address H:P] [--ranks ...] [--token T]`.
 
-FastAPI + uvicorn. Routes (bodies in `schema.py`; errors are `{"detail", "field"}` with a 4xx
+FastAPI + uvicorn. Routes (bodies in `bubblespec.protocol.gateway`; errors are `{"detail", "field"}` with a 4xx
 for anything the caller got wrong, never a 500):
 
 - POST /v1/rollout  one synchronous rollout step (bearer token when configured)
@@ -36,11 +36,13 @@ from bubblespec.gateway.config import ENV_PREFIX, GatewayConfig
 from bubblespec.gateway.prepare import Preparer
 from bubblespec.gateway.ranks import RankPool
 from bubblespec.gateway.rollout import Rollouts
-from bubblespec.gateway.schema import GatewayError, RolloutRequest, WeightUpdate
 from bubblespec.metrics import CONTENT_TYPE_LATEST, new_registry, render
 from bubblespec.metrics.gateway import GatewayMetrics
+from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.gateway import RolloutRequest
+from bubblespec.protocol.rank import WeightUpdate
 from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import SyncError
+from bubblespec.synchronizer.errors import SyncError
 from bubblespec.web import field_of
 
 log = logging.getLogger("bubblespec.gateway")
@@ -140,8 +142,8 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
         return JSONResponse({"detail": f"{field or 'body'}: {msg}", "field": field or "body",
                              "errors": others}, status_code=422)
 
-    @app.exception_handler(GatewayError)
-    async def _gateway_error(_r: Request, exc: GatewayError) -> JSONResponse:
+    @app.exception_handler(ApiError)
+    async def _gateway_error(_r: Request, exc: ApiError) -> JSONResponse:
         if exc.status >= 500:
             log.warning("%s", exc)
         return error_response(exc.status, exc.detail, exc.field)
@@ -163,7 +165,7 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
         given = request.headers.get("authorization", "")
         want = f"Bearer {config.token.get_secret_value()}"
         if not hmac.compare_digest(given.encode(), want.encode()):
-            raise GatewayError(401, "missing or wrong bearer token", "authorization")
+            raise ApiError(401, "missing or wrong bearer token", "authorization")
 
     def rollouts() -> Rollouts:
         return state["rollouts"]
@@ -193,7 +195,7 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
             except SyncError as e:
                 if summary is None:
                     status = 404 if e.code.name == "NOT_FOUND" else 503
-                    raise GatewayError(status, f"synchronizer: {e.message}", "step") from None
+                    raise ApiError(status, f"synchronizer: {e.message}", "step") from None
                 out["warnings"].append(f"no timeline: {e}")
         return out
 
@@ -214,10 +216,10 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
     async def health_generate() -> dict[str, Any]:
         d = await rollouts().discover()
         if state["sync"] is not None and not d.sync_ok:
-            raise GatewayError(503, f"synchronizer unreachable: {d.sync_error}")
+            raise ApiError(503, f"synchronizer unreachable: {d.sync_error}")
         if not d.ready:
             known = "; ".join(f"{r.rank_id}: {r.error or r.state}" for r in d.ranks) or "none"
-            raise GatewayError(503, f"no rank ready (known: {known})")
+            raise ApiError(503, f"no rank ready (known: {known})")
         return {"status": "ready", "ranks_ready": len(d.ready), "ranks_known": len(d.ranks)}
 
     @app.get("/metrics")

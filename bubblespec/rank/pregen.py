@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bubblespec.engine.types import GenRequest, GenResult, SamplingSpec
-from bubblespec.synchronizer.types import Draft, PregenTask, StepEventKind
+from bubblespec.engine.types import GenRequest, GenResult
+from bubblespec.protocol.domain import PregenDraft, PregenTask, StepEventKind
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +121,15 @@ class PregenOutcome:
 
 def task_request(t: PregenTask) -> GenRequest:
     """The engine request of one pre-generation task (one sample, its own seed)."""
-    sp = t.sampling
     return GenRequest(input_ids=list(t.prompt_token_ids), n=1, seeds=[t.seed],
-                      sample_offset=t.sample_index, group=t.prompt_key,
-                      sampling=SamplingSpec(
-                          max_new_tokens=t.max_new_tokens, temperature=sp.temperature,
-                          top_p=sp.top_p, top_k=sp.top_k if sp.top_k > 0 else -1,
-                          stop_token_ids=list(sp.stop_token_ids), seed_mode=sp.seed_mode))
+                      sample_offset=t.sample_index, group=t.prompt_key, sampling=t.sampling)
 
 
-def task_draft(t: PregenTask, g: GenResult) -> Draft:
+def task_draft(t: PregenTask, g: GenResult) -> PregenDraft:
     s = g.samples[0]
-    return Draft(prompt_key=t.prompt_key, sample_index=t.sample_index, token_ids=s.output_ids,
-                 complete=s.finish_reason != "abort", weight_version=s.weight_version)
+    return PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index,
+                       token_ids=s.output_ids, complete=s.finish_reason != "abort",
+                       weight_version=s.weight_version)
 
 
 class Pregenerator:

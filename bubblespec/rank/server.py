@@ -21,15 +21,25 @@ import uvicorn
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from bubblespec.api import GenerateRequest, RankState, ShardRequest, StepShard, WeightUpdate
 from bubblespec.config import ConfigError, effective_config_dict, load_config
-from bubblespec.engine.types import prompt_key
 from bubblespec.metrics import CONTENT_TYPE_LATEST, render
 from bubblespec.metrics.rank import new_rank_metrics, set_state
+from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.rank import (
+    GenerateRequest,
+    RankStateBody,
+    ShardRequest,
+    StepShard,
+    WeightUpdate,
+)
 from bubblespec.rank.config import ENV_PREFIX, RankConfig
 from bubblespec.rank.worker import RankWorker, to_gen_request
-from bubblespec.web import (ServiceUnavailable, auth_dependency, install_error_handlers,
-                            limit_body_size)
+from bubblespec.web import (
+    ServiceUnavailable,
+    auth_dependency,
+    install_error_handlers,
+    limit_body_size,
+)
 
 log = logging.getLogger("bubblespec.rank")
 
@@ -141,12 +151,12 @@ class RankServer:
         async def config() -> dict:
             return {"rank_id": self.rank_id, **effective_config_dict(self.cfg)}
 
-        @app.get("/v1/state", response_model=RankState)
-        async def state() -> RankState:
+        @app.get("/v1/state", response_model=RankStateBody)
+        async def state() -> RankStateBody:
             w = self.worker
-            return RankState(rank_id=self.rank_id, state=w.state if w else "starting",
-                             weight_version=self.engine.weight_version if w else 0,
-                             step=w.step if w else None, address=self.address)
+            return RankStateBody(rank_id=self.rank_id, state=w.state if w else "starting",
+                                 weight_version=self.engine.weight_version if w else 0,
+                                 step=w.step if w else None, address=self.address)
 
         @app.post("/v1/step_shard", dependencies=auth)
         async def step_shard(body: StepShard) -> Response:

@@ -12,25 +12,21 @@ import logging
 import time
 from typing import Any
 
-from bubblespec.api import PromptOut, SampleOut, ShardRequest, StepShard, StepShardResult
-from bubblespec.engine.types import GenRequest, GenResult, SamplingSpec, prompt_key
+from bubblespec.engine.types import GenRequest, GenResult
 from bubblespec.metrics.rank import RankMetrics, set_state
+from bubblespec.protocol.domain import RankState, RankStatus, Span, SpanKind
+from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.rank import PromptOut, SampleOut, ShardRequest, StepShard, StepShardResult
 from bubblespec.rank.config import RankConfig
 from bubblespec.rank.pregen import Pregenerator, PregenOutcome
-from bubblespec.synchronizer.types import RankState, RankStatus, Span, SpanKind
 
 log = logging.getLogger(__name__)
 
 
 def to_gen_request(r: ShardRequest) -> GenRequest:
-    sp = r.sampling_params
-    return GenRequest(
-        input_ids=list(r.input_ids), n=r.n, seeds=r.seeds, sample_offset=r.sample_offset,
-        group=r.prompt_key or prompt_key(list(r.input_ids)),
-        sampling=SamplingSpec(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
-                              top_p=sp.top_p, top_k=sp.top_k,
-                              stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
-                              seed_mode=sp.seed_mode))
+    return GenRequest(input_ids=list(r.input_ids), n=r.n, seeds=r.seeds,
+                      sample_offset=r.sample_offset,
+                      group=r.prompt_key or prompt_key(r.input_ids), sampling=r.sampling_params)
 
 
 def to_prompt_out(index: int, res: GenResult) -> PromptOut:

@@ -22,8 +22,9 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bubblespec.protocol.domain import PregenDraft, PregenTask
+from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import Draft, PregenTask
 
 
 def _start_daemon() -> tuple[subprocess.Popen[str], str, int]:
@@ -69,12 +70,13 @@ async def measure(address: str, n: int) -> dict[str, dict[str, float]]:
         for r in ("bench", "slow"):
             await c.register(r, f"http://{r}")
         prompts = (n + 60) * 9 // 8 + 1  # enough tasks for the warm-ups and both claim sizes
-        tasks = [PregenTask(f"p{p}", list(range(256)), s, p * 8 + s, 256)
+        tasks = [PregenTask(f"p{p}", list(range(256)), s, p * 8 + s,
+                            SamplingParams(max_new_tokens=256))
                  for p in range(prompts) for s in range(8)]
         await c.open_step(0, {"bench": 1, "slow": 1}, tasks, timeout_s=60)
         await c.report_done(0, "bench")  # "slow" keeps the step running: the bubble
-        await c.push_drafts(1, "bench", [Draft("f", s, list(range(256))) for s in range(8)])
-        draft = [Draft("x", 0, list(range(256)))]
+        await c.push_drafts(1, "bench", [PregenDraft("f", s, list(range(256))) for s in range(8)])
+        draft = [PregenDraft("x", 0, list(range(256)))]
         return {
             "PollStop": await _time(n, lambda i: c.poll_stop(0, "bench")),
             "ClaimTasks(1)": await _time(n, lambda i: c.claim_tasks(0, "bench", 1)),

@@ -29,18 +29,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from typing_extensions import Self
 
-from bubblespec.rpc.v1 import synchronizer_pb2 as pb
-from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
-from bubblespec.synchronizer import convert as cv
-from bubblespec.synchronizer.types import (
-    FIELD_METADATA_KEY,
+from bubblespec.protocol.domain import (
     Claim,
-    Draft,
     DraftStatus,
     HeartbeatReply,
     OpenStepResult,
+    PregenDraft,
     PregenTask,
-    PregenWindow,
     PushResult,
     RankState,
     RankStatus,
@@ -50,10 +45,13 @@ from bubblespec.synchronizer.types import (
     StepEvent,
     StepEventKind,
     StepTimeline,
-    SyncError,
     SyncSnapshot,
-    SyncUnavailable,
 )
+from bubblespec.protocol.sampling import PregenWindow
+from bubblespec.rpc.v1 import synchronizer_pb2 as pb
+from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
+from bubblespec.synchronizer import convert as cv
+from bubblespec.synchronizer.errors import FIELD_METADATA_KEY, SyncError, SyncUnavailable
 
 log = logging.getLogger("bubblespec.synchronizer.client")
 
@@ -344,7 +342,7 @@ class SyncClient:
             return Claim([], step + 1, False, 0)
         return Claim([cv.task_from_pb(t) for t in r.tasks], r.target_step, r.stop, r.remaining)
 
-    async def push_drafts(self, step: int, rank_id: str, drafts: Sequence[Draft],
+    async def push_drafts(self, step: int, rank_id: str, drafts: Sequence[PregenDraft],
                           timeout_s: float | None = None) -> PushResult:
         """Push (partial) drafts for `step` in batches; statuses UNAVAILABLE when degraded."""
         statuses: list[DraftStatus] = []
@@ -365,15 +363,15 @@ class SyncClient:
         return PushResult(statuses, stored, len(statuses) - stored, message, store_bytes, budget)
 
     async def fetch_drafts(self, step: int, prompt_keys: Sequence[str],
-                           timeout_s: float | None = None) -> list[Draft]:
+                           timeout_s: float | None = None) -> list[PregenDraft]:
         """All stored drafts of these prompts (every sample); empty when degraded."""
         keys = list(dict.fromkeys(prompt_keys))
-        out: list[Draft] = []
+        out: list[PregenDraft] = []
         for i in range(0, len(keys), self.fetch_batch):
             out += await self._fetch(step, keys[i : i + self.fetch_batch], timeout_s)
         return out
 
-    async def _fetch(self, step: int, keys: list[str], timeout_s: float | None) -> list[Draft]:
+    async def _fetch(self, step: int, keys: list[str], timeout_s: float | None) -> list[PregenDraft]:
         r = await self._soft("FetchDrafts", pb.FetchDraftsRequest(step=step, prompt_keys=keys),
                              timeout_s)
         if r is None:

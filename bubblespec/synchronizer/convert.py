@@ -1,4 +1,4 @@
-"""The one mapping between `bubblespec.rpc.v1` messages and the plain types of `types.py`.
+"""The one mapping between `bubblespec.rpc.v1` messages and the protocol's types.
 
 Used by the daemon (requests in, replies out) and by `SyncClient` (the reverse), so both ends
 agree by construction. Unset `optional` proto fields become None (or the documented default).
@@ -9,15 +9,12 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 
-from bubblespec.rpc.v1 import synchronizer_pb2 as pb
-from bubblespec.synchronizer.types import (
-    Draft,
+from bubblespec.protocol.domain import (
     DraftStatus,
+    PregenDraft,
     PregenTask,
-    PregenWindow,
     RankInfo,
     RankState,
-    SamplingParams,
     ShardAssignment,
     Span,
     SpanKind,
@@ -27,6 +24,8 @@ from bubblespec.synchronizer.types import (
     StoreStats,
     SyncSnapshot,
 )
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams
+from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 
 RANK_STATE_TO_PB = {
     RankState.UNSPECIFIED: pb.RANK_STATE_UNSPECIFIED,
@@ -69,21 +68,22 @@ def _opt(msg, name: str):
     return getattr(msg, name) if msg.HasField(name) else None
 
 
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed_mode", "ignore_eos")
+"""Fields of `SamplingParams` carried as `optional` scalars of `pb.SamplingParams` (the
+response budget, `max_new_tokens`, travels on the task or prompt message)."""
+
+
 def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
-    return pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                             seed_mode=s.seed_mode, stop_token_ids=list(s.stop_token_ids))
+    wire = {f: getattr(s, f) for f in _SAMPLING_FIELDS}
+    return pb.SamplingParams(**{**wire, "seed_mode": s.seed_mode.value},
+                             stop_token_ids=list(s.stop_token_ids))
 
 
-def sampling_from_pb(m: pb.SamplingParams) -> SamplingParams:
+def sampling_from_pb(m: pb.SamplingParams, max_new_tokens: int) -> SamplingParams:
     """Unset fields take the defaults (temperature 1, top_p 1, top_k off)."""
-    d = SamplingParams()
-    return SamplingParams(
-        temperature=m.temperature if m.HasField("temperature") else d.temperature,
-        top_p=m.top_p if m.HasField("top_p") else d.top_p,
-        top_k=m.top_k if m.HasField("top_k") else d.top_k,
-        seed_mode=m.seed_mode if m.HasField("seed_mode") else d.seed_mode,
-        stop_token_ids=tuple(m.stop_token_ids),
-    )
+    given = {f: getattr(m, f) for f in _SAMPLING_FIELDS if m.HasField(f)}
+    return SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(m.stop_token_ids),
+                          **given)
 
 
 def task_to_pb(t: PregenTask) -> pb.PregenTask:
@@ -96,7 +96,7 @@ def task_to_pb(t: PregenTask) -> pb.PregenTask:
 
 def task_from_pb(m: pb.PregenTask) -> PregenTask:
     return PregenTask(m.prompt_key, list(m.prompt_token_ids), m.sample_index, m.seed,
-                      m.max_new_tokens, sampling_from_pb(m.sampling))
+                      sampling_from_pb(m.sampling, m.max_new_tokens))
 
 
 def tasks_to_prompts(tasks: Sequence[PregenTask]) -> list[pb.PregenPrompt]:
@@ -114,7 +114,7 @@ def tasks_to_prompts(tasks: Sequence[PregenTask]) -> list[pb.PregenPrompt]:
             entry = prompts[t.prompt_key] = (t, msg)
         first, msg = entry
         if (list(first.prompt_token_ids) != list(t.prompt_token_ids)
-                or first.max_new_tokens != t.max_new_tokens or first.sampling != t.sampling):
+                or first.sampling != t.sampling):
             raise ValueError(f"tasks[{i}]: prompt_key {t.prompt_key!r} has different prompt "
                              "tokens, max_new_tokens or sampling than an earlier task")
         msg.samples.add(sample_index=t.sample_index, seed=t.seed)
@@ -126,10 +126,9 @@ def prompts_to_tasks(prompts: Iterable[pb.PregenPrompt]) -> list[PregenTask]:
     out = []
     for p in prompts:
         tokens = array("i", p.prompt_token_ids)
-        sampling = sampling_from_pb(p.sampling)
+        sampling = sampling_from_pb(p.sampling, p.max_new_tokens)
         for s in p.samples:
-            out.append(PregenTask(p.prompt_key, tokens, s.sample_index, s.seed,
-                                  p.max_new_tokens, sampling))
+            out.append(PregenTask(p.prompt_key, tokens, s.sample_index, s.seed, sampling))
     return out
 
 
@@ -141,15 +140,15 @@ def shard_to_pb(s: ShardAssignment) -> pb.ShardAssignment:
     return pb.ShardAssignment(rank_id=s.rank_id, num_requests=s.num_requests)
 
 
-def draft_to_pb(d: Draft) -> pb.Draft:
+def draft_to_pb(d: PregenDraft) -> pb.Draft:
     return pb.Draft(prompt_key=d.prompt_key, sample_index=d.sample_index,
                     token_ids=d.token_ids, complete=d.complete,
                     weight_version=d.weight_version, offset=d.offset)
 
 
-def draft_from_pb(m: pb.Draft) -> Draft:
-    return Draft(m.prompt_key, m.sample_index, list(m.token_ids), m.complete,
-                 m.weight_version, m.offset)
+def draft_from_pb(m: pb.Draft) -> PregenDraft:
+    return PregenDraft(m.prompt_key, m.sample_index, list(m.token_ids), m.complete,
+                       m.weight_version, m.offset)
 
 
 def span_to_pb(s: Span) -> pb.Span:

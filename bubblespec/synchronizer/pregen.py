@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from bubblespec.synchronizer.types import PregenTask
+from bubblespec.protocol.domain import PregenTask
 
 TaskKey = tuple[str, int]
 

@@ -11,7 +11,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from bubblespec.synchronizer.types import RankInfo, RankState, not_found
+from bubblespec.protocol.domain import RankInfo, RankState
+from bubblespec.synchronizer.errors import not_found
 
 
 @dataclass

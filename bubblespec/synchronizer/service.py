@@ -23,8 +23,8 @@ from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
 from bubblespec.synchronizer import convert as cv
 from bubblespec.synchronizer.config import SyncConfig
+from bubblespec.synchronizer.errors import FIELD_METADATA_KEY, SyncError
 from bubblespec.synchronizer.state import SyncState
-from bubblespec.synchronizer.types import FIELD_METADATA_KEY, SyncError
 from bubblespec.synchronizer.validate import Validator
 
 log = logging.getLogger("bubblespec.synchronizer")

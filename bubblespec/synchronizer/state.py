@@ -25,17 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bubblespec.metrics.sync import SyncLevels, SyncMetrics
-from bubblespec.synchronizer.config import SyncConfig
-from bubblespec.synchronizer.pregen import TaskQueue
-from bubblespec.synchronizer.ranks import RankRegistry
-from bubblespec.synchronizer.store import DraftStore
-from bubblespec.synchronizer.timeline import EventHub, Timeline
-from bubblespec.synchronizer.types import (
-    Draft,
+from bubblespec.protocol.domain import (
     DraftStatus,
     OpenStepResult,
+    PregenDraft,
     PregenTask,
-    PregenWindow,
     PushResult,
     RankState,
     ShardAssignment,
@@ -44,10 +38,14 @@ from bubblespec.synchronizer.types import (
     StepEventKind,
     StepTimeline,
     SyncSnapshot,
-    invalid,
-    not_found,
-    precondition,
 )
+from bubblespec.protocol.sampling import PregenWindow
+from bubblespec.synchronizer.config import SyncConfig
+from bubblespec.synchronizer.errors import invalid, not_found, precondition
+from bubblespec.synchronizer.pregen import TaskQueue
+from bubblespec.synchronizer.ranks import RankRegistry
+from bubblespec.synchronizer.store import DraftStore
+from bubblespec.synchronizer.timeline import EventHub, Timeline
 
 
 @dataclass
@@ -271,7 +269,7 @@ class SyncState:
         cur = self.current
         return cur is not None and self.closed_through < step <= cur.step + 1
 
-    def push(self, step: int, rank_id: str, drafts: Sequence[Draft]) -> PushResult:
+    def push(self, step: int, rank_id: str, drafts: Sequence[PregenDraft]) -> PushResult:
         """Store drafts; per-draft statuses; complete drafts retire their tasks."""
         self.ranks.require_live(rank_id)
         cur = self.current
@@ -300,7 +298,7 @@ class SyncState:
         return PushResult(statuses, stored, rejected, why, self.store.bytes,
                           self.store.budget_bytes)
 
-    def fetch(self, step: int, prompt_keys: Sequence[str]) -> tuple[list[Draft], bool]:
+    def fetch(self, step: int, prompt_keys: Sequence[str]) -> tuple[list[PregenDraft], bool]:
         """Stored drafts of the given prompts, capped to fit in one reply."""
         return self.store.fetch(step, prompt_keys, int(self.config.max_message_bytes * 0.9))
 

@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from bubblespec.synchronizer.types import Draft, DraftStatus, StoreStats
+from bubblespec.protocol.domain import DraftStatus, PregenDraft, StoreStats
 
 #: Accounted per stored sequence on top of 4 bytes per token and the key's UTF-8 bytes.
 SEQUENCE_OVERHEAD_BYTES = 64
@@ -42,7 +42,7 @@ class DraftStore:
         self.tokens = 0
         self.sequences = 0
 
-    def put(self, step: int, draft: Draft) -> DraftStatus:
+    def put(self, step: int, draft: PregenDraft) -> DraftStatus:
         """Store, replace (offset 0) or extend (offset > 0) one draft; never raises when full."""
         samples = self._steps.get(step, {}).get(draft.prompt_key, {})
         old = samples.get(draft.sample_index)
@@ -75,14 +75,14 @@ class DraftStore:
 
     def fetch(
         self, step: int, prompt_keys: Iterable[str], max_bytes: int | None = None
-    ) -> tuple[list[Draft], bool]:
+    ) -> tuple[list[PregenDraft], bool]:
         """All drafts of the given prompt keys (every sample index, ascending), in key order.
 
         Stops before the reply would exceed `max_bytes` (estimated wire size) and then says
         so with `truncated=True`. The returned token arrays are the store's own: read-only.
         """
         prompts = self._steps.get(step, {})
-        out: list[Draft] = []
+        out: list[PregenDraft] = []
         size = 0
         seen: set[str] = set()
         for key in prompt_keys:
@@ -94,7 +94,7 @@ class DraftStore:
                 size += s.nbytes + 16
                 if max_bytes is not None and size > max_bytes:
                     return out, True
-                out.append(Draft(key, index, s.tokens, s.complete, s.weight_version))
+                out.append(PregenDraft(key, index, s.tokens, s.complete, s.weight_version))
         return out, False
 
     def drop_through(self, step: int) -> int:

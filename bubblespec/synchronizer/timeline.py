@@ -18,7 +18,7 @@ import asyncio
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from bubblespec.synchronizer.types import ShardAssignment, Span, StepEvent, StepTimeline
+from bubblespec.protocol.domain import ShardAssignment, Span, StepEvent, StepTimeline
 
 Snapshot = Callable[[int], list[StepEvent]]
 

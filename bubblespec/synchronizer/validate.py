@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from bubblespec.protocol.sampling import SeedMode
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.convert import RANK_STATE_FROM_PB, SPAN_KIND_FROM_PB
-from bubblespec.synchronizer.types import invalid
+from bubblespec.synchronizer.errors import invalid
+
+SEED_MODES = frozenset(m.value for m in SeedMode)
 
 
 class Validator:
@@ -111,9 +114,9 @@ class Validator:
             raise invalid(f"{path}.sampling.top_p", f"must be in (0, 1], got {sp.top_p}")
         if sp.HasField("top_k") and sp.top_k < -1:
             raise invalid(f"{path}.sampling.top_k", f"must be >= -1, got {sp.top_k}")
-        if sp.HasField("seed_mode") and sp.seed_mode not in ("default", "keyed"):
+        if sp.HasField("seed_mode") and sp.seed_mode not in SEED_MODES:
             raise invalid(f"{path}.sampling.seed_mode",
-                          f"must be 'default' or 'keyed', got {sp.seed_mode!r}")
+                          f"must be one of {sorted(SEED_MODES)}, got {sp.seed_mode!r}")
         for j, t in enumerate(sp.stop_token_ids):
             if t < 0:
                 raise invalid(f"{path}.sampling.stop_token_ids[{j}]", f"must be >= 0, got {t}")

@@ -12,27 +12,26 @@ from typing import Any
 import pytest
 import uvicorn
 
-from bubblespec.api import SamplingParams
 from bubblespec.cli.up import free_ports
 from bubblespec.client import (
     AsyncBubbleSpecClient,
     BubbleSpecClient,
     BubbleSpecError,
     BubbleSpecUnavailable,
-    RolloutResult,
     StepReport,
 )
 from bubblespec.client.client import prompt_json, rollout_body, sampling_json
 from bubblespec.gateway.config import GatewayConfig
-from bubblespec.gateway.schema import (
+from bubblespec.gateway.server import create_app
+from bubblespec.protocol.gateway import (
     PromptResult,
     RankShard,
     Rerun,
     RolloutCounters,
     RolloutResponse,
-    SampleResult,
+    RolloutSample,
 )
-from bubblespec.gateway.server import create_app
+from bubblespec.protocol.sampling import SamplingParams
 
 TOKEN = "tok"
 
@@ -127,10 +126,10 @@ def test_request_building() -> None:
 
 
 def test_results_parse_everything_the_gateway_emits() -> None:
-    sample = SampleResult(sample_index=0, output_ids=[5, 6], output_logprobs=[-0.5, -0.1],
-                          finish_reason="stop", weight_version=3, completion_tokens=2,
-                          decode_steps=1, num_drafts=1, num_draft_tokens=4,
-                          num_accepted_tokens=1)
+    sample = RolloutSample(sample_index=0, output_ids=[5, 6], output_logprobs=[-0.5, -0.1],
+                           finish_reason="stop", weight_version=3, completion_tokens=2,
+                           decode_steps=1, num_drafts=1, num_draft_tokens=4,
+                           num_accepted_tokens=1)
     resp = RolloutResponse(
         step=4, prompts=[PromptResult(index=0, prompt_key="k", rank_id="r0", input_ids=[1],
                                       samples=[sample])],
@@ -139,7 +138,7 @@ def test_results_parse_everything_the_gateway_emits() -> None:
         reruns=[Rerun(from_rank="r1", to_rank="r0", indices=[0], reason="gone")],
         wall_s=1.5, warnings=["w"])
     data: dict[str, Any] = resp.model_dump(exclude_none=True)
-    res = RolloutResult.from_json(data)
+    res = RolloutResponse.model_validate(data)
     s = res.prompts[0].samples[0]
     assert (s.output_ids, s.output_logprobs, s.finish_reason, s.weight_version,
             s.num_accepted_tokens) == ([5, 6], [-0.5, -0.1], "stop", 3, 1)
@@ -147,7 +146,7 @@ def test_results_parse_everything_the_gateway_emits() -> None:
     assert res.reruns[0].from_rank == "r1" and res.warnings == ["w"]
     assert res.output_ids() == [[[5, 6]]]
     data["prompts"][0]["samples"][0].pop("output_logprobs")  # return_logprobs=False
-    assert RolloutResult.from_json(data).prompts[0].samples[0].output_logprobs is None
-    rep = StepReport.from_json({"step": 2, "timeline": None, "rollout": None,
+    assert RolloutResponse.model_validate(data).prompts[0].samples[0].output_logprobs is None
+    rep = StepReport.model_validate({"step": 2, "timeline": None, "rollout": None,
                                 "warnings": ["x"]})
     assert rep.wall_s is None and rep.ranks == []

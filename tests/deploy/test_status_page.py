@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from bubblespec.gateway.bubbles import step_bubbles
 from bubblespec.gateway.status_page import install_status_page, render_page
-from bubblespec.synchronizer.types import ShardAssignment, Span, SpanKind, StepTimeline
+from bubblespec.protocol.domain import ShardAssignment, Span, SpanKind, StepTimeline
 from tests.deploy.browser import OUT, Dom, capture, chromium, serve_app
 
 T0 = 1_700_000_000.0

@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bubblespec.engine import GenRequest, InvalidRequest, SamplingSpec
+from bubblespec.engine import GenRequest
+from bubblespec.protocol.errors import InvalidRequest
+from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_task
 from tests.engine.conftest import model_dir
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.engine
 
 
 def _greedy(prompts: list, max_new: int = 48) -> list[GenRequest]:
-    sp = SamplingSpec(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
     return [GenRequest(input_ids=list(p.input_ids), n=1, sampling=sp) for p in prompts]
 
 
@@ -27,7 +29,7 @@ def test_bad_request_rejected_and_engine_keeps_serving(loop_runner, spec_engine)
     with pytest.raises(InvalidRequest) as e:
         loop_runner.run(spec_engine.generate([bad]))
     assert e.value.field == "input_ids[0]"
-    too_long = GenRequest(input_ids=[1], sampling=SamplingSpec(
+    too_long = GenRequest(input_ids=[1], sampling=SamplingParams(
         max_new_tokens=spec_engine.max_model_len + 1))
     with pytest.raises(InvalidRequest):
         loop_runner.run(spec_engine.generate([too_long]))
@@ -42,7 +44,7 @@ def test_stop_hook_returns_partial_outputs(loop_runner, spec_engine) -> None:
         polls.append(1)
         return len(polls) >= 2
 
-    reqs = [GenRequest(input_ids=list(p.input_ids), n=2, sampling=SamplingSpec(
+    reqs = [GenRequest(input_ids=list(p.input_ids), n=2, sampling=SamplingParams(
         max_new_tokens=400, temperature=1.0, ignore_eos=True))
         for p in default_task().make_prompts(3, 2)]
     res = loop_runner.run(spec_engine.generate(reqs, should_stop=should_stop, poll_every=4))

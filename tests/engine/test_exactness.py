@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from bubblespec.engine import GenRequest, SamplingSpec
+from bubblespec.engine import GenRequest
+from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_task
 from tests.engine.conftest import model_dir, start_engine
 
@@ -43,7 +44,7 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
         best, best_h = [], -1.0
         for _ in range(6):
             ids = [task.bos_id] + [rng.randrange(3, task.vocab_size) for _ in range(6)]
-            req = GenRequest(input_ids=ids, n=300, sampling=SamplingSpec(
+            req = GenRequest(input_ids=ids, n=300, sampling=SamplingParams(
                 max_new_tokens=SEQ_LEN, temperature=1.0, ignore_eos=True))
             counts = Counter(tuple(s.output_ids) for s in
                              runner.run(plain_engine.generate([req]))[0].samples)
@@ -59,7 +60,7 @@ def test_greedy_identical_with_every_source_and_wrong_drafts(loop_runner, plain_
                                                              spec_engine) -> None:
     prompts = _prompts(6, seed=11)
     eos = default_task().eos_id
-    sp = SamplingSpec(max_new_tokens=160, temperature=0.0, stop_token_ids=[eos])
+    sp = SamplingParams(max_new_tokens=160, temperature=0.0, stop_token_ids=[eos])
     reqs = [GenRequest(input_ids=list(p.input_ids), n=2, sampling=sp) for p in prompts]
     base = loop_runner.run(plain_engine.generate(reqs))
     rng = random.Random(0)
@@ -84,7 +85,7 @@ def test_greedy_identical_with_every_source_and_wrong_drafts(loop_runner, plain_
 
 def _sample_counts(runner, engine, prompt_ids: list[int], top_p: float,
                    drafts: list[list[int]]) -> Counter:
-    sp = SamplingSpec(max_new_tokens=SEQ_LEN, temperature=1.0, top_p=top_p, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0, top_p=top_p, ignore_eos=True)
     half = N_SAMPLES // 2  # one prompt group, two requests (n is capped at 1024)
     reqs = [GenRequest(input_ids=prompt_ids, n=half, sampling=sp, sample_offset=i * half)
             for i in range(2)]
@@ -169,8 +170,8 @@ def test_logprobs_match_independent_scoring(loop_runner, spec_engine) -> None:
     prompts = _prompts(3, seed=21)
     eos = default_task().eos_id
     reqs = [GenRequest(input_ids=list(p.input_ids), n=2,
-                       sampling=SamplingSpec(max_new_tokens=96, temperature=1.0,
-                                             stop_token_ids=[eos])) for p in prompts]
+                       sampling=SamplingParams(max_new_tokens=96, temperature=1.0,
+                                               stop_token_ids=[eos])) for p in prompts]
     res = loop_runner.run(spec_engine.generate(reqs))
     model = LlamaForCausalLM.from_pretrained(model_dir(), torch_dtype=torch.float32).eval()
     worst = 0.0

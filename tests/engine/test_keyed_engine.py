@@ -9,7 +9,8 @@ from collections import Counter
 
 import pytest
 
-from bubblespec.engine import GenRequest, SamplingSpec
+from bubblespec.engine import GenRequest
+from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_task
 from tests.engine.test_exactness import N_SAMPLES, SEQ_LEN, _p_values, high_entropy_prompt
 
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.engine
 
 def _keyed_reqs(prompts: list, n: int, seed0: int, top_p: float = 1.0,
                 max_new: int = 200) -> list[GenRequest]:
-    sp = SamplingSpec(max_new_tokens=max_new, temperature=1.0, top_p=top_p,
-                      stop_token_ids=[default_task().eos_id], seed_mode="keyed")
+    sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, top_p=top_p,
+                        stop_token_ids=[default_task().eos_id], seed_mode="keyed")
     return [GenRequest(input_ids=list(p.input_ids), n=n, sampling=sp,
                        seeds=[seed0 + 1000 * i + j for j in range(n)])
             for i, p in enumerate(prompts)]
@@ -56,9 +57,9 @@ def test_keyed_spec_on_off_identical(loop_runner, plain_engine, spec_engine,
 def test_keyed_marginals_equal_plain_sampling(loop_runner, plain_engine, spec_engine) -> None:
     prompt_ids = high_entropy_prompt(loop_runner, plain_engine)
     half = N_SAMPLES // 2
-    plain_sp = SamplingSpec(max_new_tokens=SEQ_LEN, temperature=1.0, ignore_eos=True)
-    keyed_sp = SamplingSpec(max_new_tokens=SEQ_LEN, temperature=1.0, ignore_eos=True,
-                            seed_mode="keyed")
+    plain_sp = SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0, ignore_eos=True)
+    keyed_sp = SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0, ignore_eos=True,
+                              seed_mode="keyed")
 
     def run(engine, sp, seeds_of) -> Counter:
         reqs = [GenRequest(input_ids=prompt_ids, n=half, sampling=sp,

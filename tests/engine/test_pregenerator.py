@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bubblespec.engine.types import GenRequest, SamplingSpec
+from bubblespec.engine.types import GenRequest
+from bubblespec.protocol.domain import PregenTask
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 from bubblespec.rank.pregen import Pregenerator
-from bubblespec.synchronizer.types import PregenTask, PregenWindow, SamplingParams
 from bubblespec.tasks import default_task
 from bubblespec.tasks.addchain import MAX_STEPS
 
@@ -20,16 +21,16 @@ KEYED = SamplingParams(temperature=1.0, seed_mode="keyed")
 
 
 def tasks_for(prompts: list[Any], samples: int, max_new_tokens: int) -> list[PregenTask]:
-    return [PregenTask(f"q{i}", list(p.input_ids), s, seed=7919 * i + s,
-                       max_new_tokens=max_new_tokens, sampling=KEYED)
+    keyed = KEYED.model_copy(update={"max_new_tokens": max_new_tokens})
+    return [PregenTask(f"q{i}", list(p.input_ids), s, seed=7919 * i + s, sampling=keyed)
             for i, p in enumerate(prompts) for s in range(samples)]
 
 
 def direct(t: PregenTask) -> GenRequest:
     return GenRequest(input_ids=list(t.prompt_token_ids), n=1, seeds=[t.seed],
                       sample_offset=t.sample_index, group=f"direct-{t.prompt_key}",
-                      sampling=SamplingSpec(max_new_tokens=t.max_new_tokens, temperature=1.0,
-                                            seed_mode="keyed"))
+                      sampling=SamplingParams(max_new_tokens=t.max_new_tokens, temperature=1.0,
+                                              seed_mode="keyed"))
 
 
 def test_lanes_drain_the_queue_with_exact_drafts(loop_runner: Any, spec_engine: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bubblespec.gateway.bubbles import step_bubbles
-from bubblespec.synchronizer.types import ShardAssignment, Span, SpanKind, StepTimeline
+from bubblespec.protocol.domain import ShardAssignment, Span, SpanKind, StepTimeline
 
 T0 = 1_000_000.0
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from bubblespec.api import SamplingParams
-from bubblespec.engine.types import prompt_key
 from bubblespec.gateway.seeds import (
     SEED_LIMIT,
     assign_keys,
@@ -13,6 +11,8 @@ from bubblespec.gateway.seeds import (
     step_seeds,
 )
 from bubblespec.gateway.shard import LengthEstimator, make_items
+from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.sampling import SamplingParams
 
 
 def test_derive_seed_is_deterministic_in_range_and_sensitive_to_every_input() -> None:
@@ -59,7 +59,7 @@ def test_next_step_pregen_seeds_equal_the_next_rollouts_seeds() -> None:
     assert pregen == sent
     t = tasks[0]
     assert list(t.prompt_token_ids) == next_prompts[0]
-    assert t.max_new_tokens == 64 and t.sampling.temperature == 0.8 and t.sampling.top_k == 0
+    assert t.max_new_tokens == 64 and t.sampling.temperature == 0.8 and t.sampling.top_k == -1
     # and they differ from this step's seeds for the same prompts
     assert step_seeds(run_seed, step, keys, n) != seeds
 

@@ -20,9 +20,9 @@ import pytest
 
 from bubblespec.cli.up import LocalCluster
 from bubblespec.client import BubbleSpecClient, BubbleSpecError, BubbleSpecUnavailable
-from bubblespec.client.types import RolloutResult
+from bubblespec.protocol.gateway import RolloutResponse
 from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import SyncError
+from bubblespec.synchronizer.errors import SyncError
 from bubblespec.tasks.addchain import MAX_STEPS
 from tests.deploy.helpers import engine_model_dir
 from tests.integration.helpers import local_cluster
@@ -53,7 +53,7 @@ SAMPLING = {"temperature": 1.0, "max_new_tokens": 600}
 LONG = {"temperature": 1.0, "max_new_tokens": 600, "ignore_eos": True}  # seconds of decoding
 
 
-def check_result(res: RolloutResult, prompts: list[Any], n: int) -> None:
+def check_result(res: RolloutResponse, prompts: list[Any], n: int) -> None:
     assert len(res.prompts) == len(prompts)
     for i, (p, pr) in enumerate(zip(prompts, res.prompts)):
         assert pr.index == i and pr.input_ids == list(p.input_ids)
@@ -252,7 +252,7 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
     cluster.kill("sync")
     t.join(300)
     assert "result" in out, out.get("error")
-    res: RolloutResult = out["result"]
+    res: RolloutResponse = out["result"]
     check_result(res, prompts, 1)
     assert res.output_ids() == clean.output_ids()
     cluster.restart("sync")
@@ -272,7 +272,7 @@ def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalC
     cluster.kill("r1")
     t.join(300)
     assert "result" in out, out.get("error")
-    res: RolloutResult = out["result"]
+    res: RolloutResponse = out["result"]
     check_result(res, prompts, 2)
     assert res.reruns and all(r.from_rank == "r1" and r.to_rank == "r0" for r in res.reruns)
     assert any("r1" in w for w in res.warnings)

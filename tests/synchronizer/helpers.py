@@ -21,11 +21,12 @@ from typing import Any
 
 import grpc
 
+from bubblespec.protocol.domain import PregenTask
+from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.server import SyncServer
-from bubblespec.synchronizer.types import PregenTask, SamplingParams
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,8 +60,9 @@ def stub(address: str) -> tuple[grpc.aio.Channel, pb_grpc.SynchronizerStub]:
 def make_tasks(num_prompts: int, samples: int, max_new_tokens: int = 32) -> list[PregenTask]:
     """Prompt-major task list (p0 s0, p0 s1, ..., p1 s0, ...), as a gateway would send it."""
     return [
-        PregenTask(f"p{p}", [1, 2, 3 + p], s, seed=1000 * p + s, max_new_tokens=max_new_tokens,
-                   sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=20))
+        PregenTask(f"p{p}", [1, 2, 3 + p], s, seed=1000 * p + s,
+                   sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.7,
+                                           top_p=0.9, top_k=20))
         for p in range(num_prompts) for s in range(samples)
     ]
 

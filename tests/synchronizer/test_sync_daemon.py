@@ -12,15 +12,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import (
-    Draft,
+from bubblespec.protocol.domain import (
     DraftStatus,
+    PregenDraft,
     RankState,
     RankStatus,
     StepEventKind,
-    SyncUnavailable,
 )
+from bubblespec.synchronizer.client import SyncClient
+from bubblespec.synchronizer.errors import SyncUnavailable
 
 from .helpers import REPO_ROOT, Daemon, eventually, make_tasks, serving
 
@@ -56,7 +56,7 @@ async def test_restart_on_same_port_rank_reregisters_and_continues() -> None:
         assert not await client.poll_stop(0, "r0")
         assert (await client.claim_tasks(0, "r0", 4)).tasks == []
         assert await client.fetch_drafts(1, ["p0"]) == []
-        res = await client.push_drafts(1, "r0", [Draft("p0", 0, [1, 2])])
+        res = await client.push_drafts(1, "r0", [PregenDraft("p0", 0, [1, 2])])
         assert res.statuses == [DraftStatus.UNAVAILABLE]
         assert not await client.report_done(0, "r0")
         with pytest.raises(SyncUnavailable):
@@ -99,7 +99,7 @@ async def test_metrics_endpoint_exposes_the_documented_names() -> None:
         await client.open_step(0, {"r0": 1, "r1": 1}, make_tasks(2, 2))
         await client.report_done(0, "r0")
         await client.claim_tasks(0, "r0", 2)
-        await client.push_drafts(1, "r0", [Draft("p0", 0, [1] * 10), Draft("p1", 0, [1] * 90)])
+        await client.push_drafts(1, "r0", [PregenDraft("p0", 0, [1] * 10), PregenDraft("p1", 0, [1] * 90)])
         await client.poll_stop(0, "r0")
         await client.report_done(0, "r1")
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import grpc
 import pytest
 
+from bubblespec.protocol.domain import PregenDraft, PregenTask, RankState, RankStatus
+from bubblespec.protocol.sampling import PregenWindow
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.synchronizer.pregen import TaskQueue
-from bubblespec.synchronizer.types import Draft, PregenTask, PregenWindow, RankState, RankStatus
 
 from .helpers import eventually, make_tasks, serving, stub
 
@@ -86,7 +87,7 @@ async def test_lost_rank_tasks_go_back_to_the_queue_and_complete_ones_do_not() -
         await client.report_done(0, "dies")
         held = await client.claim_tasks(0, "dies", 3)
         assert keys(held.tasks) == [("p0", 0), ("p1", 0), ("p2", 0)]
-        res = await client.push_drafts(1, "dies", [Draft("p1", 0, [7, 8, 9], complete=True)])
+        res = await client.push_drafts(1, "dies", [PregenDraft("p1", 0, [7, 8, 9], complete=True)])
         assert res.stored == 1
         assert (await client.get_state()).claimed_tasks == 2  # p1/0 is complete
 
@@ -115,13 +116,13 @@ async def test_training_window_hands_out_tasks_after_the_stop_until_the_close() 
         assert await client.poll_pregen(0, "r1") == (True, False)  # the window is not
         claim = await client.claim_tasks(0, "r1", 3)
         assert len(claim.tasks) == 3 and not claim.stop and claim.target_step == 1
-        res = await client.push_drafts(1, "r1", [Draft("p0", 0, [5, 6], complete=True)])
+        res = await client.push_drafts(1, "r1", [PregenDraft("p0", 0, [5, 6], complete=True)])
         assert res.stored == 1
         await client.close_step(0)  # the next step (or the weight push) ends the window
         assert await client.poll_pregen(0, "r1") == (True, True)
         after = await client.claim_tasks(0, "r0", 3)
         assert after.stop and after.tasks == []
-        await client.push_drafts(1, "r1", [Draft("p1", 0, [7], complete=False)])
+        await client.push_drafts(1, "r1", [PregenDraft("p1", 0, [7], complete=False)])
         await client.open_step(1, {"r0": 1})
         got = {(d.prompt_key, d.sample_index): list(d.token_ids)
                for d in await client.fetch_drafts(1, ["p0", "p1"])}

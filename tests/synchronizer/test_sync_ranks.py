@@ -7,8 +7,8 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bubblespec.protocol.domain import RankState, RankStatus, SyncSnapshot
 from bubblespec.synchronizer.server import SERVICE_NAME, SyncServer
-from bubblespec.synchronizer.types import RankState, RankStatus, SyncSnapshot
 
 from .helpers import config, eventually, serving
 

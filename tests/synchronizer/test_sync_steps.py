@@ -7,8 +7,9 @@ import asyncio
 import grpc
 import pytest
 
+from bubblespec.protocol.domain import StepEvent, StepEventKind
 from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import StepEvent, StepEventKind, SyncError
+from bubblespec.synchronizer.errors import SyncError
 
 from .helpers import make_tasks, serving
 

@@ -2,33 +2,33 @@
 
 from __future__ import annotations
 
+from bubblespec.protocol.domain import DraftStatus, PregenDraft
 from bubblespec.synchronizer.store import DraftStore, sequence_cost
-from bubblespec.synchronizer.types import Draft, DraftStatus
 
 from .helpers import make_tasks, serving
 
 
 def test_replace_extend_gap_and_accounting() -> None:
     s = DraftStore(budget_bytes=10_000)
-    assert s.put(1, Draft("p", 0, [1, 2, 3])) is DraftStatus.STORED
-    assert s.put(1, Draft("p", 0, [4, 5], offset=3)) is DraftStatus.STORED  # extend
-    assert s.put(1, Draft("p", 0, [9], offset=2, complete=True)) is DraftStatus.STORED  # cut
-    assert s.put(1, Draft("p", 0, [0], offset=4)) is DraftStatus.REJECTED_GAP
+    assert s.put(1, PregenDraft("p", 0, [1, 2, 3])) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("p", 0, [4, 5], offset=3)) is DraftStatus.STORED  # extend
+    assert s.put(1, PregenDraft("p", 0, [9], offset=2, complete=True)) is DraftStatus.STORED  # cut
+    assert s.put(1, PregenDraft("p", 0, [0], offset=4)) is DraftStatus.REJECTED_GAP
     (d,), truncated = s.fetch(1, ["p"])
     assert list(d.token_ids) == [1, 2, 9] and d.complete and not truncated
-    assert s.put(1, Draft("p", 0, [6])) is DraftStatus.STORED  # offset 0 replaces
+    assert s.put(1, PregenDraft("p", 0, [6])) is DraftStatus.STORED  # offset 0 replaces
     assert (s.sequences, s.tokens, s.bytes) == (1, 1, sequence_cost("p", 1))
     assert s.drop_through(1) == 1 and (s.sequences, s.tokens, s.bytes) == (0, 0, 0)
 
 
 def test_budget_rejects_growth_but_keeps_what_is_stored() -> None:
     s = DraftStore(budget_bytes=sequence_cost("a", 40) + sequence_cost("b", 5))
-    assert s.put(1, Draft("a", 0, list(range(40)))) is DraftStatus.STORED
-    assert s.put(1, Draft("b", 0, list(range(5)))) is DraftStatus.STORED
-    assert s.put(1, Draft("b", 0, [1], offset=5)) is DraftStatus.REJECTED_FULL
-    assert s.put(1, Draft("c", 0, [1])) is DraftStatus.REJECTED_FULL
-    assert s.put(1, Draft("a", 0, [1, 2])) is DraftStatus.STORED  # shrinking frees room
-    assert s.put(1, Draft("c", 0, [1])) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("a", 0, list(range(40)))) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("b", 0, list(range(5)))) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("b", 0, [1], offset=5)) is DraftStatus.REJECTED_FULL
+    assert s.put(1, PregenDraft("c", 0, [1])) is DraftStatus.REJECTED_FULL
+    assert s.put(1, PregenDraft("a", 0, [1, 2])) is DraftStatus.STORED  # shrinking frees room
+    assert s.put(1, PregenDraft("c", 0, [1])) is DraftStatus.STORED
     assert s.bytes <= s.budget_bytes
     drafts, _ = s.fetch(1, ["b", "a", "b"])
     assert [(d.prompt_key, len(d.token_ids)) for d in drafts] == [("b", 5), ("a", 2)]
@@ -41,13 +41,13 @@ async def test_store_over_rpc_budget_steps_and_samples() -> None:
         await client.register("r1", "b")
         await client.open_step(0, {"r0": 1, "r1": 1}, make_tasks(2, 2))
         # the current and the next step take drafts; others are refused per draft, no error
-        late = await client.push_drafts(0, "r0", [Draft("p0", 0, [1])])
-        early = await client.push_drafts(2, "r0", [Draft("p0", 0, [1])])
+        late = await client.push_drafts(0, "r0", [PregenDraft("p0", 0, [1])])
+        early = await client.push_drafts(2, "r0", [PregenDraft("p0", 0, [1])])
         assert late.stored == 1 and early.statuses == [DraftStatus.REJECTED_STEP]
-        first = await client.push_drafts(1, "r0", [Draft("p0", s, [s] * 100) for s in range(2)]
-                                         + [Draft("p1", 0, [5] * 100, weight_version=3)])
+        first = await client.push_drafts(1, "r0", [PregenDraft("p0", s, [s] * 100) for s in range(2)]
+                                         + [PregenDraft("p1", 0, [5] * 100, weight_version=3)])
         assert first.stored == 3 and first.store_bytes == first.budget_bytes == budget
-        full = await client.push_drafts(1, "r0", [Draft("p1", 1, [1] * 10)])  # no exception
+        full = await client.push_drafts(1, "r0", [PregenDraft("p1", 1, [1] * 10)])  # no exception
         assert full.statuses == [DraftStatus.REJECTED_FULL] and "full" in full.message
         assert (await client.get_state()).store.sequences == 4
         drafts = await client.fetch_drafts(1, ["p0", "p1", "unknown"])
@@ -61,7 +61,7 @@ async def test_store_over_rpc_budget_steps_and_samples() -> None:
         assert await client.fetch_drafts(1, ["p0", "p1"]) == []
         snap = await client.get_state()
         assert (snap.store.sequences, snap.store.bytes) == (0, 0)
-        gone = await client.push_drafts(1, "r0", [Draft("p0", 0, [1])])
+        gone = await client.push_drafts(1, "r0", [PregenDraft("p0", 0, [1])])
         assert gone.statuses == [DraftStatus.REJECTED_STEP]
 
 
@@ -69,7 +69,7 @@ async def test_fetch_splits_batches_that_exceed_the_message_limit() -> None:
     async with serving(max_message_bytes=64 * 1024, max_draft_tokens=10_000) as (_, client):
         await client.register("r0", "a")
         await client.open_step(0, {"r0": 1})
-        drafts = [Draft(f"p{i}", s, [i] * 2000) for i in range(8) for s in range(2)]
+        drafts = [PregenDraft(f"p{i}", s, [i] * 2000) for i in range(8) for s in range(2)]
         for d in drafts:  # one per push: each push is well under the limit
             assert (await client.push_drafts(1, "r0", [d])).stored == 1
         got = await client.fetch_drafts(1, [f"p{i}" for i in range(8)])
@@ -82,15 +82,15 @@ async def test_partial_drafts_over_rpc_replace_and_extend() -> None:
     async with serving() as (_, client):
         await client.register("r0", "a")
         await client.open_step(0, {"r0": 1})
-        assert (await client.push_drafts(1, "r0", [Draft("p", 0, [1, 2, 3])])).stored == 1
-        res = await client.push_drafts(1, "r0", [Draft("p", 0, [4, 5], offset=3),
-                                                 Draft("p", 1, [8], offset=2)])
+        assert (await client.push_drafts(1, "r0", [PregenDraft("p", 0, [1, 2, 3])])).stored == 1
+        res = await client.push_drafts(1, "r0", [PregenDraft("p", 0, [4, 5], offset=3),
+                                                 PregenDraft("p", 1, [8], offset=2)])
         assert res.statuses == [DraftStatus.STORED, DraftStatus.REJECTED_GAP]
         assert "offset" in res.message
-        await client.push_drafts(1, "r0", [Draft("p", 0, [6, 7], offset=1, complete=True,
-                                                 weight_version=2)])
+        await client.push_drafts(1, "r0", [PregenDraft("p", 0, [6, 7], offset=1, complete=True,
+                                                       weight_version=2)])
         (d,) = await client.fetch_drafts(1, ["p"])
         assert (d.token_ids, d.complete, d.weight_version) == ([1, 6, 7], True, 2)
-        await client.push_drafts(1, "r0", [Draft("p", 0, [9])])  # offset 0: replace
+        await client.push_drafts(1, "r0", [PregenDraft("p", 0, [9])])  # offset 0: replace
         (d,) = await client.fetch_drafts(1, ["p"])
         assert (d.token_ids, d.complete) == ([9], False)

@@ -7,8 +7,9 @@ import time
 import grpc
 import pytest
 
+from bubblespec.protocol.domain import Span, SpanKind
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
-from bubblespec.synchronizer.types import Span, SpanKind, SyncError
+from bubblespec.synchronizer.errors import SyncError
 
 from .helpers import serving, stub
 

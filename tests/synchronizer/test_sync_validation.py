@@ -8,9 +8,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bubblespec.protocol.domain import DraftStatus, PregenDraft
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.types import FIELD_METADATA_KEY, Draft, DraftStatus, SyncError
+from bubblespec.synchronizer.errors import FIELD_METADATA_KEY, SyncError
 
 from .helpers import serving, stub
 
@@ -159,7 +160,7 @@ async def test_oversized_message_is_refused() -> None:
     async with serving(max_message_bytes=64 * 1024) as (server, client):
         await client.register("r0", "a")
         await client.open_step(0, {"r0": 1})
-        big = [Draft("p", 0, [70_000] * 40_000)]
+        big = [PregenDraft("p", 0, [70_000] * 40_000)]
         channel, raw = stub(server.address)
         with pytest.raises(grpc.aio.AioRpcError) as e:  # over the daemon's limit: gRPC refuses
             await raw.PushDrafts(pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
@@ -180,7 +181,7 @@ async def test_bearer_token_guards_mutating_rpcs_only() -> None:
                     await other.register("r1", "b")
                 assert e.value.code is grpc.StatusCode.UNAUTHENTICATED
                 with pytest.raises(SyncError) as e:  # decode path: a config bug, not degraded
-                    await other.push_drafts(1, "r0", [Draft("p", 0, [1])])
+                    await other.push_drafts(1, "r0", [PregenDraft("p", 0, [1])])
                 assert e.value.code is grpc.StatusCode.UNAUTHENTICATED
                 assert not await other.poll_stop(0, "r0")  # reads stay open
                 assert (await other.get_state()).current_step == 0
@@ -190,4 +191,4 @@ async def test_bearer_token_guards_mutating_rpcs_only() -> None:
             health_pb2.HealthCheckRequest(service=""), timeout=2)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         await channel.close()
-        assert (await client.push_drafts(1, "r0", [Draft("p", 0, [1])])).stored == 1
+        assert (await client.push_drafts(1, "r0", [PregenDraft("p", 0, [1])])).stored == 1

@@ -1,7 +1,9 @@
-"""Plain data types of the synchronizer API, shared by the daemon and its client.
+"""Domain types the synchronizer, the ranks and the gateway exchange (plain dataclasses).
 
-Callers of `SyncClient` see only these (never protobuf objects); the daemon's state keeps the
-same types, and `convert.py` is the one place that maps them to and from `bubblespec.rpc.v1`.
+Callers of the synchronizer's client see only these (never protobuf objects); the daemon's
+state keeps the same types, and `synchronizer/convert.py` is the one place that maps them to
+and from `bubblespec.rpc.v1`. A pre-generated response is a `PregenDraft` (the draft index's
+proposals are `bubblespec.core.Draft`).
 """
 
 from __future__ import annotations
@@ -10,43 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import grpc
-
-#: Trailing-metadata key naming the request field an error is about.
-FIELD_METADATA_KEY = "bubblespec-field"
-
-
-class SyncError(Exception):
-    """An RPC failed (or, on the daemon, is about to fail) with a gRPC status code.
-
-    `field` is the request field at fault (e.g. `next_prompts[2].samples[0].seed`), or "".
-    """
-
-    def __init__(self, code: grpc.StatusCode, message: str, field: str = "", method: str = ""):
-        super().__init__(f"{method + ': ' if method else ''}{code.name}: {message}")
-        self.code = code
-        self.message = message
-        self.field = field
-        self.method = method
-
-
-class SyncUnavailable(SyncError):
-    """The synchronizer could not be reached in time (UNAVAILABLE or DEADLINE_EXCEEDED)."""
-
-
-def invalid(field_path: str, message: str) -> SyncError:
-    """INVALID_ARGUMENT about `field_path`; the message starts with the field's name."""
-    return SyncError(grpc.StatusCode.INVALID_ARGUMENT, f"{field_path}: {message}", field_path)
-
-
-def not_found(field_path: str, message: str) -> SyncError:
-    """NOT_FOUND about `field_path`."""
-    return SyncError(grpc.StatusCode.NOT_FOUND, f"{field_path}: {message}", field_path)
-
-
-def precondition(field_path: str, message: str) -> SyncError:
-    """FAILED_PRECONDITION about `field_path`: a valid request at the wrong moment."""
-    return SyncError(grpc.StatusCode.FAILED_PRECONDITION, f"{field_path}: {message}", field_path)
+from bubblespec.protocol.sampling import SamplingParams
 
 
 class RankState(str, enum.Enum):
@@ -70,16 +36,6 @@ class SpanKind(str, enum.Enum):
     """Pre-generation after the step's stop signal, in the training window."""
 
 
-class PregenWindow(str, enum.Enum):
-    """When a step's pre-generation (of step + 1) ends."""
-
-    BUBBLE = "bubble"
-    """At the stop signal (the slowest rank is done): the inter-rank bubble only."""
-    TRAINING = "training"
-    """At the step's close (next step or weight push): the bubble and the training window
-    after it, for rollout ranks idle while the trainer trains (disaggregated set-ups)."""
-
-
 class StepEventKind(str, enum.Enum):
     """Events of the WatchStep stream."""
 
@@ -101,17 +57,6 @@ class DraftStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Sampling parameters of a pre-generation task (top_k <= 0 disables top-k)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed_mode: str = "default"
-    stop_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
 class PregenTask:
     """Generate one response (sample `sample_index`, seeded `seed`) for a next-step prompt."""
 
@@ -119,8 +64,12 @@ class PregenTask:
     prompt_token_ids: Sequence[int]
     sample_index: int
     seed: int
-    max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The task's response budget (its sampling's max_new_tokens)."""
+        return self.sampling.max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -132,7 +81,7 @@ class ShardAssignment:
 
 
 @dataclass(frozen=True)
-class Draft:
+class PregenDraft:
     """A (partial) pre-generated response, keyed by (step, prompt_key, sample_index).
 
     On push, `offset` > 0 appends: the stored draft is cut at `offset` and extended.

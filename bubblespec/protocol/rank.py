@@ -1,32 +1,18 @@
-"""HTTP request/response bodies shared by the rank server, the gateway and the client.
+"""HTTP bodies of a rank server, sent by the gateway (and SGLang-style callers).
 
 Token-in/token-out with SGLang-style names (`input_ids`, `sampling_params`,
-`max_new_tokens`, `output_ids`, `meta_info`). Pure pydantic: no vLLM import.
+`max_new_tokens`, `output_ids`, `meta_info`). Requests forbid unknown keys.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
+
+from bubblespec.protocol.sampling import SamplingParams
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class SamplingParams(_Body):
-    """Sampling parameters of a request (vLLM/SGLang meaning)."""
-
-    max_new_tokens: int = Field(128, ge=1, description="Most tokens to generate.")
-    temperature: float = Field(1.0, ge=0, description="0 = greedy.")
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1, description="-1 = off.")
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    seed_mode: Literal["default", "keyed"] = Field("default", description=(
-        "keyed: keyed Gumbel noise per (seed, position); bit-reproducible with speculation "
-        "on or off, and pre-generation with the same seeds is coupled to the rollout."))
 
 
 class ShardRequest(_Body):
@@ -62,12 +48,16 @@ class SampleOut(_Body):
 
 
 class PromptOut(_Body):
+    """All samples of one prompt of a shard."""
+
     index: int
     prompt_key: str
     samples: list[SampleOut]
 
 
 class StepShardResult(_Body):
+    """What a rank answers to /v1/step_shard."""
+
     step: int
     rank_id: str
     results: list[PromptOut]
@@ -91,7 +81,9 @@ class WeightUpdate(_Body):
     version: int | None = Field(None, ge=0, description="New weight version (default +1).")
 
 
-class RankState(_Body):
+class RankStateBody(_Body):
+    """GET /v1/state of a rank (the heartbeat's `RankState` enum is the synchronizer's view)."""
+
     rank_id: str
     state: str = Field(..., description="starting | idle | decoding | pregen")
     weight_version: int

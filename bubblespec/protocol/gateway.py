@@ -1,34 +1,30 @@
-"""HTTP bodies of the gateway: what the trainer sends and gets back (pure pydantic).
+"""HTTP bodies of the gateway: what the trainer sends and gets back, and what the Python
+client parses.
 
 Requests forbid unknown keys; limits that depend on the gateway's config (most prompts,
-largest n, vocabulary size) are checked by `Rollouts.prepare`, with the same error shape:
-`{"detail": "...", "field": "prompts[2].input_ids[5]"}`.
+largest n, vocabulary size) are checked by the gateway's `Preparer`, with the same error
+shape: `{"detail": "...", "field": "prompts[2].input_ids[5]"}`. Responses ignore unknown
+keys, so that a client keeps working against a newer gateway.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bubblespec.api import SamplingParams, WeightUpdate
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 
 TokenId = Annotated[int, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
 
-class GatewayError(Exception):
-    """A request the gateway answers with `status` (4xx/5xx) and `{"detail", "field"}`."""
-
-    def __init__(self, status: int, detail: str, field: str = "") -> None:
-        super().__init__(f"{status}: {detail}" + (f" (field {field})" if field else ""))
-        self.status = status
-        self.detail = detail
-        self.field = field
-
-
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
 
 
 class PromptIn(_Body):
@@ -63,20 +59,22 @@ class RolloutRequest(_Body):
         None, description="Seeds the next step will use (default: derived from run seed).")
     return_logprobs: bool = Field(True, description="Include output_logprobs.")
     pregen: bool = Field(True, description="Let ranks that finish early pre-generate.")
-    pregen_window: Literal["bubble", "training"] | None = Field(
+    pregen_window: PregenWindow | None = Field(
         None, description="Pre-generate until the slowest rank is done ('bubble') or on "
         "through the training window until the next step or weight push ('training'; "
         "for rollout ranks that idle while the trainer trains). Default: the gateway's.")
 
 
-class SampleResult(_Body):
+class RolloutSample(_Reply):
+    """One sampled response of a prompt, with its counters."""
+
     sample_index: int
     output_ids: list[int]
     output_logprobs: list[float] | None = None
     finish_reason: str = ""
     weight_version: int = 0
     completion_tokens: int = 0
-    decode_steps: int = 0
+    decode_steps: int = Field(0, description="Target forward passes that produced its tokens.")
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -85,15 +83,17 @@ class SampleResult(_Body):
                           "rank reports it).")
 
 
-class PromptResult(_Body):
+class PromptResult(_Reply):
+    """All samples of one prompt, in sample order."""
+
     index: int
     prompt_key: str
     rank_id: str = Field(..., description="Rank that produced the samples (several: comma list).")
     input_ids: list[int]
-    samples: list[SampleResult]
+    samples: list[RolloutSample]
 
 
-class RankShard(_Body):
+class RankShard(_Reply):
     """What one rank did in this rollout."""
 
     rank_id: str
@@ -107,7 +107,7 @@ class RankShard(_Body):
     failed: str = Field("", description="Why the rank's shard was lost (empty: fine).")
 
 
-class Rerun(_Body):
+class Rerun(_Reply):
     """A shard re-run after its rank failed."""
 
     from_rank: str
@@ -116,7 +116,9 @@ class Rerun(_Body):
     reason: str
 
 
-class RolloutCounters(_Body):
+class RolloutCounters(_Reply):
+    """Counters of a rollout, summed over its samples and ranks."""
+
     completion_tokens: int = 0
     decode_steps_critical: int = Field(0, description="Forward passes of the slowest rank.")
     decode_steps_total: int = Field(0, description="Forward passes summed over ranks.")
@@ -129,18 +131,98 @@ class RolloutCounters(_Body):
     tokens_per_forward: float = Field(0.0, description="completion / request_decode_steps.")
 
 
-class RolloutResponse(_Body):
+class RolloutResponse(_Reply):
+    """A rollout step: prompts in request order, each with its `n` samples."""
+
     step: int
     prompts: list[PromptResult]
-    weight_versions: list[int]
-    counters: RolloutCounters
-    ranks: list[RankShard]
+    weight_versions: list[int] = Field(default_factory=list)
+    counters: RolloutCounters = Field(default_factory=RolloutCounters)
+    ranks: list[RankShard] = Field(default_factory=list)
     reruns: list[Rerun] = Field(default_factory=list)
-    wall_s: float
+    wall_s: float = 0.0
     warnings: list[str] = Field(default_factory=list)
 
+    def output_ids(self) -> list[list[list[int]]]:
+        """Per prompt, per sample, the output token ids."""
+        return [[s.output_ids for s in p.samples] for p in self.prompts]
 
-__all__ = [
-    "GatewayError", "PromptIn", "PromptResult", "RankShard", "Rerun", "RolloutCounters",
-    "RolloutRequest", "RolloutResponse", "SampleResult", "SamplingParams", "WeightUpdate",
-]
+
+class WeightsResult(_Reply):
+    """POST /v1/weights: the version every rank now has."""
+
+    weight_version: int
+    ranks: dict[str, int]
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
+class RankEntry(_Reply):
+    """A rank as GET /v1/ranks lists it."""
+
+    rank_id: str
+    url: str
+    ready: bool
+    state: str = ""
+    weight_version: int | None = None
+    step: int | None = None
+    registered: bool = False
+    source: str = ""
+    sync_state: str = ""
+    error: str = ""
+
+
+class RankBubble(_Reply):
+    """One rank's share of a step (see `bubblespec.gateway.bubbles`)."""
+
+    rank_id: str
+    num_requests: int = 0
+    done_s: float | None = None
+    busy_s: float = 0.0
+    bubble_s: float = 0.0
+    pregen_s: float = 0.0
+    idle_s: float = 0.0
+    bubble_fraction: float = 0.0
+    pregen_share: float = 0.0
+    pregen_tokens: int = 0
+    decode_tokens: int = 0
+    spans: int = 0
+    stop_lag_s: float | None = None
+    window_pregen_s: float = 0.0
+    window_pregen_tokens: int = 0
+
+
+class StepReport(_Reply):
+    """GET /v1/steps/{step}: the synchronizer's bubble figures and the rollout's summary.
+
+    The route nests the figures under `timeline`; they are lifted to the top level here."""
+
+    step: int
+    wall_s: float | None = None
+    complete: bool = False
+    ranks: list[RankBubble] = Field(default_factory=list)
+    bubble_fraction: float | None = None
+    pregen_share: float | None = None
+    pregen_tokens: int = 0
+    rollout: dict[str, Any] | None = None
+    timeline: dict[str, Any] | None = None
+    warnings: list[str] = Field(default_factory=list)
+    window_pregen_tokens: int = Field(
+        0, description="Tokens pre-generated after the stop signal, in the training window.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_timeline(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        t = data.get("timeline") or {}
+        lifted = {"wall_s": t.get("wall_s"), "complete": bool(t.get("complete")),
+                  "ranks": t.get("ranks", []), "bubble_fraction": t.get("bubble_fraction"),
+                  "pregen_share": t.get("pregen_share"),
+                  "pregen_tokens": int(t.get("pregen_tokens", 0)),
+                  "window_pregen_tokens": int(t.get("window_pregen_tokens", 0))}
+        return {**lifted, **data, "timeline": data.get("timeline") or None}
+
+    @property
+    def stop_lag_s(self) -> float | None:
+        """How long pre-generation ran past the step's stop signal (slowest rank)."""
+        return (self.timeline or {}).get("stop_lag_s")

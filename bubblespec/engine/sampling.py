@@ -1,0 +1,32 @@
+"""The vLLM boundary of sampling: the protocol's `SamplingParams` of one sample become a
+`vllm.SamplingParams` here and nowhere else.
+
+Keyed sampling (`seed_mode: keyed`, temperature > 0) does not seed vLLM's sampler: the seed
+travels in `extra_args` to the keyed sampler (`engine/keyed.py`), which draws keyed Gumbel
+noise per (seed, position).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bubblespec.protocol.errors import InvalidRequest
+from bubblespec.protocol.sampling import SamplingParams
+
+KEY_ARG = "bubblespec_keyed_seed"  # as bubblespec.engine.keyed.KEY_ARG (that module needs torch)
+
+
+def vllm_sampling(sp: SamplingParams, seed: int | None) -> Any:
+    """The vLLM sampling parameters of one sample seeded `seed` (None: unseeded), streaming
+    token-id deltas with the sampled token's log-prob."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    if sp.keyed and seed is None:
+        raise InvalidRequest("seeds", "keyed sampling needs one seed per sample")
+    return VllmSamplingParams(
+        n=1, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+        max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
+        ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=0,
+        detokenize=False, output_kind=RequestOutputKind.DELTA,
+        extra_args={KEY_ARG: seed} if sp.keyed else None)

@@ -1,0 +1,39 @@
+"""Prompt-group keys and the engine request-id codec.
+
+A prompt group (a prompt's samples and the drafts pre-generated for it) is keyed by a stable
+hash of its token ids, the same in every process. Engine request ids carry the group and the
+sample index to the draft proposer, which only sees vLLM's request ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+
+def prompt_key(input_ids: Sequence[int]) -> str:
+    """Stable short key of a prompt (same ids -> same key across processes)."""
+    raw = ",".join(map(str, input_ids)).encode()
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+def group_token(group: str) -> str:
+    """Fixed-width token for a group key, safe inside request ids."""
+    return hashlib.blake2b(group.encode(), digest_size=8).hexdigest()
+
+
+def make_request_id(group: str, sample_index: int, uid: str) -> str:
+    """Engine request id carrying the prompt group and sample index to the proposer."""
+    return f"bs.{group_token(group)}.{sample_index}.{uid}"
+
+
+def parse_request_id(req_id: str) -> tuple[str, int, str]:
+    """(group token, sample index, base id) of an engine request id.
+
+    vLLM appends "-<random>" to ids it receives; the base id drops it. Ids not made by
+    :func:`make_request_id` get their own group (no sharing) and sample index 0."""
+    base = req_id.rsplit("-", 1)[0] if "-" in req_id else req_id
+    parts = base.split(".")
+    if len(parts) == 4 and parts[0] == "bs" and parts[2].isdigit():
+        return parts[1], int(parts[2]), base
+    return base, 0, base

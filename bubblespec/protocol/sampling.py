@@ -1,0 +1,61 @@
+"""Sampling parameters, the one shape every hop uses (HTTP bodies, pre-generation tasks,
+the engine), and the enums of how a request samples and when pre-generation ends.
+
+Names and meanings follow SGLang/vLLM (`max_new_tokens`, `top_k = -1` for off, as SGLang and
+verl send it). An incoming `top_k = 0` (vLLM's other spelling of off) is normalised to -1 so
+that everything downstream, the protobuf message included, sees one convention. The model is
+frozen, hence hashable and comparable: pre-generation tasks of one prompt must agree on it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class SeedMode(str, enum.Enum):
+    """How a request's seeds drive sampling."""
+
+    DEFAULT = "default"
+    """vLLM's sampler, seeded per sample when seeds are given."""
+    KEYED = "keyed"
+    """Keyed Gumbel noise per (seed, position): bit-reproducible with speculation on or off,
+    and pre-generation with the same seeds is coupled to the rollout (needs one seed per
+    sample when sampling)."""
+
+
+class PregenWindow(str, enum.Enum):
+    """When a step's pre-generation (of step + 1) ends."""
+
+    BUBBLE = "bubble"
+    """At the stop signal (the slowest rank is done): the inter-rank bubble only."""
+    TRAINING = "training"
+    """At the step's close (next step or weight push): the bubble and the training window
+    after it, for rollout ranks idle while the trainer trains (disaggregated set-ups)."""
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters of a request (vLLM/SGLang meaning)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(128, ge=1, description="Most tokens to generate.")
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(-1, ge=-1, description="-1 = off (0 is read as -1).")
+    stop_token_ids: tuple[int, ...] = Field((), description="Token ids that end a response.")
+    ignore_eos: bool = False
+    seed_mode: SeedMode = Field(SeedMode.DEFAULT, description=(
+        "keyed: keyed Gumbel noise per (seed, position); bit-reproducible with speculation "
+        "on or off, and pre-generation with the same seeds is coupled to the rollout."))
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_off(cls, v: int) -> int:
+        return -1 if v == 0 else v
+
+    @property
+    def keyed(self) -> bool:
+        """Keyed-noise sampling is in effect (keyed seed mode, temperature > 0)."""
+        return self.seed_mode is SeedMode.KEYED and self.temperature > 0

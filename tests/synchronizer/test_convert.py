@@ -1,0 +1,49 @@
+"""The protobuf boundary: pre-generation tasks and drafts survive the wire unchanged, and an
+unset sampling field reads as the protocol's default."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubblespec.protocol.domain import PregenDraft, PregenTask
+from bubblespec.protocol.sampling import SamplingParams, SeedMode
+from bubblespec.rpc.v1 import synchronizer_pb2 as pb
+from bubblespec.synchronizer import convert as cv
+
+FULL = SamplingParams(max_new_tokens=33, temperature=0.7, top_p=0.9, top_k=20,
+                      stop_token_ids=[2, 9], ignore_eos=True, seed_mode="keyed")
+
+
+def test_task_round_trip_keeps_every_sampling_field() -> None:
+    t = PregenTask("p0", [1, 2, 3], 4, seed=2**63 - 1, sampling=FULL)
+    back = cv.task_from_pb(cv.task_to_pb(t))
+    assert back == t and back.max_new_tokens == 33
+    assert back.sampling.seed_mode is SeedMode.KEYED
+
+
+def test_prompts_carry_tokens_once_and_flatten_back() -> None:
+    tasks = [PregenTask(f"p{p}", [1, p + 2], s, seed=10 * p + s, sampling=FULL)
+             for p in range(2) for s in range(3)]
+    prompts = cv.tasks_to_prompts(tasks)
+    assert [len(p.samples) for p in prompts] == [3, 3] and prompts[0].max_new_tokens == 33
+    back = cv.prompts_to_tasks(prompts)
+    assert [(t.prompt_key, list(t.prompt_token_ids), t.sample_index, t.seed, t.sampling)
+            for t in back] == [(t.prompt_key, t.prompt_token_ids, t.sample_index, t.seed,
+                                t.sampling) for t in tasks]
+
+
+def test_tasks_of_one_prompt_must_agree_on_sampling() -> None:
+    a = PregenTask("p", [1], 0, 1, FULL)
+    b = PregenTask("p", [1], 1, 2, FULL.model_copy(update={"max_new_tokens": 34}))
+    with pytest.raises(ValueError, match="tasks\\[1\\]"):
+        cv.tasks_to_prompts([a, b])
+
+
+def test_unset_sampling_fields_are_the_protocol_defaults() -> None:
+    assert cv.sampling_from_pb(pb.SamplingParams(), 128) == SamplingParams()
+    assert cv.sampling_from_pb(pb.SamplingParams(top_k=0), 5).top_k == -1
+
+
+def test_draft_round_trip() -> None:
+    d = PregenDraft("p", 2, [5, 6], complete=True, weight_version=3, offset=1)
+    assert cv.draft_from_pb(cv.draft_to_pb(d)) == d
