@@ -1,7 +1,7 @@
 """The gateway: `bubblespec gateway [--port P] [--sync-address H:P] [--ranks ...] [--token T]`.
 
-FastAPI + uvicorn. Routes (bodies in `bubblespec.protocol.gateway`; errors are `{"detail", "field"}` with a 4xx
-for anything the caller got wrong, never a 500):
+FastAPI + uvicorn. Routes (bodies in `bubblespec.protocol.gateway`; errors are
+`{"detail", "field"}` with a 4xx for anything the caller got wrong, never a 500):
 
 - POST /v1/rollout  one synchronous rollout step (bearer token when configured)
 - POST /v1/weights  reload weights on every rank (bearer token when configured)
