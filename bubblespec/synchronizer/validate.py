@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from bubblespec.protocol.sampling import SeedMode
+from pydantic import ValidationError
+
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.synchronizer.config import SyncConfig
-from bubblespec.synchronizer.convert import RANK_STATE_FROM_PB, SPAN_KIND_FROM_PB
+from bubblespec.synchronizer.convert import (
+    RANK_STATE_FROM_PB,
+    SPAN_KIND_FROM_PB,
+    sampling_from_pb,
+)
 from bubblespec.synchronizer.errors import invalid
-
-SEED_MODES = frozenset(m.value for m in SeedMode)
 
 
 class Validator:
@@ -107,16 +110,13 @@ class Validator:
             raise invalid(f"{path}.max_new_tokens",
                           f"must be in [1, {self.c.max_draft_tokens}], got {p.max_new_tokens}")
         sp = p.sampling
-        if sp.HasField("temperature") and not (math.isfinite(sp.temperature)
-                                               and sp.temperature >= 0):
-            raise invalid(f"{path}.sampling.temperature", f"must be >= 0, got {sp.temperature}")
-        if sp.HasField("top_p") and not 0 < sp.top_p <= 1:
-            raise invalid(f"{path}.sampling.top_p", f"must be in (0, 1], got {sp.top_p}")
-        if sp.HasField("top_k") and sp.top_k < -1:
-            raise invalid(f"{path}.sampling.top_k", f"must be >= -1, got {sp.top_k}")
-        if sp.HasField("seed_mode") and sp.seed_mode not in SEED_MODES:
-            raise invalid(f"{path}.sampling.seed_mode",
-                          f"must be one of {sorted(SEED_MODES)}, got {sp.seed_mode!r}")
+        try:  # the protocol model checks every sampling field's range
+            sampling_from_pb(sp, p.max_new_tokens)
+        except ValidationError as e:
+            err = e.errors()[0]
+            name = ".".join(str(x) for x in err["loc"])
+            raise invalid(f"{path}.sampling.{name}",
+                          f"{err['msg']}, got {err.get('input')!r}") from None
         for j, t in enumerate(sp.stop_token_ids):
             if t < 0:
                 raise invalid(f"{path}.sampling.stop_token_ids[{j}]", f"must be >= 0, got {t}")

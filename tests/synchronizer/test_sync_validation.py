@@ -22,7 +22,7 @@ PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 def prompt(key: str = "p", tokens: Sequence[int] = (1, 2),
            samples: Sequence[tuple[int, int]] = ((0, 1),), max_new_tokens: int = 8,
-           **sampling: float) -> pb.PregenPrompt:
+           **sampling: float | str) -> pb.PregenPrompt:
     return pb.PregenPrompt(
         prompt_key=key, prompt_token_ids=list(tokens), max_new_tokens=max_new_tokens,
         sampling=pb.SamplingParams(**sampling),
@@ -84,6 +84,8 @@ CASES = [
         prompt(temperature=-1.0)]), INVALID, "next_prompts[0].sampling.temperature"),
     ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
         prompt(top_k=-2)]), INVALID, "next_prompts[0].sampling.top_k"),
+    ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
+        prompt(seed_mode="magic")]), INVALID, "next_prompts[0].sampling.seed_mode"),
     ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
         prompt(samples=[(i, i) for i in range(5)])]), INVALID, "next_prompts"),
     ("CloseStep", pb.CloseStepRequest(step=-3), INVALID, "step"),
