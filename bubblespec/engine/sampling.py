@@ -26,6 +26,7 @@ def vllm_sampling(sp: SamplingParams, seed: int | None) -> Any:
         raise InvalidRequest("seeds", "keyed sampling needs one seed per sample")
     return VllmSamplingParams(
         n=1, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+        repetition_penalty=sp.repetition_penalty,
         max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
         ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=0,
         detokenize=False, output_kind=RequestOutputKind.DELTA,

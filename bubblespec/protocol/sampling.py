@@ -44,6 +44,9 @@ class SamplingParams(BaseModel):
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(-1, ge=-1, description="-1 = off (0 is read as -1).")
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False, description=(
+        "Divides positive logits (multiplies negative ones) of tokens already in the prompt "
+        "or the output, as vLLM does; 1 = off, > 1 discourages repeats."))
     stop_token_ids: tuple[int, ...] = Field((), description="Token ids that end a response.")
     ignore_eos: bool = False
     seed_mode: SeedMode = Field(SeedMode.DEFAULT, description=(

@@ -68,7 +68,8 @@ def _opt(msg, name: str):
     return getattr(msg, name) if msg.HasField(name) else None
 
 
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed_mode", "ignore_eos")
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed_mode", "ignore_eos",
+                    "repetition_penalty")
 """Fields of `SamplingParams` carried as `optional` scalars of `pb.SamplingParams` (the
 response budget, `max_new_tokens`, travels on the task or prompt message)."""
 

@@ -100,6 +100,18 @@ def test_greedy_reproduces_across_steps_whatever_the_drafts(client: BubbleSpecCl
     assert a.output_ids() == b.output_ids()
 
 
+def test_repetition_penalty_reaches_rollouts_and_pregen(client: BubbleSpecClient,
+                                                       task: Any) -> None:
+    """HTTP -> gateway -> rank -> engine, and into the next step's pre-generation tasks."""
+    prompts = task.make_prompts(4, 303)
+    plain = {"temperature": 0.0, "max_new_tokens": 200}
+    penalised = {**plain, "repetition_penalty": 1.3}
+    a = client.rollout(prompts, n=1, sampling_params=penalised, next_prompts=prompts)
+    b = client.rollout(prompts, n=1, sampling_params=penalised)  # pre-generated with it
+    c = client.rollout(prompts, n=1, sampling_params=plain)
+    assert a.output_ids() == b.output_ids() != c.output_ids()
+
+
 def test_explicit_seeds_reproduce_across_steps(client: BubbleSpecClient, task: Any) -> None:
     """Keyed sampling: same seeds, same responses, whatever drafts the second step had."""
     prompts = task.make_prompts(4, 202)

@@ -26,6 +26,7 @@ def field_at_fault(model: type[BaseModel], body: dict[str, Any]) -> str:
 def test_defaults_are_vllm_and_sglang_defaults() -> None:
     sp = SamplingParams()
     assert (sp.max_new_tokens, sp.temperature, sp.top_p, sp.top_k) == (128, 1.0, 1.0, -1)
+    assert sp.repetition_penalty == 1.0
     assert sp.stop_token_ids == () and not sp.ignore_eos and sp.seed_mode is SeedMode.DEFAULT
 
 
@@ -46,6 +47,8 @@ def test_top_k_off_is_minus_one_whatever_the_caller_sends(given: int) -> None:
     ({"top_p": 0.0}, "sampling_params.top_p"),
     ({"top_p": float("nan")}, "sampling_params.top_p"),
     ({"top_k": -2}, "sampling_params.top_k"),
+    ({"repetition_penalty": 0.0}, "sampling_params.repetition_penalty"),
+    ({"repetition_penalty": float("inf")}, "sampling_params.repetition_penalty"),
     ({"seed_mode": "magic"}, "sampling_params.seed_mode"),
     ({"temp": 1.0}, "sampling_params.temp"),
 ])
@@ -76,7 +79,7 @@ def test_seed_mode_reads_strings_and_keyed_needs_a_temperature() -> None:
 
 def test_frozen_hashable_and_json_round_trip() -> None:
     a = SamplingParams(max_new_tokens=64, temperature=0.7, top_k=20, stop_token_ids=[2, 3],
-                       ignore_eos=True, seed_mode="keyed")
+                       ignore_eos=True, seed_mode="keyed", repetition_penalty=1.3)
     b = SamplingParams.model_validate_json(a.model_dump_json())
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert a.model_dump(mode="json")["stop_token_ids"] == [2, 3]

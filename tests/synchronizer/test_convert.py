@@ -11,14 +11,15 @@ from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.synchronizer import convert as cv
 
 FULL = SamplingParams(max_new_tokens=33, temperature=0.7, top_p=0.9, top_k=20,
-                      stop_token_ids=[2, 9], ignore_eos=True, seed_mode="keyed")
+                      stop_token_ids=[2, 9], ignore_eos=True, seed_mode="keyed",
+                      repetition_penalty=1.3)
 
 
 def test_task_round_trip_keeps_every_sampling_field() -> None:
     t = PregenTask("p0", [1, 2, 3], 4, seed=2**63 - 1, sampling=FULL)
     back = cv.task_from_pb(cv.task_to_pb(t))
     assert back == t and back.max_new_tokens == 33
-    assert back.sampling.seed_mode is SeedMode.KEYED
+    assert back.sampling.seed_mode is SeedMode.KEYED and back.sampling.repetition_penalty == 1.3
 
 
 def test_prompts_carry_tokens_once_and_flatten_back() -> None:

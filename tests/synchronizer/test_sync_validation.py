@@ -87,6 +87,9 @@ CASES = [
     ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
         prompt(seed_mode="magic")]), INVALID, "next_prompts[0].sampling.seed_mode"),
     ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
+        prompt(repetition_penalty=0.0)]), INVALID,
+     "next_prompts[0].sampling.repetition_penalty"),
+    ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
         prompt(samples=[(i, i) for i in range(5)])]), INVALID, "next_prompts"),
     ("CloseStep", pb.CloseStepRequest(step=-3), INVALID, "step"),
     ("CloseStep", pb.CloseStepRequest(step=4), PRECONDITION, "step"),

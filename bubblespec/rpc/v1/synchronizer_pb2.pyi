@@ -131,20 +131,22 @@ class ShardAssignment(_message.Message):
     def __init__(self, rank_id: _Optional[str] = ..., num_requests: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed_mode", "stop_token_ids", "ignore_eos")
+    __slots__ = ("temperature", "top_p", "top_k", "seed_mode", "stop_token_ids", "ignore_eos", "repetition_penalty")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SEED_MODE_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
     seed_mode: str
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed_mode: _Optional[str] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    repetition_penalty: float
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed_mode: _Optional[str] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
 
 class PregenSample(_message.Message):
     __slots__ = ("sample_index", "seed")

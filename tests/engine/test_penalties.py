@@ -1,0 +1,74 @@
+"""Repetition penalty under speculation, on real engines.
+
+vLLM 0.32 applies penalties to the logits that verification uses (each drafted position sees
+the output so far plus the drafts before it, `RejectionSampler.apply_logits_processors`) and
+to the bonus token's (`Sampler`, outputs plus every draft); the keyed sampler draws from those
+same processed logits. So a penalised request is as exact with speculation as without: greedy
+ids and keyed samples are identical with speculation on and off, drafts right or wrong.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bubblespec.engine import GenRequest
+from bubblespec.protocol.sampling import SamplingParams
+from bubblespec.tasks import default_task
+
+pytestmark = pytest.mark.engine
+
+PENALTY = 1.3
+
+
+def _ids(results: list) -> list[list[list[int]]]:
+    return [[s.output_ids for s in r.samples] for r in results]
+
+
+def _reqs(sp: SamplingParams, n: int, seeded: bool = False) -> list[GenRequest]:
+    prompts = default_task().make_prompts(6, seed=53)
+    return [GenRequest(input_ids=list(p.input_ids), n=n, sampling=sp,
+                       seeds=[100 * i + j for j in range(n)] if seeded else None)
+            for i, p in enumerate(prompts)]
+
+
+def _spec_run(runner, spec_engine, reqs: list[GenRequest], base: list) -> list:
+    """Speculative run with drafts: the plain outputs for even samples, random for odd."""
+    rng = random.Random(5)
+    drafts = []
+    for r, res in zip(reqs, base):
+        for s in res.samples:
+            good = s.output_ids
+            wrong = [rng.randrange(spec_engine.vocab_size) for _ in good]
+            drafts.append((r.group_key(), s.sample_index, wrong if s.sample_index % 2 else good))
+    runner.run(spec_engine.add_drafts(drafts))
+    out = runner.run(spec_engine.generate(reqs))
+    runner.run(spec_engine.release_groups([r.group_key() for r in reqs]))
+    assert sum(s.num_accepted_tokens for r in out for s in r.samples) > 0
+    return out
+
+
+def test_greedy_penalised_identical_with_speculation(loop_runner, plain_engine,
+                                                     spec_engine) -> None:
+    eos = default_task().eos_id
+    sp = SamplingParams(max_new_tokens=160, temperature=0.0, stop_token_ids=[eos],
+                        repetition_penalty=PENALTY)
+    reqs = _reqs(sp, n=2)
+    base = loop_runner.run(plain_engine.generate(reqs))
+    assert _ids(_spec_run(loop_runner, spec_engine, reqs, base)) == _ids(base)
+    unpenalised = _reqs(sp.model_copy(update={"repetition_penalty": 1.0}), n=2)
+    assert _ids(loop_runner.run(plain_engine.generate(unpenalised))) != _ids(base), \
+        "the penalty changed nothing: the test would not exercise it"
+
+
+def test_keyed_penalised_identical_with_speculation(loop_runner, plain_engine,
+                                                    spec_engine) -> None:
+    sp = SamplingParams(max_new_tokens=160, temperature=1.0,
+                        stop_token_ids=[default_task().eos_id], seed_mode="keyed",
+                        repetition_penalty=PENALTY)
+    reqs = _reqs(sp, n=2, seeded=True)
+    base = loop_runner.run(plain_engine.generate(reqs))
+    assert _ids(_spec_run(loop_runner, spec_engine, reqs, base)) == _ids(base)
+    unpenalised = _reqs(sp.model_copy(update={"repetition_penalty": 1.0}), n=2, seeded=True)
+    assert _ids(loop_runner.run(plain_engine.generate(unpenalised))) != _ids(base)
