@@ -12,8 +12,12 @@ here for convenience.
 
 from __future__ import annotations
 
-from bubblespec.client.client import AsyncBubbleSpecClient, BubbleSpecClient
-from bubblespec.client.errors import BubbleSpecError, BubbleSpecUnavailable
+from bubblespec.client.client import (
+    AsyncBubbleSpecClient,
+    BubbleSpecClient,
+    BubbleSpecError,
+    BubbleSpecUnavailable,
+)
 from bubblespec.protocol.gateway import (
     PromptResult,
     RankBubble,

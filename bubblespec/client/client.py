@@ -1,9 +1,9 @@
 """Python clients of the gateway: `BubbleSpecClient` (blocking) and `AsyncBubbleSpecClient`.
 
 Both speak the gateway's HTTP API (see `bubblespec.gateway.server`) and return its response
-models (`bubblespec.protocol.gateway`). Every failure is a `BubbleSpecError` carrying the HTTP status,
-the gateway's message and the request field at fault; `BubbleSpecUnavailable` when the
-gateway cannot be reached or has no rank to run on (503/504).
+models (`bubblespec.protocol.gateway`). Every failure is a `BubbleSpecError` carrying the HTTP
+status, the gateway's message and the request field at fault; `BubbleSpecUnavailable` when
+the gateway cannot be reached or has no rank to run on (503/504).
 
 Prompts may be given as token id lists, as text (tokenized by the gateway), as
 `{"input_ids": ...}` / `{"text": ...}` dicts, or as objects with an `input_ids` attribute
@@ -21,9 +21,27 @@ from typing import Any
 import httpx
 from typing_extensions import Self
 
-from bubblespec.client.errors import BubbleSpecError, BubbleSpecUnavailable
 from bubblespec.protocol.gateway import RankEntry, RolloutResponse, StepReport, WeightsResult
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
+
+
+class BubbleSpecError(Exception):
+    """A gateway call failed: `status` (HTTP code, 0 when the gateway was not reached),
+    `detail` (the gateway's message) and `field` (the request field at fault, or "")."""
+
+    def __init__(self, status: int, detail: str, field: str = "", route: str = "") -> None:
+        where = f"{route}: " if route else ""
+        at = f" (field {field})" if field else ""
+        super().__init__(f"{where}HTTP {status}: {detail}{at}" if status else f"{where}{detail}")
+        self.status = status
+        self.detail = detail
+        self.field = field
+        self.route = route
+
+
+class BubbleSpecUnavailable(BubbleSpecError):
+    """The gateway could not be reached, or had no rank to run on (503/504)."""
+
 
 DEFAULT_TIMEOUT_S = 3700.0
 """A rollout may take as long as the gateway's rollout deadline (1 h by default)."""
