@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bubblespec.gateway.config import GatewayConfig
-from bubblespec.gateway.schema import GatewayError, PromptIn, RolloutRequest
+from bubblespec.gateway.schema import PromptIn, RolloutRequest
 from bubblespec.gateway.seeds import assign_keys
+from bubblespec.http.errors import ApiError
 
 
 class PromptTokenizer:
@@ -85,7 +86,7 @@ class Preparer:
     def _ids(self, prompts: Sequence[PromptIn], name: str, vocab: int | None) -> list[list[int]]:
         c = self.config
         if len(prompts) > c.max_prompts:
-            raise GatewayError(422, f"{len(prompts)} prompts; at most {c.max_prompts}", name)
+            raise ApiError(422, f"{len(prompts)} prompts; at most {c.max_prompts}", name)
         out = []
         for i, p in enumerate(prompts):
             if p.input_ids is not None:
@@ -93,18 +94,18 @@ class Preparer:
             else:
                 assert p.text is not None
                 if len(p.text) > 16 * c.max_prompt_tokens:
-                    raise GatewayError(422, "text too long", f"{name}[{i}].text")
+                    raise ApiError(422, "text too long", f"{name}[{i}].text")
                 try:
                     ids, what = self.tokenizer.encode(p.text), "text"
                 except Exception as e:  # noqa: BLE001 (a broken tokenizer must not be a 500)
-                    raise GatewayError(422, f"cannot tokenize: {e}", f"{name}[{i}].text") from None
+                    raise ApiError(422, f"cannot tokenize: {e}", f"{name}[{i}].text") from None
             if len(ids) > c.max_prompt_tokens:
-                raise GatewayError(422, f"{len(ids)} tokens; at most {c.max_prompt_tokens}",
+                raise ApiError(422, f"{len(ids)} tokens; at most {c.max_prompt_tokens}",
                                    f"{name}[{i}].{what}")
             if vocab is not None:
                 for j, t in enumerate(ids):
                     if t >= vocab:
-                        raise GatewayError(422, f"token id {t} outside [0, {vocab})",
+                        raise ApiError(422, f"token id {t} outside [0, {vocab})",
                                            f"{name}[{i}].input_ids[{j}]")
             out.append(ids)
         return out
@@ -115,37 +116,37 @@ class Preparer:
         if seeds is None:
             return None
         if len(seeds) != num_prompts:
-            raise GatewayError(422, f"needs one list per prompt ({num_prompts}), got "
+            raise ApiError(422, f"needs one list per prompt ({num_prompts}), got "
                                     f"{len(seeds)}", name)
         for i, s in enumerate(seeds):
             if len(s) != n:
-                raise GatewayError(422, f"needs one seed per sample ({n}), got {len(s)}",
+                raise ApiError(422, f"needs one seed per sample ({n}), got {len(s)}",
                                    f"{name}[{i}]")
         return [list(s) for s in seeds]
 
     def prepare(self, req: RolloutRequest) -> Prepared:
-        """Check `req` (GatewayError 422 naming the field) and tokenize its prompts."""
+        """Check `req` (ApiError 422 naming the field) and tokenize its prompts."""
         c = self.config
         sp = req.sampling_params
         if req.n > c.max_n:
-            raise GatewayError(422, f"at most {c.max_n} samples per prompt", "n")
+            raise ApiError(422, f"at most {c.max_n} samples per prompt", "n")
         if sp.max_new_tokens > c.max_new_tokens:
-            raise GatewayError(422, f"at most {c.max_new_tokens}", "sampling_params.max_new_tokens")
+            raise ApiError(422, f"at most {c.max_new_tokens}", "sampling_params.max_new_tokens")
         if not math.isfinite(sp.temperature):
-            raise GatewayError(422, "must be finite", "sampling_params.temperature")
+            raise ApiError(422, "must be finite", "sampling_params.temperature")
         if not math.isfinite(sp.top_p):
-            raise GatewayError(422, "must be finite", "sampling_params.top_p")
+            raise ApiError(422, "must be finite", "sampling_params.top_p")
         if sp.top_k == 0:
-            raise GatewayError(422, "must be -1 (off) or >= 1", "sampling_params.top_k")
+            raise ApiError(422, "must be -1 (off) or >= 1", "sampling_params.top_k")
         vocab = self.vocab_limit()
         for j, t in enumerate(sp.stop_token_ids):
             if t < 0 or (vocab is not None and t >= vocab):
-                raise GatewayError(422, f"token id {t} outside [0, {vocab})",
+                raise ApiError(422, f"token id {t} outside [0, {vocab})",
                                    f"sampling_params.stop_token_ids[{j}]")
         prompts = self._ids(req.prompts, "prompts", vocab)
         seeds = self._seeds(req.seeds, len(prompts), req.n, "seeds")
         next_prompts = self._ids(req.next_prompts or [], "next_prompts", vocab)
         if req.next_seeds is not None and req.next_prompts is None:
-            raise GatewayError(422, "next_seeds needs next_prompts", "next_seeds")
+            raise ApiError(422, "next_seeds needs next_prompts", "next_seeds")
         next_seeds = self._seeds(req.next_seeds, len(next_prompts), req.n, "next_seeds")
         return Prepared(prompts, assign_keys(prompts), seeds, next_prompts, next_seeds)

@@ -24,7 +24,6 @@ from bubblespec.gateway.dispatch import DispatchError, DispatchResult, dispatch
 from bubblespec.gateway.prepare import Prepared, Preparer
 from bubblespec.gateway.ranks import Discovery, RankCallError, RankEndpoint, RankPool
 from bubblespec.gateway.schema import (
-    GatewayError,
     PromptResult,
     RankShard,
     Rerun,
@@ -43,6 +42,7 @@ from bubblespec.gateway.shard import (
     lpt,
     make_items,
 )
+from bubblespec.http.errors import ApiError
 from bubblespec.metrics.gateway import GatewayMetrics
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.types import PregenWindow, SyncError, SyncUnavailable
@@ -170,17 +170,17 @@ class Rollouts:
             return False
         except SyncError as e:
             if e.code is grpc.StatusCode.INVALID_ARGUMENT and e.field == "step":
-                raise GatewayError(409, e.message, "step") from None
+                raise ApiError(409, e.message, "step") from None
             if e.code is grpc.StatusCode.INVALID_ARGUMENT and e.field.startswith("next_prompts"):
-                raise GatewayError(422, f"synchronizer: {e.message}", e.field) from None
+                raise ApiError(422, f"synchronizer: {e.message}", e.field) from None
             if e.field.startswith("shards"):
                 raise  # a rank went away between discovery and OpenStep: caller retries
-            raise GatewayError(502, f"synchronizer refused OpenStep: {e}") from None
+            raise ApiError(502, f"synchronizer refused OpenStep: {e}") from None
 
     # ------------------------------------------------------------------ rollout
 
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
-        """Run one step (see the module docstring); GatewayError for what the trainer sees."""
+        """Run one step (see the module docstring); ApiError for what the trainer sees."""
         prep = self.preparer.prepare(req)
         async with self.lock:
             t0 = time.monotonic()
@@ -204,7 +204,7 @@ class Rollouts:
         ready = self._current_ranks(d.ready, warnings)
         if not ready:
             known = "; ".join(f"{r.rank_id}: {r.error or r.state}" for r in d.ranks) or "none"
-            raise GatewayError(503, f"no rank is ready (known ranks: {known})")
+            raise ApiError(503, f"no rank is ready (known ranks: {known})")
         sp = req.sampling_params
         seeds = step_seeds(c.run_seed, step, prep.keys, req.n, prep.seeds)
         tasks = []
@@ -226,7 +226,7 @@ class Rollouts:
             except SyncError as e:  # a rank named in the shards is gone: leave it out
                 bad = next((r for r in sorted(assignment) if repr(r) in e.message), None)
                 if bad is None or len(by_id) == 1:
-                    raise GatewayError(502, f"synchronizer refused OpenStep: {e}") from None
+                    raise ApiError(502, f"synchronizer refused OpenStep: {e}") from None
                 warnings.append(f"rank {bad} left out: {e.message}")
                 by_id.pop(bad)
         else:
@@ -259,11 +259,11 @@ class Rollouts:
                                  max_reruns=c.max_reruns, on_failure=on_failure,
                                  send_empty=bool(tasks) and opened)
         except DispatchError as e:
-            raise GatewayError(e.status, str(e), e.field) from None
+            raise ApiError(e.status, str(e), e.field) from None
         try:
             ordered = assemble(req.n, len(prep.prompts), res.samples)
         except AssemblyError as e:  # dispatch checked every reply: a bug if it happens
-            raise GatewayError(502, f"incomplete results: {e}") from None
+            raise ApiError(502, f"incomplete results: {e}") from None
         return self._respond(step, req, prep, ordered, res, by_id, warnings, t0)
 
     def _respond(self, step: int, req: RolloutRequest, prep: Prepared,
@@ -348,7 +348,7 @@ class Rollouts:
             d = await self.discover()
             ready = d.ready
             if not ready:
-                raise GatewayError(503, "no rank is ready to take the weights")
+                raise ApiError(503, "no rank is ready to take the weights")
             version = body.version
             if version is None:
                 version = max((r.weight_version or 0 for r in ready), default=0) + 1
@@ -369,9 +369,9 @@ class Rollouts:
                 ok = ", ".join(f"{r} (version {v})" for r, v in sorted(versions.items()))
                 bad = "; ".join(str(e) for e in errors)
                 if len(errors) == len(ready) and all(e.bad_request for e in errors):
-                    raise GatewayError(400, f"weight update refused: {bad}",
+                    raise ApiError(400, f"weight update refused: {bad}",
                                        errors[0].field or "path")
-                raise GatewayError(502, f"weight update failed: {bad}"
+                raise ApiError(502, f"weight update failed: {bad}"
                                         + (f"; updated: {ok}" if ok else ""))
             skipped = {r.rank_id: r.error or r.state for r in d.ranks if not r.ready}
             return {"weight_version": version, "ranks": versions, "skipped": skipped}

@@ -17,16 +17,6 @@ TokenId = Annotated[int, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
 
-class GatewayError(Exception):
-    """A request the gateway answers with `status` (4xx/5xx) and `{"detail", "field"}`."""
-
-    def __init__(self, status: int, detail: str, field: str = "") -> None:
-        super().__init__(f"{status}: {detail}" + (f" (field {field})" if field else ""))
-        self.status = status
-        self.detail = detail
-        self.field = field
-
-
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -141,6 +131,6 @@ class RolloutResponse(_Body):
 
 
 __all__ = [
-    "GatewayError", "PromptIn", "PromptResult", "RankShard", "Rerun", "RolloutCounters",
+    "PromptIn", "PromptResult", "RankShard", "Rerun", "RolloutCounters",
     "RolloutRequest", "RolloutResponse", "SampleResult", "SamplingParams", "WeightUpdate",
 ]
