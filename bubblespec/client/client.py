@@ -1,6 +1,6 @@
 """Python clients of the gateway: `BubbleSpecClient` (blocking) and `AsyncBubbleSpecClient`.
 
-Both speak the gateway's HTTP API (see `bubblespec.gateway.server`) and return the typed
+Both speak the gateway's HTTP API (see `bubblespec.gateway.routes`) and return the typed
 dataclasses of `types.py`. Every failure is a `BubbleSpecError` carrying the HTTP status,
 the gateway's message and the request field at fault; `BubbleSpecUnavailable` when the
 gateway cannot be reached or has no rank to run on (503/504).
