@@ -100,11 +100,12 @@ class EdgeMiddleware:
             await self.app(scope, receive, send)
             return
         t0 = time.monotonic()
-        status = {"code": 500, "started": False}
+        code, started = 500, False
 
         async def send_(message: Message) -> None:
+            nonlocal code, started
             if message["type"] == "http.response.start":
-                status.update(code=message["status"], started=True)
+                code, started = message["status"], True
             await send(message)
 
         limit = self.max_body_bytes
@@ -127,7 +128,7 @@ class EdgeMiddleware:
                 return
             await self.app(scope, receive_, send_)
         except Exception as exc:
-            if status["started"]:
+            if started:
                 raise
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             # answered here and not re-raised: the server keeps the connection open
@@ -136,7 +137,7 @@ class EdgeMiddleware:
         finally:
             if self.on_request is not None:
                 route = getattr(scope.get("route"), "path", "unmatched")
-                self.on_request(route, int(status["code"]), time.monotonic() - t0)
+                self.on_request(route, code, time.monotonic() - t0)
 
 
 @contextlib.asynccontextmanager
