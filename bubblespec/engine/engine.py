@@ -65,7 +65,7 @@ class RolloutEngine:
         self._weights_lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, cfg: EngineConfig) -> "RolloutEngine":
+    async def start(cls, cfg: EngineConfig) -> RolloutEngine:
         """Start vLLM (about 15 s on CPU with eager mode) and configure the proposer."""
         from bubblespec.engine import vllm_glue
 

@@ -88,7 +88,6 @@ class KeyedSampling:
 
     def install(self) -> None:
         import vllm.v1.sample.rejection_sampler as rs
-
         from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
         sampler = self.runner.sampler.topk_topp_sampler

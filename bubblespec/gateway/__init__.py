@@ -1,7 +1,8 @@
 """The gateway: the trainer's one HTTP address in front of the rank servers.
 
 `bubblespec gateway` runs it (`server.main`); `create_app(config)` gives the ASGI app.
-See `server.py` for the routes and `rollout.py` for what a rollout step does.
+See `routes.py` for the routes, `service.py` for what answers them and `rollout.py` for what
+a rollout step does.
 """
 
 from __future__ import annotations

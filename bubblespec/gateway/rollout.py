@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import OrderedDict
 from typing import Any
@@ -52,6 +53,13 @@ log = logging.getLogger("bubblespec.gateway.rollout")
 
 _META = ("finish_reason", "weight_version", "completion_tokens", "decode_steps", "num_drafts",
          "num_draft_tokens", "num_accepted_tokens", "num_accepted_pregen_tokens")
+
+
+def trainer_field(rank_field: str) -> str:
+    """A field a rank refused in its step shard (`requests[2].sampling_params.top_k`) as the
+    trainer's rollout request spells it (`sampling_params.top_k`); the shard's request index
+    is not the trainer's prompt index, so it is left out."""
+    return re.sub(r"^requests\[\d+\]\.", "", rank_field)
 
 
 def _sample(d: dict[str, Any], with_logprobs: bool) -> RolloutSample:
@@ -260,7 +268,7 @@ class Rollouts:
                                  max_reruns=c.max_reruns, on_failure=on_failure,
                                  send_empty=bool(tasks) and opened)
         except DispatchError as e:
-            raise ApiError(e.status, str(e), e.field) from None
+            raise ApiError(e.status, str(e), trainer_field(e.field)) from None
         try:
             ordered = assemble(req.n, len(prep.prompts), res.samples)
         except AssemblyError as e:  # dispatch checked every reply: a bug if it happens

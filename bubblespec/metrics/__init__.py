@@ -12,8 +12,13 @@ import platform
 from importlib import metadata
 from typing import Any
 
-from prometheus_client import (CollectorRegistry, Gauge, disable_created_metrics, generate_latest,
-                               start_http_server)
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 disable_created_metrics()  # no `_created` series: they double every counter for nothing

@@ -7,6 +7,8 @@ and a `{"detail", "field"}` body.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class InvalidRequest(ValueError):
     """A request field is out of range; `field` names it (HTTP 400 / INVALID_ARGUMENT)."""
@@ -17,10 +19,13 @@ class InvalidRequest(ValueError):
 
 
 class ApiError(Exception):
-    """A request answered with `status` (4xx/5xx) and `{"detail", "field"}`."""
+    """A request answered with `status` (4xx/5xx) and `{"detail", "field"}` (plus `headers`,
+    e.g. `WWW-Authenticate` on a 401)."""
 
-    def __init__(self, status: int, detail: str, field: str = "") -> None:
+    def __init__(self, status: int, detail: str, field: str = "",
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(f"{status}: {detail}" + (f" (field {field})" if field else ""))
         self.status = status
         self.detail = detail
         self.field = field
+        self.headers = dict(headers) if headers else None

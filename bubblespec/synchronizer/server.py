@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -24,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from typing_extensions import Self
 
-from bubblespec.config import ConfigError, effective_config_dict, load_config
+from bubblespec.http.serve import service_main
 from bubblespec.metrics import new_registry, serve_metrics
 from bubblespec.metrics.sync import SyncMetrics
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
@@ -145,21 +144,17 @@ async def serve(config: SyncConfig) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of `bubblespec sync`: parse config, log it, serve."""
-    try:
-        config = load_config(SyncConfig, argv, prog="bubblespec sync")
-    except ConfigError as e:
-        print(f"bubblespec sync: {e}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=config.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log.info("effective config: %s", json.dumps(effective_config_dict(config), sort_keys=True))
-    try:
-        return asyncio.run(serve(config))
-    except RuntimeError as e:
-        log.error("%s", e)
-        return 1
+
+    def run(config: SyncConfig) -> int:
+        try:
+            return asyncio.run(serve(config))
+        except RuntimeError as e:
+            log.error("%s", e)
+            return 1
+
+    return service_main(SyncConfig, argv, run, prog="bubblespec sync")
 
 
 if __name__ == "__main__":

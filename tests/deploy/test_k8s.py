@@ -226,10 +226,10 @@ def test_ranks_are_a_gpu_statefulset_named_by_ordinal(monkeypatch: pytest.Monkey
         assert _port(c, c[probe]["httpGet"]["port"]) == cfg.port
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     # the rank server derives r<n> from the StatefulSet hostname <name>-<n>
-    from bubblespec.rank import server
+    from bubblespec.rank import service
 
-    monkeypatch.setattr(server.socket, "gethostname", lambda: f"{w['metadata']['name']}-3")
-    assert server.default_rank_id(cfg) == "r3"
+    monkeypatch.setattr(service.socket, "gethostname", lambda: f"{w['metadata']['name']}-3")
+    assert service.default_rank_id(cfg) == "r3"
 
 
 def test_gateway_deployment_and_service() -> None:

@@ -180,6 +180,21 @@ def test_rank_refusal_names_the_field(client: BubbleSpecClient, task: Any) -> No
     assert "max_new_tokens" in e.value.field
 
 
+def test_engine_refusals_name_the_field_as_each_request_spells_it(
+        client: BubbleSpecClient, cluster: LocalCluster, task: Any) -> None:
+    rank = cluster.rank_urls["r0"]
+    ok = list(task.make_prompts(1, 405)[0].input_ids)
+    shard = {"step": 0, "requests": [{"index": 0, "input_ids": ok},
+                                     {"index": 1, "input_ids": [*ok[:2], 10**6]}]}
+    r = httpx.post(f"{rank}/v1/step_shard", json=shard, timeout=30)
+    assert r.status_code == 400 and r.json()["field"] == "requests[1].input_ids[2]", r.text
+    r = httpx.post(f"{rank}/generate", json={"input_ids": [ok, [*ok[:1], 10**6]]}, timeout=30)
+    assert r.status_code == 400 and r.json()["field"] == "input_ids[1][1]", r.text
+    with pytest.raises(BubbleSpecError) as e:  # the gateway names its own request's field
+        client.rollout(task.make_prompts(2, 406), n=1, sampling_params={"max_new_tokens": 5000})
+    assert e.value.field == "sampling_params.max_new_tokens"
+
+
 def test_synchronizer_down_then_back(client: BubbleSpecClient, cluster: LocalCluster,
                                      task: Any) -> None:
     cluster.kill("sync")

@@ -1,0 +1,71 @@
+"""The rank server's HTTP routes (bodies in `bubblespec/protocol/rank.py`, logic in `service.py`).
+
+- POST /v1/step_shard  this rank's share of a step, then pre-generation (bearer token)
+- POST /generate       SGLang-style token-in generation, single or batched (bearer token)
+- POST /v1/weights     reload weights from a directory (bearer token)
+- GET  /v1/state       rank id, state, weight version, step, address
+- GET  /health (live), GET /health_generate (ready once the engine is up), GET /metrics,
+  GET /config
+
+Bad input answers 4xx naming the field; routes that need the engine answer 503 until it is up.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+
+from bubblespec.http.edge import app_service, protected_router
+from bubblespec.metrics import CONTENT_TYPE_LATEST
+from bubblespec.protocol.rank import GenerateRequest, RankStateBody, StepShard, WeightUpdate
+from bubblespec.rank.service import RankService
+
+Rank = Annotated[RankService, Depends(app_service)]
+
+#: Routes anyone may call.
+public = APIRouter()
+#: Routes that need the bearer token (checked before the body is read).
+protected = protected_router()
+
+
+@public.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@public.get("/health_generate")
+async def health_generate(rank: Rank) -> JSONResponse:
+    status, body = rank.health_generate()
+    return JSONResponse(body, status_code=status)
+
+
+@public.get("/metrics")
+async def metrics(rank: Rank) -> Response:
+    return Response(rank.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+
+@public.get("/config")
+async def config(rank: Rank) -> dict[str, Any]:
+    return rank.config_dict()
+
+
+@public.get("/v1/state", response_model=RankStateBody)
+async def state(rank: Rank) -> RankStateBody:
+    return rank.state()
+
+
+@protected.post("/v1/step_shard")
+async def step_shard(body: StepShard, rank: Rank) -> JSONResponse:
+    return JSONResponse(await rank.step_shard(body))
+
+
+@protected.post("/generate")
+async def generate(body: GenerateRequest, rank: Rank) -> JSONResponse:
+    return JSONResponse(await rank.generate(body))
+
+
+@protected.post("/v1/weights")
+async def weights(body: WeightUpdate, rank: Rank) -> dict[str, Any]:
+    return await rank.update_weights(body)

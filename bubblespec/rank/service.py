@@ -1,0 +1,192 @@
+"""The rank's service object: the engine and worker it starts, and what its routes answer.
+
+`start()` (the app's lifespan) starts the vLLM engine in the background, so that the server
+answers `/health` at once and `/health_generate` 503 until the engine is up; it then registers
+at the synchronizer (when one is configured) and heartbeats. Routes that need the engine get
+503 naming `engine` before that. Engine-side validation errors name the field the way the
+request spells it (`requests[2].input_ids[7]` for a step shard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bubblespec.config import effective_config_dict
+from bubblespec.engine.types import GenRequest
+from bubblespec.metrics import render
+from bubblespec.metrics.rank import new_rank_metrics, set_state
+from bubblespec.protocol.errors import ApiError, InvalidRequest
+from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.rank import (
+    GenerateRequest,
+    RankStateBody,
+    ShardRequest,
+    StepShard,
+    WeightUpdate,
+)
+from bubblespec.rank.config import RankConfig
+from bubblespec.rank.worker import RankWorker, to_gen_request
+
+log = logging.getLogger("bubblespec.rank")
+
+
+def default_rank_id(cfg: RankConfig) -> str:
+    """r<ordinal> under a StatefulSet (hostname name-<n>), else rank-<port>."""
+    if cfg.rank_id:
+        return cfg.rank_id
+    host = socket.gethostname()
+    tail = host.rsplit("-", 1)[-1]
+    return f"r{tail}" if tail.isdigit() else f"rank-{cfg.port}"
+
+
+class RankService:
+    """One rank: its engine and worker (started in the background), metrics and routes' logic."""
+
+    def __init__(self, cfg: RankConfig) -> None:
+        self.cfg = cfg
+        self.rank_id = default_rank_id(cfg)
+        self.metrics = new_rank_metrics(self.rank_id)
+        self.worker: RankWorker | None = None
+        self.engine: Any = None
+        self.sync: Any = None
+        self.start_error: str | None = None
+        self._hb_stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        set_state(self.metrics, self.rank_id, "starting")
+
+    @property
+    def address(self) -> str:
+        return self.cfg.advertise_address or f"{self.cfg.host}:{self.cfg.port}"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the engine in the background (the app's lifespan calls this)."""
+        self._tasks.append(asyncio.create_task(self._start()))
+
+    async def _start(self) -> None:
+        from bubblespec.engine.engine import RolloutEngine
+
+        try:
+            t0 = time.monotonic()
+            self.engine = await RolloutEngine.start(self.cfg.engine_config())
+            log.info("rank %s: engine ready in %.1f s", self.rank_id, time.monotonic() - t0)
+        except Exception as e:  # reported by /health_generate, the process stays up
+            log.exception("engine start failed")
+            self.start_error = f"engine start failed: {e}"
+            return
+        if self.cfg.sync_address:
+            from bubblespec.synchronizer.client import SyncClient
+
+            tok = self.cfg.sync_token.get_secret_value() if self.cfg.sync_token else None
+            self.sync = SyncClient(self.cfg.sync_address, token=tok,
+                                   timeout_s=self.cfg.sync_timeout_s)
+            try:
+                await self.sync.register(self.rank_id, self.address,
+                                         weight_version=self.engine.weight_version)
+            except Exception as e:  # noqa: BLE001 (heartbeats keep retrying the registration)
+                log.warning("synchronizer not reachable yet (%s); decoding without it", e)
+        self.worker = RankWorker(self.cfg, self.rank_id, self.engine, self.sync, self.metrics)
+        self.metrics.weight_version.labels(self.rank_id).set(self.engine.weight_version)
+        if self.sync is not None:
+            self._tasks.append(asyncio.create_task(self.sync.run_heartbeats(
+                self.rank_id, self.worker.status, self._hb_stop)))
+
+    async def stop(self) -> None:
+        """Stop pre-generation, heartbeats and the engine."""
+        self._hb_stop.set()
+        if self.worker is not None:
+            await self.worker.stop_pregen()
+        for t in self._tasks:
+            t.cancel()
+        if self.sync is not None:
+            await self.sync.close()
+        if self.engine is not None:
+            await self.engine.shutdown()
+
+    def _ready(self) -> RankWorker:
+        if self.worker is None:
+            raise ApiError(503, self.start_error or "engine is starting", "engine")
+        return self.worker
+
+    def _validate(self, reqs: list[GenRequest], field: Callable[[int, str], str]) -> None:
+        """Engine-side checks of each request; errors name `field(index, engine's field)`."""
+        for i, r in enumerate(reqs):
+            try:
+                self._ready().engine.validate(r)
+            except InvalidRequest as e:
+                where = field(i, e.field)
+                raise ApiError(400, f"{where}: {str(e).removeprefix(f'{e.field}: ')}",
+                               where) from None
+
+    # ------------------------------------------------------------------ routes
+    def health_generate(self) -> tuple[int, dict[str, Any]]:
+        """(status, body) of GET /health_generate: ready once the engine is up."""
+        if self.worker is None:
+            return 503, {"status": "starting", "detail": self.start_error}
+        return 200, {"status": "ready"}
+
+    def state(self) -> RankStateBody:
+        w = self.worker
+        return RankStateBody(rank_id=self.rank_id, state=w.state if w else "starting",
+                         weight_version=self.engine.weight_version if w else 0,
+                         step=w.step if w else None, address=self.address)
+
+    async def step_shard(self, body: StepShard) -> dict[str, Any]:
+        """Decode this rank's share of a step (then pre-generate, in the background)."""
+        t = time.monotonic()
+        worker = self._ready()
+        self._validate([to_gen_request(r) for r in body.requests],
+                       lambda i, f: f"requests[{i}].{f}")
+        out = await worker.run_shard(body)
+        self.metrics.request_latency.labels(self.rank_id, "step_shard").observe(
+            time.monotonic() - t)
+        return out.model_dump()
+
+    async def generate(self, body: GenerateRequest) -> Any:
+        """SGLang-style /generate: one sample dict, or a list (batched input or n > 1)."""
+        t = time.monotonic()
+        worker = self._ready()
+        batched = bool(body.input_ids) and isinstance(body.input_ids[0], list)
+        prompts = body.input_ids if batched else [body.input_ids]
+        reqs = [to_gen_request(ShardRequest(index=i, input_ids=p, n=body.n,
+                                            seeds=body.seeds, prompt_key=prompt_key(p),
+                                            sampling_params=body.sampling_params))
+                for i, p in enumerate(prompts)]
+        if batched:  # the engine names input_ids[j]; the request spells it input_ids[i][j]
+            self._validate(reqs, lambda i, f: f.replace("input_ids", f"input_ids[{i}]", 1)
+                           if f.startswith("input_ids") else f)
+        res = await worker.engine.generate(reqs)
+        await worker.engine.release_groups([r.group_key() for r in reqs])
+        outs = [{"output_ids": s.output_ids, "output_logprobs": s.output_logprobs,
+                 "meta_info": {"finish_reason": s.finish_reason,
+                               "weight_version": s.weight_version,
+                               "decode_steps": s.decode_steps,
+                               "num_accepted_tokens": s.num_accepted_tokens,
+                               "completion_tokens": len(s.output_ids)}}
+                for g in res for s in g.samples]
+        self.metrics.request_latency.labels(self.rank_id, "generate").observe(
+            time.monotonic() - t)
+        return outs if batched or body.n > 1 else outs[0]
+
+    async def update_weights(self, body: WeightUpdate) -> dict[str, Any]:
+        """Stop pre-generation, reload the weights, report the new version."""
+        worker = self._ready()
+        await worker.stop_pregen()
+        worker._set("updating_weights")
+        try:
+            v = await worker.engine.update_weights(body.path, body.version)
+        finally:
+            worker._set("idle")
+        self.metrics.weight_version.labels(self.rank_id).set(v)
+        return {"rank_id": self.rank_id, "weight_version": v}
+
+    def metrics_text(self) -> bytes:
+        return render(self.metrics.registry)
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"rank_id": self.rank_id, **effective_config_dict(self.cfg)}
