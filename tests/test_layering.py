@@ -290,7 +290,7 @@ MOVED = {
     "config copy": "def f(cfg, c):\n    cfg.speculative_config = c\n",
     "setattr": "def f(runner, s):\n    setattr(runner, 'forward', s)\n",
     "getattr": "def f(runner):\n    return getattr(runner, 'rejection_sampler', None)\n",
-    "worker rpc": 'async def f(llm, p):\n    await llm.collective_rpc("reload_weights", args=(p,))\n',
+    "worker rpc": "async def f(llm):\n    await llm.collective_rpc('reload_weights')\n",
     "requests": "def f(runner, rid):\n    return runner.requests.get(rid)\n",
 }
 

@@ -6,7 +6,7 @@ group's suffix index, which holds the pushed pre-generated responses, the live a
 finished sibling responses and the prompt. It also counts, per request, forward passes,
 drafts, draft tokens and accepted tokens (vLLM keeps no per-request figures), and can wrap
 vLLM's own `ngram` / `suffix` proposers so the baselines are counted the same way.
-Drafts never affect what is sampled: vLLM verifies them (see DESIGN.md section 2).
+Drafts never affect what is sampled: vLLM verifies them (see docs/design.md section 2).
 """
 
 from __future__ import annotations
