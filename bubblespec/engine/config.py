@@ -1,33 +1,61 @@
-"""Engine configuration (pydantic; every field documented)."""
+"""Engine configuration (pydantic; every field documented).
+
+The one declaration of the engine settings: `bubblespec.rank.config.RankConfig` inherits
+these fields, so each is also a `bubblespec rank` flag, env var and config-file key. Imports
+neither vLLM nor torch (the rank parses its configuration before the engine starts).
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from bubblespec.engine.types import SpecMode
 
 
 class EngineConfig(BaseModel):
-    """How one rank's vLLM engine is started."""
+    """How one rank's vLLM engine is started and how its proposer drafts."""
 
-    model: str = Field("", description="HF-format model directory (empty: the embedded tiny model).")
-    spec_mode: SpecMode = Field(SpecMode.BUBBLESPEC, description="Speculation: none, ngram, suffix or bubblespec.")
-    num_speculative_tokens: int = Field(8, ge=1, le=64, description="Most tokens drafted per step.")
-    max_spec_factor: float = Field(1.0, ge=0, description="Draft tokens allowed per matched context token.")
-    max_spec_offset: float = Field(0.0, description="Draft tokens allowed on top of factor x match length.")
-    min_token_prob: float = Field(0.1, ge=0, le=1, description="Minimum empirical path probability of a drafted token.")
-    src_pregen: bool = Field(True, description="Draft from pre-generated responses.")
-    src_siblings: bool = Field(True, description="Draft from sibling responses of the same prompt.")
-    src_self: bool = Field(True, description="Draft from the request's own prompt and output.")
-    src_history: bool = Field(False, description="Keep finished responses across batches as drafts.")
-    src_global: bool = Field(False, description="Draft from a global pool of recent finished responses to any prompt.")
-    global_token_budget: int = Field(200_000, ge=1000, description="Token budget of the global pool (oldest dropped first).")
-    index_token_budget: int = Field(4_000_000, ge=1000, description="Token budget of the draft index (LRU eviction).")
-    max_model_len: int = Field(0, ge=0, description="Longest prompt + response, tokens (0: the model's own).")
-    max_num_seqs: int = Field(256, ge=1, description="Most sequences decoded at once.")
-    dtype: str = Field("float32", description="Model dtype (float32 or bfloat16 on CPU).")
-    kv_cache_gib: int = Field(1, ge=1, description="CPU KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU memory share for the engine (GPU only).")
-    enforce_eager: bool = Field(True, description="Skip torch.compile/CUDA graphs (fast start).")
-    fault_biased_verifier: float = Field(0.0, ge=0, description="Fault injection for tests only: accept drafts with probability boost*p (0: off).")
-    seed: int = Field(0, description="Engine seed for requests without their own seed.")
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    model: str = ""
+    """HF-format model directory (empty: the embedded tiny model)."""
+    spec_mode: SpecMode = SpecMode.BUBBLESPEC
+    """Speculation: none, ngram, suffix or bubblespec."""
+    num_speculative_tokens: int = Field(8, ge=1, le=64)
+    """Most tokens drafted per decode step."""
+    max_spec_factor: float = Field(1.0, ge=0)
+    """Draft tokens allowed per matched context token."""
+    max_spec_offset: float = 0.0
+    """Draft tokens allowed on top of factor x match length."""
+    min_token_prob: float = Field(0.1, ge=0, le=1)
+    """Minimum empirical path probability of a drafted token."""
+    src_pregen: bool = True
+    """Draft from pre-generated responses."""
+    src_siblings: bool = True
+    """Draft from sibling responses of the same prompt."""
+    src_self: bool = True
+    """Draft from the request's own prompt and output."""
+    src_history: bool = False
+    """Keep finished responses across batches as drafts."""
+    src_global: bool = False
+    """Draft from a global pool of recent finished responses to any prompt."""
+    global_token_budget: int = Field(200_000, ge=1000)
+    """Token budget of the global pool (oldest dropped first)."""
+    index_token_budget: int = Field(4_000_000, ge=1000)
+    """Token budget of the draft index (LRU eviction)."""
+    max_model_len: int = Field(0, ge=0)
+    """Longest prompt + response, tokens (0: the model's own limit)."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Most sequences decoded at once."""
+    dtype: str = "float32"
+    """Model dtype (float32 or bfloat16 on CPU)."""
+    kv_cache_gib: int = Field(1, ge=1)
+    """CPU KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """GPU memory share for the engine (GPU only)."""
+    enforce_eager: bool = True
+    """Skip torch.compile/CUDA graphs (fast start)."""
+    fault_biased_verifier: float = Field(0.0, ge=0)
+    """Fault injection for tests only: accept drafts with probability boost*p (0: off)."""
+    seed: int = 0
+    """Engine seed for requests without their own seed."""

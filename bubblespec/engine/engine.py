@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bubblespec.engine import vllm_glue
 from bubblespec.engine.config import EngineConfig
 from bubblespec.engine.sampling import vllm_sampling
 from bubblespec.engine.types import GenRequest, GenResult, SampleResult, SpecMode
@@ -67,8 +68,6 @@ class RolloutEngine:
     @classmethod
     async def start(cls, cfg: EngineConfig) -> RolloutEngine:
         """Start vLLM (about 15 s on CPU with eager mode) and configure the proposer."""
-        from bubblespec.engine import vllm_glue
-
         vllm_glue.check_vllm_version()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -93,12 +92,13 @@ class RolloutEngine:
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len))
         await llm.collective_rpc("bubblespec_install_keyed")
         if spec is not None:
-            await llm.collective_rpc("bubblespec_configure", args=(eng._proposer_options(),))
+            await llm.collective_rpc("bubblespec_configure", args=(eng.proposer_options(),))
         log.info("engine started in %.1f s (model %s, spec %s)", time.monotonic() - t0,
                  model, cfg.spec_mode.value)
         return eng
 
-    def _proposer_options(self) -> dict:
+    def proposer_options(self) -> dict:
+        """What `bubblespec_configure` passes to the proposer (from the engine config)."""
         c = self.cfg
         return {"mode": c.spec_mode.value,
                 "sources": {"pregen": c.src_pregen, "siblings": c.src_siblings,
@@ -123,7 +123,7 @@ class RolloutEngine:
         self.cfg = self.cfg.model_copy(update=upd)
         if self.speculative:
             await self.llm.collective_rpc("bubblespec_configure",
-                                          args=(self._proposer_options(),))
+                                          args=(self.proposer_options(),))
 
     @property
     def speculative(self) -> bool:
@@ -151,7 +151,7 @@ class RolloutEngine:
             raise InvalidRequest("path", f"not a directory: {path}")
         async with self._weights_lock:
             await self._idle.wait()
-            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            await vllm_glue.reload_weights(self.llm, path)
             await self.llm.reset_prefix_cache()
             self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
@@ -267,6 +267,4 @@ class RolloutEngine:
         """Stop the engine processes (idempotent)."""
         llm, self.llm = self.llm, None
         if llm is not None:
-            llm.shutdown()
-            llm.shutdown = lambda *a, **k: None  # AsyncLLM.__del__ would shut down again
-            # at interpreter exit, when vLLM's module globals are already gone
+            vllm_glue.shutdown(llm)

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from bubblespec.core.keyed_noise import GOLDEN, MIX1, MIX2, VOCAB_STRIDE
+from bubblespec.engine import vllm_glue
+from bubblespec.engine.sampling import KEY_ARG
 
-KEY_ARG = "bubblespec_keyed_seed"
 PLACEHOLDER = -1
 
 
@@ -68,13 +69,12 @@ class KeyedSampling:
 
     def rows(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Batch rows of keyed requests, their seeds and their next output positions."""
-        batch = self.runner.input_batch
+        batch = vllm_glue.batch_view(self.runner)
         idx, seeds, pos = [], [], []
         for i, rid in enumerate(batch.req_ids):
             seed = self._seed_cache.get(rid, -1)
             if seed == -1:
-                st = self.runner.requests.get(rid)
-                extra = getattr(st.sampling_params, "extra_args", None) if st else None
+                extra = vllm_glue.request_extra_args(self.runner, rid)
                 seed = None if not extra or KEY_ARG not in extra else int(extra[KEY_ARG])
                 self._seed_cache[rid] = seed
             if seed is not None:
@@ -87,12 +87,17 @@ class KeyedSampling:
         return idx, torch.tensor(seeds, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
 
     def install(self) -> None:
-        import vllm.v1.sample.rejection_sampler as rs
-        from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+        """Keyed rows: plain and bonus samples (sampler), drafted positions (verifier)."""
+        vllm_glue.wrap_top_k_top_p_sampler(self.runner, self._wrap_sample)
+        vllm_glue.on_spec_step(self.runner, self._set_bonus_offsets)
+        vllm_glue.wrap_rejection_sample(self._verify)
 
-        sampler = self.runner.sampler.topk_topp_sampler
-        orig_sample = sampler.forward
+    def _set_bonus_offsets(self, num_draft_tokens: list[int] | None) -> None:
+        """During a speculative step the sampler draws the bonus tokens: row i's bonus
+        token sits num_draft_tokens[i] positions after its next output position."""
+        self.bonus_offsets = num_draft_tokens
 
+    def _wrap_sample(self, orig_sample: vllm_glue.SampleFn) -> vllm_glue.SampleFn:
         def sample(logits: torch.Tensor, generators: dict, k: Any, p: Any) -> Any:
             idx, seeds, pos = self.rows()
             keep = logits.clone() if idx else None
@@ -100,44 +105,21 @@ class KeyedSampling:
             if idx:
                 if self.bonus_offsets is not None:
                     pos = pos + torch.tensor([self.bonus_offsets[i] for i in idx])
-                masked = apply_top_k_top_p(keep, k, p)
+                masked = vllm_glue.apply_top_k_top_p(keep, k, p)
                 rows = torch.tensor(idx)
                 sampled = sampled.clone()
                 sampled[rows] = keyed_argmax(masked[rows], seeds, pos).to(sampled.dtype)
             return sampled, processed
 
-        sampler.forward = sample
-        rsampler = getattr(self.runner, "rejection_sampler", None)
-        if rsampler is not None:
-            orig_forward = rsampler.forward
+        return sample
 
-            def forward(metadata: Any, *args: Any, **kwargs: Any) -> Any:
-                self.bonus_offsets = list(metadata.num_draft_tokens)
-                try:
-                    return orig_forward(metadata, *args, **kwargs)
-                finally:
-                    self.bonus_offsets = None
-
-            rsampler.forward = forward
-        if not getattr(rs.rejection_sample, "_bubblespec_keyed", False):
-            rs.rejection_sample = _keyed_rejection(rs.rejection_sample, self)
-
-
-def _keyed_rejection(orig: Any, ks: KeyedSampling) -> Any:
-    """Wrap vLLM's rejection_sample: keyed rows are verified by sample-and-match."""
-
-    def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: list[int],
-                         max_spec_len: int, cu_num_draft_tokens: torch.Tensor,
-                         draft_probs: Any, target_logits: torch.Tensor,
-                         bonus_token_ids: torch.Tensor, sampling_metadata: Any,
-                         *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = orig(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                   draft_probs, target_logits, bonus_token_ids, sampling_metadata,
-                   *args, **kwargs)
-        idx, seeds, pos = ks.rows()
+    def _verify(self, out: torch.Tensor, draft_token_ids: torch.Tensor,
+                num_draft_tokens: list[int], target_logits: torch.Tensor,
+                bonus_token_ids: torch.Tensor, temps: Any) -> torch.Tensor:
+        """Keyed rows of vLLM's verification output, redone by sample-and-match."""
+        idx, seeds, pos = self.rows()
         if not idx:
             return out
-        temps = sampling_metadata.temperature
         starts = [0]
         for n in num_draft_tokens:
             starts.append(starts[-1] + n)
@@ -161,6 +143,3 @@ def _keyed_rejection(orig: Any, ks: KeyedSampling) -> Any:
             if j == n:
                 out[r, n] = bonus_token_ids.view(-1)[r]
         return out
-
-    rejection_sample._bubblespec_keyed = True  # type: ignore[attr-defined]
-    return rejection_sample

@@ -6,18 +6,24 @@ group's suffix index, which holds the pushed pre-generated responses, the live a
 finished sibling responses and the prompt. It also counts, per request, forward passes,
 drafts, draft tokens and accepted tokens (vLLM keeps no per-request figures), and can wrap
 vLLM's own `ngram` / `suffix` proposers so the baselines are counted the same way.
-Drafts never affect what is sampled: vLLM verifies them (see DESIGN.md section 2).
+Drafts never affect what is sampled: vLLM verifies them (see docs/design.md section 2).
 """
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from bubblespec.core import DraftParams, SuffixIndex
-from bubblespec.engine.vllm_glue import batch_view, install_cpu_sampler_fix, max_model_len
+from bubblespec.engine.vllm_glue import (
+    VllmProposer,
+    batch_view,
+    install_biased_sampler,
+    install_cpu_sampler_fix,
+    max_model_len,
+    num_speculative_tokens,
+)
 from bubblespec.protocol.keys import parse_request_id
 
 _MAX_FINISHED_STATS = 200_000
@@ -49,11 +55,11 @@ class BubbleSpecProposer:
 
     def __init__(self, vllm_config: Any) -> None:
         self.vllm_config = vllm_config
-        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.k = num_speculative_tokens(vllm_config)
         self.max_model_len = max_model_len(vllm_config)
         self.runner: Any = None
         self.mode = "bubblespec"
-        self.inner: Any = None
+        self.inner: VllmProposer | None = None
         self.pregen = self.siblings = self.self_context = True
         self.history = False
         self.global_pool = False
@@ -72,8 +78,6 @@ class BubbleSpecProposer:
         """Set mode ("bubblespec" | "ngram" | "suffix"), sources and draft parameters."""
         self.mode = options.get("mode", "bubblespec")
         if options.get("fault_biased_verifier"):  # negative control of the exactness tests
-            from bubblespec.engine.vllm_glue import install_biased_sampler
-
             install_biased_sampler(float(options["fault_biased_verifier"]))
         src = options.get("sources", {})
         self.pregen = bool(src.get("pregen", True))
@@ -91,18 +95,10 @@ class BubbleSpecProposer:
             max_depth=int(options.get("max_depth", 64)),
             token_budget=int(options.get("token_budget", 4_000_000)),
             global_token_budget=int(options.get("global_token_budget", 200_000)))
-        if self.mode == "ngram":
-            from vllm.v1.spec_decode.ngram_proposer import NgramProposer
-
-            cfg = copy.copy(self.vllm_config)
-            cfg.speculative_config = copy.copy(self.vllm_config.speculative_config)
-            cfg.speculative_config.prompt_lookup_min = int(options.get("ngram_min", 2))
-            cfg.speculative_config.prompt_lookup_max = int(options.get("ngram_max", 5))
-            self.inner = NgramProposer(cfg)
-        elif self.mode == "suffix":
-            from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
-
-            self.inner = SuffixDecodingProposer(self.vllm_config)
+        if self.mode in ("ngram", "suffix"):
+            self.inner = VllmProposer(self.vllm_config, self.mode,
+                                      int(options.get("ngram_min", 2)),
+                                      int(options.get("ngram_max", 5)))
         return self.mode
 
     def add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
@@ -200,9 +196,11 @@ class BubbleSpecProposer:
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
                 token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
-        req_ids, n_prompt = batch_view(self.runner)
+        batch = batch_view(self.runner)
+        req_ids, n_prompt = batch.req_ids, batch.num_prompt_tokens
         if self.inner is not None:
-            inner = self._propose_inner(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            inner = self.inner.propose(self.k, sampled_token_ids, num_tokens_no_spec,
+                                       token_ids_cpu, self.runner)
         out: list[list[int]] = []
         for i, sampled in enumerate(sampled_token_ids):
             rid = req_ids[i]
@@ -265,12 +263,6 @@ class BubbleSpecProposer:
                 return []
             st.aligned_on = True
         return al[st.n_out : st.n_out + max(budget, 0)]
-
-    def _propose_inner(self, sampled: list[list[int]], num_tokens_no_spec: Any,
-                       token_ids_cpu: Any) -> list[list[int]]:
-        if self.mode == "ngram":
-            return self.inner.propose(self.k, sampled, num_tokens_no_spec, token_ids_cpu)
-        return self.inner.propose(self.k, self.runner.input_batch, sampled)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No draft model to load."""

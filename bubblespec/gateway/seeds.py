@@ -1,6 +1,6 @@
 """Prompt keys and per-sample seeds of a step, and the next step's pre-generation tasks.
 
-Keyed-noise sampling (DESIGN.md section 2) couples a pre-generated response with the real one
+Keyed-noise sampling (docs/design.md section 3) couples a pre-generated response with the real one
 only when both use the same seed for the same (prompt, sample index). So seeds are a pure
 function of (run seed, step, prompt key, sample index): the gateway derives step s+1's seeds
 when it hands out step s+1's pre-generation tasks during step s, and derives the very same

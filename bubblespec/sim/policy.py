@@ -15,7 +15,7 @@ the built-in ASSUMED defaults below (not measured; replace them with bench figur
   draft length, so drafted stays low).
 - bubblespec: uncovered 0.7 / 2.5 (= siblings only, as suffix); covered 1.5 / 4.0: a
   same-seed pre-generated response with per-token acceptance ~0.6 under weight drift and
-  k = 8 gives 0.6 (1 - 0.6^8) / 0.4 = 1.47 accepted per forward (DESIGN.md section 2 puts the
+  k = 8 gives 0.6 (1 - 0.6^8) / 0.4 = 1.47 accepted per forward (docs/design.md section 3 puts the
   per-token figure at 0.75-0.99 for a one-token numpy model; 0.6 is deliberately lower).
 
 accept-json format: {"MODE": {...}, ...} or {"modes": {...}} or a list of {"mode": MODE, ...}

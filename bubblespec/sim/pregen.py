@@ -14,7 +14,7 @@ plus the prefill of a batch claimed just before F_max, plus two RPCs: the T poll
 (tests/sim/test_pregen.py checks it).
 
 The task of (prompt p, sample j) of step s+1 is taken to produce the prefix of that request's
-actual response (same prompt, sample index and keyed seed: DESIGN.md section 2), so its
+actual response (same prompt, sample index and keyed seed: docs/design.md section 3), so its
 progress when stopped is the number of covered leading positions in step s+1.
 """
 

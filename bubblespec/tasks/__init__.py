@@ -4,7 +4,7 @@
 ``default_model_dir()`` the shipped Hugging Face model directory (a ~0.9M-parameter
 ``LlamaForCausalLM``, float32 safetensors, WordLevel ``tokenizer.json``) that vLLM and
 transformers load offline. Together they let one command run the whole system with real
-engines and a real GRPO loop (DESIGN.md section 6). Importing this package needs neither
+engines and a real GRPO loop (docs/design.md section 8). Importing this package needs neither
 torch nor vLLM.
 """
 

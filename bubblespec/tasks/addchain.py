@@ -8,7 +8,7 @@ copies the start, then writes one step per addition, each step as ``<steps left>
     prompt:   1 2 + 7 x 3 =
     response: 3 1 2 ; 2 1 9 ; 1 2 6 ; 0 3 3 ; = 3 3 <eos>
 
-Why this task (DESIGN.md section 6): every step is a local computation a ~1M-parameter Llama
+Why this task (docs/design.md section 8): every step is a local computation a ~1M-parameter Llama
 learns in minutes on a CPU (decrement a number token, add a digit with carry), the amount of
 work ``k`` is drawn from a clipped log-normal, so response lengths are long-tailed (4 tokens
 per step, p99 several times the median), and the reward is a pure-Python check of the final

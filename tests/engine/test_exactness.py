@@ -1,4 +1,4 @@
-"""Exactness contract (DESIGN.md section 2) on real vLLM engines with the tiny model.
+"""Exactness contract (docs/design.md section 2) on real vLLM engines with the tiny model.
 
 - greedy: speculation on (every draft source, right and deliberately wrong drafts) gives
   the same token ids as plain decoding;

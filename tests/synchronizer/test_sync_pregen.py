@@ -54,7 +54,7 @@ async def test_two_ranks_claim_breadth_first_without_duplicates() -> None:
 
 
 async def test_claim_requires_done_and_is_empty_after_stop() -> None:
-    async with serving() as (_server, client):
+    async with serving() as (server, client):
         await client.register("r0", "a")
         await client.register("r1", "b")
         await client.register("idle", "c")
@@ -130,7 +130,7 @@ async def test_training_window_hands_out_tasks_after_the_stop_until_the_close() 
 
 
 async def test_bubble_window_ends_pregen_at_the_stop_and_bad_window_is_invalid() -> None:
-    async with serving() as (_server, client):
+    async with serving() as (server, client):
         await client.register("r0", "a")
         await client.open_step(0, {"r0": 1}, make_tasks(1, 2))
         assert await client.poll_pregen(0, "r0") == (False, False)

@@ -1,0 +1,317 @@
+"""Import rules, checked statically on every module's source (function-level imports too).
+
+1. The services that do not run engines (gateway, synchronizer, client) and the shared
+   vocabulary packages (protocol, http) never import `bubblespec.engine`, directly or through
+   other bubblespec modules: only the rank and the layers that run engines may.
+2. Only `bubblespec/engine/vllm_glue.py` touches vLLM internals. Everywhere else (package,
+   tests, benchmarks): vLLM is imported only from its public modules and names, no string
+   names a private vLLM module (kernel registries, importlib), no attribute known to be a
+   model-runner / worker internal is read, `collective_rpc` calls only bubblespec's own
+   worker methods; and in the modules that drive vLLM (the engine
+   package and any module importing vllm) no `obj._private` attribute of another object is
+   touched and no function is patched onto another object.
+The negative controls feed the checks the accesses that were moved into the glue.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "bubblespec"
+GLUE = PACKAGE / "engine" / "vllm_glue.py"
+NO_ENGINE = ("gateway", "synchronizer", "client", "protocol", "http")
+
+PUBLIC_VLLM: dict[str, set[str]] = {
+    "vllm": {"SamplingParams", "AsyncEngineArgs", "AsyncLLMEngine", "TokensPrompt",
+             "__version__"},
+    "vllm.sampling_params": {"SamplingParams", "RequestOutputKind"},
+    "vllm.inputs": {"TokensPrompt"},
+    "vllm.engine.arg_utils": {"AsyncEngineArgs"},
+    "vllm.v1.engine.async_llm": {"AsyncLLM"},
+}
+"""vLLM modules (and their names) that any module may import: the public API."""
+
+RUNNER_INTERNALS = {"model_runner", "input_batch", "drafter", "rejection_sampler",
+                    "topk_topp_sampler", "rejection_sample", "speculative_config",
+                    "sampling_metadata", "engine_core", "model_executor"}
+"""Attributes of vLLM's workers, model runners and samplers (private API whatever their
+spelling)."""
+RUNNER_INTERNALS_NEAR_VLLM = {"requests", "sampler"}
+"""More of them, with names too common to ban outside the modules that drive vLLM."""
+
+SELF = {"self", "cls", "super"}
+
+
+# ---------------------------------------------------------------------- import graph
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_names(tree: ast.AST, name: str, is_package: bool) -> Iterator[str]:
+    """Every dotted name an import statement anywhere in the tree loads (absolute)."""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                root = base[: len(base) - node.level + 1]
+                mod = ".".join(root + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            yield mod
+            yield from (f"{mod}.{a.name}" for a in node.names)
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """bubblespec module -> the bubblespec modules (and their packages) it imports."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for dotted in imported_names(tree, name, path.name == "__init__.py"):
+            parts = dotted.split(".")
+            # importing a.b.c runs a/__init__, a/b/__init__ and a/b/c
+            deps.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+                        if p in modules and p != name)
+        graph[name] = deps
+    return graph
+
+
+def engine_chain(start: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """A chain of imports from `start` to bubblespec.engine, or None."""
+    seen, stack = {start}, [[start]]
+    while stack:
+        chain = stack.pop()
+        for dep in sorted(graph.get(chain[-1], ())):
+            if dep == "bubblespec.engine" or dep.startswith("bubblespec.engine."):
+                return chain + [dep]
+            if dep not in seen:
+                seen.add(dep)
+                stack.append(chain + [dep])
+    return None
+
+
+def test_services_and_vocabulary_never_import_the_engine() -> None:
+    modules = package_modules()
+    graph = import_graph(modules)
+    checked, bad = 0, []
+    for name in modules:
+        parts = name.split(".")
+        if len(parts) > 1 and parts[1] in NO_ENGINE:
+            checked += 1
+            chain = engine_chain(name, graph)
+            if chain:
+                bad.append(" -> ".join(chain))
+    assert checked >= 3, "the gateway, synchronizer and client packages were not found"
+    assert not bad, "modules that must not import bubblespec.engine do:\n" + "\n".join(bad)
+
+
+def test_engine_chain_finds_indirect_and_function_level_imports() -> None:
+    tree = ast.parse(textwrap.dedent("""
+        def f():
+            from ..engine import types
+    """))
+    names = set(imported_names(tree, "bubblespec.gateway.x", is_package=False))
+    assert "bubblespec.engine" in names and "bubblespec.engine.types" in names
+    graph = {"bubblespec.gateway.a": {"bubblespec.web"}, "bubblespec.web": {"bubblespec.engine"}}
+    assert engine_chain("bubblespec.gateway.a", graph) == [
+        "bubblespec.gateway.a", "bubblespec.web", "bubblespec.engine"]
+
+
+# ---------------------------------------------------------------------- vLLM internals
+def vllm_bindings(tree: ast.AST) -> dict[str, str]:
+    """Local name -> vLLM module it is bound to by an import (`import vllm.x as rs`)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "vllm":
+                    out[a.asname or "vllm"] = a.name if a.asname else "vllm"
+    return out
+
+
+def imports_vllm(tree: ast.AST) -> bool:
+    return bool(vllm_bindings(tree)) or any(
+        isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "vllm"
+        for n in ast.walk(tree))
+
+
+def root_name(node: ast.expr) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+class VllmAccess(ast.NodeVisitor):
+    """Collects what in one module reaches into vLLM internals (`bad`: empty if nothing).
+
+    `drives_vllm`: the module drives vLLM (engine package, or it imports vllm); there the
+    private-attribute and patching rules apply too."""
+
+    def __init__(self, tree: ast.AST, drives_vllm: bool) -> None:
+        self.bad: list[str] = []
+        self.drives = drives_vllm
+        self.bound = vllm_bindings(tree)
+        self.funcs = {n.name for n in ast.walk(tree)
+                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.internal = RUNNER_INTERNALS | (RUNNER_INTERNALS_NEAR_VLLM if drives_vllm else set())
+        self.visit(tree)
+
+    def flag(self, node: ast.AST, what: str) -> None:
+        self.bad.append(f"{getattr(node, 'lineno', 0)}: {what}")
+
+    def foreign_private(self, name: str, receiver: ast.expr) -> bool:
+        return (self.drives and name.startswith("_") and not name.startswith("__")
+                and root_name(receiver) not in SELF)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            if a.name.split(".")[0] == "vllm" and a.name not in PUBLIC_VLLM:
+                self.flag(node, f"import {a.name}")
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if (node.module or "").split(".")[0] == "vllm":
+            public = PUBLIC_VLLM.get(node.module or "", set())
+            for a in node.names:
+                if a.name not in public:
+                    self.flag(node, f"from {node.module} import {a.name}")
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str):
+            parts = node.value.split(".")
+            if (len(parts) > 1 and parts[0] == "vllm" and all(p.isidentifier() for p in parts)
+                    and node.value not in PUBLIC_VLLM
+                    and parts[-1] not in PUBLIC_VLLM.get(".".join(parts[:-1]), set())):
+                self.flag(node, f"names vLLM module {node.value!r}")
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        root = root_name(node)
+        if node.attr in self.internal:
+            self.flag(node, f".{node.attr} (a vLLM runner/worker internal)")
+        elif (root in self.bound and isinstance(node.value, ast.Name)
+              and node.attr not in PUBLIC_VLLM.get(self.bound[root], set())):
+            self.flag(node, f"{root}.{node.attr} (not public vLLM)")
+        if self.foreign_private(node.attr, node):
+            self.flag(node, f".{node.attr} of another object")
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.check_patch(node.targets, node.value)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.check_patch([node.target], node.value)
+        self.generic_visit(node)
+
+    def check_patch(self, targets: list[ast.expr], value: ast.expr) -> None:
+        """A function put on another object, or anything put on a vLLM module."""
+        patch = isinstance(value, ast.Lambda) or (
+            isinstance(value, ast.Name) and value.id in self.funcs)
+        for t in targets:
+            if (self.drives and isinstance(t, ast.Attribute) and root_name(t) not in SELF
+                    and (patch or root_name(t) in self.bound)):
+                self.flag(t, f"patches {ast.unparse(t)}")
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if (isinstance(func, ast.Name) and func.id in ("getattr", "hasattr", "setattr")
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)):
+            name, receiver = node.args[1].value, node.args[0]
+            if isinstance(name, str) and (
+                    name in self.internal or self.foreign_private(name, receiver)
+                    or self.drives and func.id == "setattr" and root_name(receiver) not in SELF):
+                self.flag(node, f"{func.id}(..., {name!r})")
+        if (isinstance(func, ast.Attribute) and func.attr == "collective_rpc" and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and not str(node.args[0].value).startswith("bubblespec_")):
+            self.flag(node, f"calls the vLLM worker method {node.args[0].value!r}")
+        self.generic_visit(node)
+
+
+def vllm_violations(source: str, drives_vllm: bool = True) -> list[str]:
+    """What in `source` reaches into vLLM internals (empty: nothing)."""
+    return VllmAccess(ast.parse(source), drives_vllm).bad
+
+
+def checked_files() -> Iterator[Path]:
+    for top in ("bubblespec", "tests", "bench"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            if path != GLUE and "rpc/v1" not in path.as_posix():
+                yield path
+
+
+def test_only_the_glue_touches_vllm_internals() -> None:
+    bad = []
+    for path in checked_files():
+        text = path.read_text()
+        drives = path.parent == GLUE.parent or imports_vllm(ast.parse(text))
+        rel = path.relative_to(REPO)
+        bad += [f"{rel}:{v}" for v in vllm_violations(text, drives_vllm=drives)]
+    assert not bad, "vLLM internals outside engine/vllm_glue.py:\n" + "\n".join(bad)
+
+
+MOVED = {
+    "runner batch": "def f(runner):\n    return runner.input_batch.req_ids\n",
+    "drafter": "def f(w):\n    return w.model_runner.drafter\n",
+    "sampler patch": textwrap.dedent("""
+        def install(runner):
+            def sample(logits, generators, k, p):
+                return logits
+            runner.sampler.topk_topp_sampler.forward = sample
+    """),
+    "forward patch": textwrap.dedent("""
+        def install(rsampler):
+            def forward(metadata):
+                return metadata
+            rsampler.forward = forward
+    """),
+    "module patch": textwrap.dedent("""
+        import vllm.v1.sample.rejection_sampler as rs
+        rs.rejection_sample = wrap(rs.rejection_sample)
+    """),
+    "private import": "from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p\n",
+    "spec decode import": "from vllm.v1.spec_decode.ngram_proposer import NgramProposer\n",
+    "kernel name": 'register({"vllm.v1.sample.rejection_sampler.expand_kernel": f})\n',
+    "private marker": "f._bubblespec_keyed = True\n",
+    "runner private": "def f(runner):\n    return runner._bubblespec_keyed\n",
+    "shutdown patch": "def stop(llm):\n    llm.shutdown = lambda *a, **k: None\n",
+    "config copy": "def f(cfg, c):\n    cfg.speculative_config = c\n",
+    "setattr": "def f(runner, s):\n    setattr(runner, 'forward', s)\n",
+    "getattr": "def f(runner):\n    return getattr(runner, 'rejection_sampler', None)\n",
+    "worker rpc": "async def f(llm):\n    await llm.collective_rpc('reload_weights')\n",
+    "requests": "def f(runner, rid):\n    return runner.requests.get(rid)\n",
+}
+
+
+def test_the_vllm_check_catches_the_moved_accesses() -> None:
+    for what, source in MOVED.items():
+        assert vllm_violations(source), f"not caught: {what}"
+
+
+def test_the_vllm_check_allows_the_public_api() -> None:
+    source = textwrap.dedent("""
+        from vllm import SamplingParams
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        class E:
+            def start(self, llm):
+                self._llm = llm
+                self.vocab = llm.model_config.get_vocab_size()
+                return SamplingParams(n=1, extra_args={"k": 1})
+    """)
+    assert vllm_violations(source) == []
