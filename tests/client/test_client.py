@@ -13,7 +13,6 @@ import pytest
 import uvicorn
 
 from bubblespec.api import SamplingParams
-from bubblespec.cli.up import free_ports
 from bubblespec.client import (
     AsyncBubbleSpecClient,
     BubbleSpecClient,
@@ -23,6 +22,7 @@ from bubblespec.client import (
     StepReport,
 )
 from bubblespec.client.client import prompt_json, rollout_body, sampling_json
+from bubblespec.cluster import free_ports
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.schema import (
     PromptResult,

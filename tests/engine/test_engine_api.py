@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from bubblespec.engine import GenRequest, InvalidRequest, SamplingSpec
 from bubblespec.tasks import default_task
-from tests.engine.conftest import model_dir
+from tests.engine_fixtures import model_dir
 
 pytestmark = pytest.mark.engine
 
