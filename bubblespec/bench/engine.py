@@ -25,13 +25,13 @@ from bubblespec.train.grpo import Rollout, Trainer
 
 @dataclass(frozen=True)
 class EngineBenchConfig:
-    """What `bubblespec bench engine` runs (its flags; see its `--help`)."""
+    """What `bubblespec bench engine` runs (its flags; defaults and help in its `--help`)."""
 
-    prompts: int = 16
-    n: int = 8
-    seed: int = 1234
-    lr: float = 3e-4
-    model: str = ""
+    prompts: int
+    n: int
+    seed: int
+    lr: float
+    model: str
     """HF model directory ("": the embedded model)."""
 
 

@@ -25,20 +25,20 @@ from bubblespec.cluster import LocalCluster
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What `bubblespec run` runs (its flags; see `bubblespec run --help`)."""
+    """What `bubblespec run` runs (its flags; defaults and help in `bubblespec run --help`)."""
 
-    steps: int = 4
-    prompts: int = 8
-    n: int = 4
-    temperature: float = 1.0
-    max_new_tokens: int = 0
-    seed: int = 0
-    ranks: int = 2
-    model: str | None = None
-    rank_arg: list[str] = field(default_factory=list)
-    log_dir: str | None = None
-    gateway_url: str | None = None
-    json: str | None = None
+    steps: int
+    prompts: int
+    n: int
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    ranks: int
+    model: str | None
+    rank_arg: list[str]
+    log_dir: str | None
+    gateway_url: str | None
+    json: str | None
 
 
 @dataclass

@@ -36,7 +36,6 @@ from typing import Any
 
 from bubblespec.bench.modes import (
     BASELINE,
-    MODES,
     BenchDoc,
     Mode,
     format_table,
@@ -48,22 +47,22 @@ from bubblespec.bench.modes import (
 
 @dataclass(frozen=True)
 class ServiceBenchConfig:
-    """What `bubblespec bench service` runs (its flags; see its `--help`)."""
+    """What `bubblespec bench service` runs (its flags; defaults and help in its `--help`)."""
 
-    steps: int = 6
-    prompts: int = 8
-    n: int = 8
-    seed: int = 0
-    epoch_steps: int = 3
-    lr: float = 1e-4
-    temperature: float = 1.0
-    greedy_prompts: int = 4
-    modes: str = ",".join(m.name for m in MODES)
-    ranks: int = 2
-    extra_rank_args: str = ""
-    model: str | None = None
-    out: str = "out/bench"
-    timeline_step: int = 1
+    steps: int
+    prompts: int
+    n: int
+    seed: int
+    epoch_steps: int
+    lr: float
+    temperature: float
+    greedy_prompts: int
+    modes: str
+    ranks: int
+    extra_rank_args: str
+    model: str | None
+    out: str
+    timeline_step: int
 
 
 def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any

@@ -163,23 +163,23 @@ def save(model, out: Path, report: dict) -> int:
 
 @dataclass(frozen=True)
 class TinyTrainConfig:
-    """What `bubblespec train-tiny` runs (its flags; see its `--help`)."""
+    """What `bubblespec train-tiny` runs (its flags; defaults and help in its `--help`)."""
 
-    out: Path = Path("bubblespec/assets/tiny-llama")
-    seed: int = 0
-    tokens: int = 3_000_000
+    out: Path
+    seed: int
+    tokens: int
     """Training tokens (padded)."""
-    batch_tokens: int = 1024
+    batch_tokens: int
     """Padded tokens per optimizer step (small batches learn faster here)."""
-    lr: float = 3e-3
-    uniform_fraction: float = 0.1
-    slip_value: float = Slips.value
-    slip_skip: float = Slips.skip
-    slip_repeat: float = Slips.repeat
-    threads: int = 1
+    lr: float
+    uniform_fraction: float
+    slip_value: float
+    slip_skip: float
+    slip_repeat: float
+    threads: int
     """Torch threads (1 is robust on a shared 2-core machine)."""
-    eval_prompts: int = 64
-    eval_samples: int = 4
+    eval_prompts: int
+    eval_samples: int
 
 
 def run(args: TinyTrainConfig) -> dict:

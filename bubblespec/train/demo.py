@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +19,22 @@ from bubblespec.train.schedule import HEADER, run_grpo
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """What `bubblespec train-demo` runs (its flags; see `bubblespec train-demo --help`)."""
+    """What `bubblespec train-demo` runs (its flags; defaults and help in its `--help`)."""
 
-    steps: int = 20
-    prompts: int = 8
-    n: int = 8
-    temperature: float = 1.0
-    seed_mode: str = "default"
-    lr: float = 1e-4
-    seed: int = 0
-    epoch_steps: int = 0
-    ranks: int = 2
-    model: str | None = None
-    rank_arg: list[str] = field(default_factory=list)
-    gateway: str | None = None
-    out: str = "out/grpo"
-    log_dir: str | None = None
+    steps: int
+    prompts: int
+    n: int
+    temperature: float
+    seed_mode: str
+    lr: float
+    seed: int
+    epoch_steps: int
+    ranks: int
+    model: str | None
+    rank_arg: list[str]
+    gateway: str | None
+    out: str
+    log_dir: str | None
 
 
 def resolve_model(model: str | None) -> str:
