@@ -1,4 +1,4 @@
-"""`bubblespec bench engine` (`make bench-engine`): decode steps of one rollout batch under each speculation mode.
+"""`bubblespec bench engine` (`make bench-engine`): decode steps of one batch per speculation mode.
 
 Setup (tiny model, its task, temperature 1.0): batch B0 is sampled with the shipped
 weights and one GRPO update turns them into new weights; meanwhile the OLD weights

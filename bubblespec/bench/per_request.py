@@ -4,8 +4,8 @@ path, and how far it followed its pre-generated draft.
     bubblespec bench per-request [--steps 5] [--window training] [--out FILE]
 
 Runs the `bubblespec bench service` schedule (its greedy check, then 8 prompts x n=8, T=1.0,
-keyed sampling, lr 1e-4, prompt batches repeating every 3 steps) on a fresh 2-rank local cluster and prints, per
-step, the requests with the most forward passes: length, forward passes, accepted tokens
+keyed sampling, lr 1e-4, prompt batches repeating every 3 steps) on a fresh 2-rank local
+cluster and prints, per step, the requests with the most forward passes: length, forward passes, accepted tokens
 and accepted tokens from the aligned pre-generated response. A response that leaves its
 draft early shows few pre-gen-accepted tokens and many forward passes.
 """

@@ -187,7 +187,7 @@ def run_bench(args: ServiceBenchConfig, model_dir: str, modes: Sequence[Mode]
     base = doc.modes.get(BASELINE, {})
     if base.get("steps"):
         (out / "lengths.json").write_text(json.dumps(lengths_doc(
-            base["steps"], "bubblespec bench, nospec mode, all steps, response tokens")))
+            base["steps"], "bubblespec bench service, nospec mode, all steps, response tokens")))
     d = doc.as_dict()
     (out / "bench.json").write_text(json.dumps(d, indent=1))
     try:

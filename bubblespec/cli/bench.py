@@ -1,10 +1,10 @@
 """`bubblespec bench <name>`: the benchmarks, one subcommand each (code in bubblespec/bench/).
 
-    bubblespec bench service [--modes nospec,ngram,...]   # `make bench`: GRPO through the service
-    bubblespec bench engine                               # `make bench-engine`: one engine per mode
-    bubblespec bench suffix [--quick]                     # `make bench-suffix`: draft index vs arctic
-    bubblespec bench per-request [--window training]      # which response sets the critical path
-    bubblespec bench sync [--n 2000]                      # the synchronizer's own RPC cost
+    bubblespec bench service [--modes nospec,ngram,...]  # make bench: GRPO through the service
+    bubblespec bench engine                  # make bench-engine: one engine per speculation mode
+    bubblespec bench suffix [--quick]        # make bench-suffix: draft index vs arctic-inference
+    bubblespec bench per-request             # which response sets each step's critical path
+    bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
 
 Each benchmark's module is imported only when it runs (the engine bench imports vLLM).
 """

@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rank": ("bubblespec.rank.server", "run a rank server (FastAPI + vLLM engine)"),
     "up": ("bubblespec.cli.up", "start a local cluster: synchronizer, N ranks and a gateway"),
     "health": ("bubblespec.cli.health", "probe a process: gRPC health or HTTP /health_generate"),
-    "run": ("bubblespec.cli.run", "rollout steps with pre-generation on a local cluster (make run)"),
+    "run": ("bubblespec.cli.run", "rollout steps with pre-generation on a local cluster"),
     "train-demo": ("bubblespec.cli.train_demo", "a real GRPO loop through a local cluster"),
     "bench": ("bubblespec.cli.bench", "benchmarks: service, engine, suffix, per-request, sync"),
     "simulate": ("bubblespec.cli.simulate", "model rollout steps at scale (modelled figures)"),

@@ -37,7 +37,7 @@ them for --params-b billion bf16 parameters from NVIDIA datasheets ({', '.join(
 (assumptions; see bubblespec/sim/engine_time.py). H100 defaults: t_fixed 7.99 ms, t_flop
 32.5 us, ridge 184 tokens, t_kv 48.9 ns (Llama-3.1-8B: 16.06 GB weights, 128 KiB KV/token).
 
---accept-json takes what `bubblespec bench` measured: {{"MODE": {{"accepted_per_forward": x,
+--accept-json takes what `bubblespec bench service` measured: {{"MODE": {{"accepted_per_forward": x,
 "pregen_coverage": y, "drafted_per_forward": d}}, ...}} (accepted excludes the bonus token);
 bubblespec* modes (not *siblings*) pre-generate; their covered-position acceptance is solved
 from x at coverage y, the uncovered one taken from bubblespec_siblings or suffix (details in
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="comma-separated rank counts R (default 8..1024, powers of two)")
     a("--lengths", help="response lengths JSON: a list of ints, or {'lengths': [...], "
       "'by_prompt': [[...], ...]} (by_prompt keeps sibling correlation), e.g. dumped by "
-      "`bubblespec bench`. Default: SYNTHETIC log-normal (see --median-len)")
+      "`bubblespec bench service`. Default: SYNTHETIC log-normal (see --median-len)")
     a("--length-scale", type=float, default=1.0,
       help="multiply file lengths (map a small model's task onto longer responses; default 1)")
     a("--median-len", type=float, default=2000.0,
@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--rpc-ms", type=float, default=0.5,
       help="synchronizer RPC latency in ms (default 0.5, assumed in-cluster gRPC; measure "
       "with bubblespec bench sync)")
-    a("--accept-json", help="acceptance figures per mode from `bubblespec bench` (see below)")
+    a("--accept-json",
+      help="acceptance figures per mode from `bubblespec bench service` (see below)")
     a("--mode", action="append", default=[], metavar="SPEC",
       help="add or replace a mode: NAME=ACC/DRAFTED or "
       "NAME=pregen:ACC_COV/DRAFTED_COV,ACC_UNC/DRAFTED_UNC (repeatable)")
