@@ -28,28 +28,28 @@ test: install
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.
 run: install
-	$(BIN)/python -m bubblespec.cli.run_demo
+	$(BIN)/bubblespec run
 
 up: install
 	$(BIN)/bubblespec up
 
 bench-suffix: install
-	$(BIN)/python -m bench.suffix_bench
+	$(BIN)/bubblespec bench suffix
 
 # The GRPO schedule through the real service under each rollout mode (about 13 min here).
 bench: install
-	$(BIN)/bubblespec bench
+	$(BIN)/bubblespec bench service
 
 # vLLM engines under each speculation mode on the tiny model (suffix column needs bench-deps).
 bench-engine: install
-	$(BIN)/python -m bench.engine_bench
+	$(BIN)/bubblespec bench engine
 
 # Regenerate the checked-in gRPC code from proto/ (tests fail if it is stale).
 proto: install
-	$(BIN)/python -m bubblespec.rpc.gen
+	$(BIN)/bubblespec proto
 
 proto-check: install
-	$(BIN)/python -m bubblespec.rpc.gen --check
+	$(BIN)/bubblespec proto --check
 
 # arctic-inference's C++ suffix tree, the reference for bench-suffix (not in CI).
 bench-deps: install
@@ -58,7 +58,7 @@ bench-deps: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
 
 lint: install
-	$(BIN)/ruff check bubblespec tests bench
+	$(BIN)/ruff check bubblespec tests
 
 clean:
 	rm -rf $(VENV)

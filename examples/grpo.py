@@ -1,7 +1,7 @@
 """GRPO through bubblespec: a local 2-rank cluster (or `--gateway URL`), rollouts with the
 next step's prompts passed ahead, rewards from the embedded task, a torch GRPO step, weights
 saved and pushed every step. Same code as `bubblespec train-demo`; see
-`bubblespec/cli/train_demo.py` for the loop (`run_grpo`).
+`bubblespec/train/schedule.py` for the loop (`run_grpo`).
 
     python examples/grpo.py --steps 20 --prompts 8 --n 8 [--model DIR] [--out out/grpo]
 """

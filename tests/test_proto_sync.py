@@ -1,6 +1,6 @@
 """The checked-in `bubblespec/rpc/v1/*_pb2*.py(i)` equal a fresh generation from the .proto files.
 
-Fails after editing a .proto without `make proto` (python -m bubblespec.rpc.gen), after a
+Fails after editing a .proto without `make proto` (bubblespec proto), after a
 hand edit of generated code, or when the installed grpcio-tools is not the pinned one.
 """
 

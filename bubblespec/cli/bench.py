@@ -1,55 +1,30 @@
-"""`bubblespec bench` (`make bench`): the same GRPO schedule under each rollout mode.
+"""`bubblespec bench <name>`: the benchmarks, one subcommand each (code in bubblespec/bench/).
 
-    bubblespec bench [--steps 6] [--prompts 8] [--n 8] [--modes nospec,ngram,...]
-                     [--model DIR] [--out out/bench]
+    bubblespec bench service [--modes nospec,ngram,...]  # make bench: GRPO through the service
+    bubblespec bench engine                  # make bench-engine: one engine per speculation mode
+    bubblespec bench suffix [--quick]        # make bench-suffix: draft index vs arctic-inference
+    bubblespec bench per-request             # which response sets each step's critical path
+    bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
 
-Each mode gets its own fresh 2-rank `LocalCluster` (one at a time) and runs, in order:
-1. greedy check: `--greedy-prompts` prompts x 2 samples at temperature 0 with the initial
-   weights (token ids must be identical across modes);
-2. the GRPO schedule of `bubblespec train-demo` (same prompts, seeds, steps, learning rate;
-   by default the prompt batches repeat every 3 steps, i.e. 2 epochs of 3 batches):
-   rollout at temperature 1.0 -> reward -> `Trainer.step` -> save -> `update_weights`.
-   Modes with pre-generation (bubblespec, bubblespec-keyed) pass the next step's prompts
-   ahead; the baselines do not (no pre-gen work competes with them).
-
-Modes: nospec; ngram (vLLM); suffix (vLLM + arctic-inference; skipped if not importable);
-history (bubblespec drafts from the same prompt's earlier responses only); bubblespec
-(pre-gen + siblings + self, no history); bubblespec-keyed (same, `seed_mode: keyed`).
-Figures and definitions: `bubblespec.bench_modes`. Critical-path decode steps = max over
-ranks of that rank's engine forward passes in the step (the ranks report them).
-
-Writes `<out>/bench.json`, `<out>/lengths.json` (nospec response lengths by prompt, for
-`bubblespec simulate --lengths`), `<out>/critical_path.png`, `<out>/timeline.png`. The last
-line printed is `critical_path_decode_step_reduction: ...`.
+Each benchmark's module is imported only when it runs (the engine bench imports vLLM).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import asyncio
 import json
 import sys
-import time
-import traceback
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from bubblespec.bench_modes import (
-    BASELINE,
-    MODES,
-    BenchDoc,
-    Mode,
-    format_table,
-    greedy_agreement,
-    lengths_doc,
-    mode_by_name,
-    totals,
-)
+from bubblespec.bench.modes import MODES
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
+def _service(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("service", help="the same GRPO schedule under each rollout mode",
+                       description="The same GRPO schedule through the service under each "
+                       "rollout mode, each on its own fresh local cluster (about 13 min here); "
+                       "writes bench.json, lengths.json and plots to --out.")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=8)
@@ -70,162 +45,97 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--out", default="out/bench")
     p.add_argument("--timeline-step", type=int, default=1,
                    help="schedule step drawn in timeline.png")
-    return p.parse_args(list(argv))
 
 
-def run_mode(mode: Mode, args: argparse.Namespace, model_dir: str, task: Any) -> dict[str, Any]:
-    from bubblespec.cli.train_demo import HEADER, run_grpo
-    from bubblespec.cli.up import LocalCluster
-    from bubblespec.client import BubbleSpecClient
-
-    t0 = time.monotonic()
-    log_dir = Path(args.out) / "logs" / mode.name
-    log_dir.mkdir(parents=True, exist_ok=True)
-    rank_args = [*mode.rank_args, *args.extra_rank_args.split()]
-    with LocalCluster(ranks=args.ranks, model=model_dir, rank_args=rank_args,
-                      log_dir=log_dir) as cluster:
-        start_s = time.monotonic() - t0
-        print(f"[{mode.name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args)})",
-              flush=True)
-        with BubbleSpecClient(cluster.gateway_url) as client:
-            client.wait_ready(timeout_s=300)
-            gp = task.make_prompts(args.greedy_prompts, 10_000 + args.seed)
-            g = client.rollout(gp, n=2, sampling_params={
-                "temperature": 0.0, "max_new_tokens": task.max_new_tokens,
-                "seed_mode": mode.seed_mode}, pregen=False)
-            greedy = g.output_ids()
-            sampling = {"temperature": args.temperature, "max_new_tokens": task.max_new_tokens,
-                        "seed_mode": mode.seed_mode}
-            print(HEADER, flush=True)
-            steps = run_grpo(client, task, model_dir, args.steps, args.prompts, args.n,
-                             sampling, seed=args.seed, lr=args.lr, pregen=mode.pregen,
-                             epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
-                             work_dir=str(Path(args.out) / "weights" / mode.name),
-                             log=lambda s: print(f"[{mode.name}] {s}", flush=True))
-    return {"rank_args": rank_args, "pregen": mode.pregen,
-            "seed_mode": mode.seed_mode, "pregen_window": mode.pregen_window,
-            "cluster_start_s": start_s,
-            "mode_wall_s": time.monotonic() - t0, "greedy_output_ids": greedy,
-            "steps": steps, "totals": totals(steps)}
+def _engine(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("engine", help="decode steps of one batch under each speculation mode",
+                       description="vLLM engines on the embedded model under each speculation "
+                       "mode: a batch rolled out with new weights, drafts pre-generated by the "
+                       "old ones (the suffix row needs `make bench-deps`).")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--model", default="", help="model dir (default: the embedded model)")
 
 
-def plot_critical(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, r in results.items():
-        if r.get("steps"):
-            ax.plot([s["step"] for s in r["steps"]],
-                    [s["decode_steps_critical"] for s in r["steps"]], "o-", label=name)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("critical-path decode steps\n(slowest rank's forward passes)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Critical-path decode steps per step, by rollout mode (measured)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _suffix(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("suffix", help="bubblespec suffix index vs arctic-inference",
+                       description="bubblespec suffix index vs arctic-inference (one core, "
+                       "seeded RL-like workload; arctic rows need `make bench-deps`).")
+    p.add_argument("--groups", type=int, default=64, help="prompt groups (default 64)")
+    p.add_argument("--quick", action="store_true", help="8 groups (smoke run)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--no-arctic", action="store_true", help="skip arctic even if installed")
+    p.add_argument("--no-live", action="store_true", help="skip the live-append rows")
 
 
-def plot_timeline(results: dict[str, Any], step: int, path: Path) -> None:
-    """Per-rank bars of one step: decode (busy), pre-gen and idle seconds, per mode. Drawn
-    from the synchronizer's per-rank totals (decode first, then the bubble: pre-gen, idle)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = []
-    for name, r in results.items():
-        st = r.get("steps") or []
-        if step < len(st):
-            for rank, b in sorted(st[step]["bubble"].items()):
-                rows.append((f"{name}/{rank}", b))
-    if not rows:
-        return
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-    colors = {"decode": "tab:blue", "pre-gen": "tab:orange", "idle": "lightgray"}
-    for i, (label, b) in enumerate(rows):
-        busy, pg, idle = (b.get("busy_s") or 0), (b.get("pregen_s") or 0), (b.get("idle_s") or 0)
-        left = 0.0
-        for kind, w in (("decode", busy), ("pre-gen", pg), ("idle", idle)):
-            ax.barh(i, w, left=left, color=colors[kind], label=kind if i == 0 else None)
-            left += w
-    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds since step open")
-    ax.set_title(f"Per-rank time in GRPO step {step} (measured; decode, then bubble)")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _per_request(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("per-request", help="per-request view of the keyed GRPO schedule",
+                       description="Per-request view of the keyed GRPO schedule: which "
+                       "response sets each step's critical path, and how far it followed its "
+                       "pre-generated draft.")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--window", choices=["bubble", "training"], default="training")
+    p.add_argument("--top", type=int, default=4, help="requests shown per step")
+    p.add_argument("--out", default="", help="also write every request's figures (JSON)")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from bubblespec.cli.train_demo import resolve_model
-    from bubblespec.tasks import default_task
+def _sync(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sync", help="the synchronizer's RPC round trips on loopback",
+                       description="Cost of the synchronizer itself: RPC round trips on "
+                       "loopback as a rank sees them, and in-daemon handler time (JSON).")
+    p.add_argument("--n", type=int, default=2000, help="calls per RPC (default 2000)")
 
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for add in (_service, _engine, _suffix, _per_request, _sync):
+        add(sub)
+    return p
+
+
+def _run_service(args: argparse.Namespace) -> int:
+    from bubblespec.bench.modes import mode_by_name
+    from bubblespec.bench.service import ServiceBenchConfig, run_bench
+    from bubblespec.train.demo import resolve_model
+
+    cfg = ServiceBenchConfig(**{k: v for k, v in vars(args).items() if k != "bench"})
     try:
-        model_dir = resolve_model(args.model)
-        modes = mode_by_name([m for m in args.modes.split(",") if m])
+        model_dir = resolve_model(cfg.model)
+        modes = mode_by_name([m for m in cfg.modes.split(",") if m])
     except (FileNotFoundError, ValueError) as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    task = default_task()
-    config = {k: v for k, v in vars(args).items()}
-    config["model"] = model_dir
-    doc = BenchDoc(config=config)
-    t_all = time.monotonic()
-    for mode in modes:
-        if mode.needs and importlib.util.find_spec(mode.needs) is None:
-            print(f"[{mode.name}] skipped: {mode.needs} not importable", flush=True)
-            doc.modes[mode.name] = {"skipped": f"{mode.needs} not importable"}
-            continue
-        try:
-            doc.modes[mode.name] = run_mode(mode, args, model_dir, task)
-        except Exception as e:  # noqa: BLE001 (one failed mode must not lose the others)
-            traceback.print_exc()
-            doc.modes[mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
-        (out / "bench.json").write_text(json.dumps(doc.as_dict(), indent=1))
-    doc.greedy = greedy_agreement({k: v.get("greedy_output_ids") for k, v in doc.modes.items()})
-    base = doc.modes.get(BASELINE, {})
-    if base.get("steps"):
-        (out / "lengths.json").write_text(json.dumps(lengths_doc(
-            base["steps"], "bubblespec bench, nospec mode, all steps, response tokens")))
-    d = doc.as_dict()
-    (out / "bench.json").write_text(json.dumps(d, indent=1))
-    try:
-        plot_critical(doc.modes, out / "critical_path.png")
-        plot_timeline(doc.modes, args.timeline_step, out / "timeline.png")
-        plots = "critical_path.png, timeline.png"
-    except ImportError:
-        plots = "no plots (matplotlib missing)"
-    print()
-    print(format_table(doc.modes))
-    g = d["greedy_check"]
-    print(f"\ngreedy check (temperature 0, initial weights, reference {g.get('reference')}): "
-          + ", ".join(f"{k}: {'identical' if v['identical'] else str(v['differing_sequences']) + '/' + str(v['sequences']) + ' differ'}"
-                      for k, v in g.get("modes", {}).items()))
-    print("sampled check (mean reward over all steps +- sem, vs nospec within 3 sem): "
-          + ", ".join(f"{k}: {v['mean_reward']:.3f}+-{v['sem']:.3f}"
-                      + ("" if "within_noise" not in v else
-                         (" ok" if v["within_noise"] else " DIFFERS"))
-                      for k, v in d["reward_check"].items()))
-    if d["keyed_check"]:
-        print("keyed check (sampled token ids at T=1.0 vs keyed sampling without speculation, "
-              "every step): " + ", ".join(
-                  f"{k}: {v['identical_steps']}/{v['steps']} steps identical"
-                  for k, v in d["keyed_check"].items()))
-    print(f"wrote {out}/bench.json, lengths.json, {plots} in {time.monotonic() - t_all:.0f} s")
-    print(d["final_line"], flush=True)
+    run_bench(cfg, model_dir, modes)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bubblespec bench`."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.bench == "service":
+        return _run_service(args)
+    if args.bench == "engine":
+        from bubblespec.bench.engine import EngineBenchConfig, run
+
+        asyncio.run(run(EngineBenchConfig(args.prompts, args.n, args.seed, args.lr,
+                                          args.model)))
+    elif args.bench == "suffix":
+        from bubblespec.bench.suffix import run_bench as run_suffix
+
+        groups = 8 if args.quick else args.groups
+        if groups < 1:
+            print("--groups must be >= 1", file=sys.stderr)
+            return 1
+        run_suffix(groups, args.seed, arctic=not args.no_arctic, live=not args.no_live)
+    elif args.bench == "per-request":
+        from bubblespec.bench.per_request import run_per_request
+
+        run_per_request(args.steps, args.window, args.top, args.out)
+    else:
+        from bubblespec.bench import sync_latency
+
+        print(json.dumps(sync_latency.run(args.n), indent=2))
+    return 0

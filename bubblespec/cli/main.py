@@ -1,7 +1,9 @@
 """`bubblespec` console script: one subcommand per role.
 
-Each subcommand lives in its role's module and exposes `main(argv) -> int`; this
-dispatcher imports it lazily so that `bubblespec sync` never imports vLLM.
+Each service's subcommand lives in its role's module (`sync`, `gateway`, `rank`); every other
+one in `bubblespec/cli/`, which only parses arguments and calls the library. Each exposes
+`main(argv) -> int`; this dispatcher imports it lazily so that `bubblespec sync` never
+imports vLLM.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "sync": ("bubblespec.synchronizer.server", "run the gRPC synchronizer daemon (+ draft store)"),
     "gateway": ("bubblespec.gateway.server", "run the HTTP gateway in front of the rank servers"),
-    "up": ("bubblespec.cli.up", "start a local cluster: synchronizer, N ranks and a gateway"),
     "rank": ("bubblespec.rank.server", "run a rank server (FastAPI + vLLM engine)"),
+    "up": ("bubblespec.cli.up", "start a local cluster: synchronizer, N ranks and a gateway"),
     "health": ("bubblespec.cli.health", "probe a process: gRPC health or HTTP /health_generate"),
-    "simulate": ("bubblespec.cli.simulate", "model rollout steps at scale (modelled figures)"),
+    "run": ("bubblespec.cli.run", "rollout steps with pre-generation on a local cluster"),
     "train-demo": ("bubblespec.cli.train_demo", "a real GRPO loop through a local cluster"),
-    "bench": ("bubblespec.cli.bench", "the same GRPO schedule under each rollout mode"),
+    "bench": ("bubblespec.cli.bench", "benchmarks: service, engine, suffix, per-request, sync"),
+    "simulate": ("bubblespec.cli.simulate", "model rollout steps at scale (modelled figures)"),
+    "train-tiny": ("bubblespec.cli.train_tiny", "train the embedded tiny model from scratch"),
+    "proto": ("bubblespec.cli.proto", "regenerate (or --check) the checked-in gRPC code"),
 }
 
 

@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from bubblespec.sim.engine_time import (
     COMPUTE_EFFICIENCY,
     ENGINE_OVERHEAD_S,
@@ -23,10 +21,11 @@ from bubblespec.sim.engine_time import (
     PER_TOKEN_EXTRA_S,
     EngineTime,
 )
-from bubblespec.sim.model import SimConfig, simulate
+from bubblespec.sim.model import SimConfig
 from bubblespec.sim.policy import default_modes, load_accept_json, merge_modes, parse_mode_flag
-from bubblespec.sim.report import TAG, lines_preamble, lines_table, plot, to_json
-from bubblespec.sim.workload import LengthSource, length_stats
+from bubblespec.sim.report import TAG
+from bubblespec.sim.run import Scenario, project, report
+from bubblespec.sim.workload import LengthSource
 
 EPILOG = f"""\
 All output is MODELLED. Engine time per forward = t_fixed + t_token*W + t_flop*max(0, W-ridge)
@@ -38,7 +37,7 @@ them for --params-b billion bf16 parameters from NVIDIA datasheets ({', '.join(
 (assumptions; see bubblespec/sim/engine_time.py). H100 defaults: t_fixed 7.99 ms, t_flop
 32.5 us, ridge 184 tokens, t_kv 48.9 ns (Llama-3.1-8B: 16.06 GB weights, 128 KiB KV/token).
 
---accept-json takes what `bubblespec bench` measured: {{"MODE": {{"accepted_per_forward": x,
+--accept-json takes what `bubblespec bench service` measured: {{"MODE": {{"accepted_per_forward": x,
 "pregen_coverage": y, "drafted_per_forward": d}}, ...}} (accepted excludes the bonus token);
 bubblespec* modes (not *siblings*) pre-generate; their covered-position acceptance is solved
 from x at coverage y, the uncovered one taken from bubblespec_siblings or suffix (details in
@@ -56,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="comma-separated rank counts R (default 8..1024, powers of two)")
     a("--lengths", help="response lengths JSON: a list of ints, or {'lengths': [...], "
       "'by_prompt': [[...], ...]} (by_prompt keeps sibling correlation), e.g. dumped by "
-      "`bubblespec bench`. Default: SYNTHETIC log-normal (see --median-len)")
+      "`bubblespec bench service`. Default: SYNTHETIC log-normal (see --median-len)")
     a("--length-scale", type=float, default=1.0,
       help="multiply file lengths (map a small model's task onto longer responses; default 1)")
     a("--median-len", type=float, default=2000.0,
@@ -100,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="ACC/DRAFTED per forward while pre-generating (default 0/0: plain decoding)")
     a("--rpc-ms", type=float, default=0.5,
       help="synchronizer RPC latency in ms (default 0.5, assumed in-cluster gRPC; measure "
-      "with python -m bubblespec.synchronizer.bench)")
-    a("--accept-json", help="acceptance figures per mode from `bubblespec bench` (see below)")
+      "with bubblespec bench sync)")
+    a("--accept-json",
+      help="acceptance figures per mode from `bubblespec bench service` (see below)")
     a("--mode", action="append", default=[], metavar="SPEC",
       help="add or replace a mode: NAME=ACC/DRAFTED or "
       "NAME=pregen:ACC_COV/DRAFTED_COV,ACC_UNC/DRAFTED_UNC (repeatable)")
@@ -127,73 +127,51 @@ def _f(x: float | None, scale: float) -> float | None:
     return None if x is None else x * scale
 
 
+def scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario the flags describe (ValueError, OSError or KeyError on bad input)."""
+    ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
+    if not ranks or min(ranks) < 1:
+        raise ValueError("--ranks needs positive integers")
+    pa, pd = (float(x) for x in args.pregen_accept.split("/"))
+    et = EngineTime.preset(args.gpu, args.params_b, 2.0, args.kv_bytes_per_token)
+    et = et.with_overrides(t_fixed=_f(args.t_fixed_ms, 1e-3), t_token=_f(args.t_token_us, 1e-6),
+                           t_flop=_f(args.t_flop_us, 1e-6), ridge=args.ridge_tokens,
+                           t_kv=_f(args.t_kv_ns, 1e-9))
+    if args.lengths:
+        lengths = LengthSource.from_json(args.lengths, args.length_scale)
+    else:
+        lengths = LengthSource.default(args.median_len, args.tail_ratio, args.sibling_corr,
+                                       args.max_new_tokens)
+    notes: list[str] = []
+    modes = default_modes()
+    if args.accept_json:
+        modes, notes = load_accept_json(args.accept_json)
+    modes = merge_modes(modes, [parse_mode_flag(m) for m in args.mode])
+    if args.only_modes:
+        keep = {x.strip() for x in args.only_modes.split(",")}
+        modes = [m for m in modes if m.is_baseline or m.name in keep]
+    cfg = SimConfig(prompts_per_rank=args.prompts_per_rank, prompts=args.prompts, n=args.n,
+                    max_num_seqs=args.max_num_seqs, assign=args.assign,
+                    lpt_noise=args.lpt_noise, prompt_len=args.prompt_len,
+                    steps=args.steps, warmup_steps=args.warmup_steps,
+                    poll_every=args.poll_every, pregen_claim=args.pregen_claim,
+                    pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
+                    rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv, seed=args.seed)
+    acceptance = "from " + Path(args.accept_json).name if args.accept_json else "assumed"
+    return Scenario(cfg, ranks, modes, et, lengths, notes, acceptance)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `bubblespec simulate`."""
     args = build_parser().parse_args(argv)
     t0 = time.monotonic()
-
-    def err(msg: str) -> int:
-        print(f"{TAG} bubblespec simulate: error: {msg}", file=sys.stderr)
-        return 2
-
     try:
-        ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
-        if not ranks or min(ranks) < 1:
-            raise ValueError("--ranks needs positive integers")
-        pa, pd = (float(x) for x in args.pregen_accept.split("/"))
-        et = EngineTime.preset(args.gpu, args.params_b, 2.0, args.kv_bytes_per_token)
-        et = et.with_overrides(t_fixed=_f(args.t_fixed_ms, 1e-3), t_token=_f(args.t_token_us, 1e-6),
-                               t_flop=_f(args.t_flop_us, 1e-6), ridge=args.ridge_tokens,
-                               t_kv=_f(args.t_kv_ns, 1e-9))
-        if args.lengths:
-            lengths = LengthSource.from_json(args.lengths, args.length_scale)
-        else:
-            lengths = LengthSource.default(args.median_len, args.tail_ratio, args.sibling_corr,
-                                           args.max_new_tokens)
-        notes: list[str] = []
-        modes = default_modes()
-        if args.accept_json:
-            modes, notes = load_accept_json(args.accept_json)
-        modes = merge_modes(modes, [parse_mode_flag(m) for m in args.mode])
-        if args.only_modes:
-            keep = {x.strip() for x in args.only_modes.split(",")}
-            modes = [m for m in modes if m.is_baseline or m.name in keep]
-        cfg = SimConfig(prompts_per_rank=args.prompts_per_rank, prompts=args.prompts, n=args.n,
-                        max_num_seqs=args.max_num_seqs, assign=args.assign,
-                        lpt_noise=args.lpt_noise, prompt_len=args.prompt_len,
-                        steps=args.steps, warmup_steps=args.warmup_steps,
-                        poll_every=args.poll_every, pregen_claim=args.pregen_claim,
-                        pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
-                        rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv, seed=args.seed)
-        if cfg.steps < 1 or cfg.poll_every < 1 or cfg.pregen_claim < 1 or cfg.max_num_seqs < 1:
-            raise ValueError("--steps, -T, --pregen-claim and --max-num-seqs must be >= 1")
-        if cfg.prompts is not None and cfg.prompts < max(ranks):
-            notes.append(f"{cfg.prompts} prompts over up to {max(ranks)} ranks: some ranks "
-                         "get no prompt (all bubble)")
-        stats = length_stats(lengths.sample(np.random.default_rng(args.seed), 4096, cfg.n))
-        results = simulate(cfg, ranks, modes, et, lengths)
+        projection = project(scenario(args))
     except (ValueError, OSError, KeyError) as e:
-        return err(str(e))
-    lines = lines_preamble(cfg, et, lengths, stats, modes, notes) + lines_table(results)
-    for line in lines:
-        print(line)
-    if args.out:
-        import json
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "simulate.json").write_text(json.dumps(
-            to_json(cfg, ranks, et, lengths, stats, modes, notes, results), indent=1))
-        try:
-            kind = "synthetic" if lengths.synthetic else "empirical"
-            src = "from " + Path(args.accept_json).name if args.accept_json else "assumed"
-            plot(results, out / "simulate.png",
-                 f"{et.gpu} engine model; {kind} lengths; acceptance {src}")
-            print(f"{TAG} wrote {out / 'simulate.json'} and {out / 'simulate.png'}")
-        except ImportError:
-            print(f"{TAG} wrote {out / 'simulate.json'}; no plot: matplotlib is not installed")
-    print(f"{TAG} simulated {len(ranks)} rank counts x {len(modes)} modes in "
+        print(f"{TAG} bubblespec simulate: error: {e}", file=sys.stderr)
+        return 2
+    report(projection, Path(args.out) if args.out else None)
+    s = projection.scenario
+    print(f"{TAG} simulated {len(s.ranks)} rank counts x {len(s.modes)} modes in "
           f"{time.monotonic() - t0:.1f} s (wall time of the simulator, not of a rollout)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Generate the checked-in Python code for `proto/bubblespec/rpc/v1/*.proto`.
 
-`python -m bubblespec.rpc.gen` (what `make proto` runs) writes `*_pb2.py`, `*_pb2.pyi` and
+`bubblespec proto` (what `make proto` runs) writes `*_pb2.py`, `*_pb2.pyi` and
 `*_pb2_grpc.py` next to `bubblespec/rpc/v1/__init__.py`. The proto root is `proto/`, whose
 layout mirrors the Python package, so protoc itself emits the right absolute imports
 (`from bubblespec.rpc.v1 import ...`): no hand edits, no sed.
@@ -10,9 +10,7 @@ layout mirrors the Python package, so protoc itself emits the right absolute imp
 
 from __future__ import annotations
 
-import argparse
 import filecmp
-import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -67,24 +65,3 @@ def stale_files(repo_root: Path = REPO_ROOT) -> list[str]:
                 problems.append(f"{path.name}: differs from a fresh generation")
         return problems
 
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: generate into the repository (default) or `--out`, or `--check` freshness."""
-    parser = argparse.ArgumentParser(prog="python -m bubblespec.rpc.gen", description=__doc__)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT, help="output root (default: repo)")
-    parser.add_argument("--check", action="store_true", help="only check the checked-in files")
-    args = parser.parse_args(argv)
-    if args.check:
-        problems = stale_files()
-        for p in problems:
-            print(f"stale: {p}", file=sys.stderr)
-        if problems:
-            print("run `make proto` (python -m bubblespec.rpc.gen)", file=sys.stderr)
-        return 1 if problems else 0
-    for path in generate(args.out):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

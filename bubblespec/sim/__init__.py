@@ -4,7 +4,8 @@ Everything here is MODELLED, never measured: per-rank continuous batching over R
 (`rollout`), a decode-step time model of a GPU engine (`engine_time`), pre-generation of the
 next step in the bubble with PollStop every T decode steps (`pregen`), acceptance figures per
 rollout mode (`policy`), response lengths from a bench dump or a labelled synthetic default
-(`workload`), the step loop and summaries (`model`), and the table / JSON / plot (`report`).
+(`workload`), the step loop and summaries (`model`), the table / JSON / plot (`report`), and
+one `bubblespec simulate` run (`run`).
 Pure Python + numpy; matplotlib only for the plot, imported when plotting.
 """
 

@@ -6,8 +6,9 @@ and draft tokens VERIFIED per forward (what the extra forward tokens cost). Mode
 pre-generation (bubblespec) have two pairs: one for positions covered by the aligned
 pre-generated draft, one for the other positions (siblings only).
 
-Sources, in order of precedence: `--mode` flags > `--accept-json` (from `bubblespec bench`) >
-the built-in ASSUMED defaults below (not measured; replace them with bench figures):
+Sources, in order of precedence: `--mode` flags > `--accept-json` (from
+`bubblespec bench service`) > the built-in ASSUMED defaults below (not measured; replace
+them with bench figures):
 
 - ngram: 0.3 accepted / 1.2 drafted. vLLM prompt-lookup n-gram rarely finds the prompt
   repeated in reasoning outputs; mean acceptance length ~1.3 tokens per forward.

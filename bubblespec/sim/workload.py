@@ -1,7 +1,7 @@
 """Response lengths and the assignment of prompts to ranks, for the simulator.
 
 Lengths come from an empirical distribution (a JSON file, for instance dumped by
-`bubblespec bench`) or, without one, from a clearly labelled synthetic default:
+`bubblespec bench service`) or, without one, from a clearly labelled synthetic default:
 
 - `[int, ...]`: lengths of single responses, drawn i.i.d. (siblings uncorrelated);
 - `{"lengths": [...]}`: the same;

@@ -33,6 +33,6 @@ def default_model_dir() -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"default model not found at {path}; rebuild it with "
-            "`python -m bubblespec.tasks.train_tiny --out bubblespec/assets/tiny-llama`"
+            "`bubblespec train-tiny --out bubblespec/assets/tiny-llama`"
         )
     return path

@@ -1,6 +1,6 @@
 """Train the embedded default model: a ~0.9M-parameter Llama on the addchain task, on a CPU.
 
-    python -m bubblespec.tasks.train_tiny --out bubblespec/assets/tiny-llama
+    bubblespec train-tiny --out bubblespec/assets/tiny-llama
 
 Supervised training from scratch (seeded) on responses with injected slips (see
 :mod:`bubblespec.tasks.addchain`), then a short evaluation that samples prompts x samples at
@@ -12,12 +12,12 @@ transformers load offline, plus ``training_report.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -161,25 +161,29 @@ def save(model, out: Path, report: dict) -> int:
     return sum(f.stat().st_size for f in out.iterdir() if f.is_file())
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    """Parse arguments, train, evaluate, save; returns the report."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("bubblespec/assets/tiny-llama"))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tokens", type=int, default=3_000_000, help="training tokens (padded)")
-    ap.add_argument("--batch-tokens", type=int, default=1024,
-                    help="padded tokens per optimizer step (small batches learn faster here)")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--uniform-fraction", type=float, default=0.1)
-    ap.add_argument("--slip-value", type=float, default=Slips.value)
-    ap.add_argument("--slip-skip", type=float, default=Slips.skip)
-    ap.add_argument("--slip-repeat", type=float, default=Slips.repeat)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1 is robust on a shared 2-core machine)")
-    ap.add_argument("--eval-prompts", type=int, default=64)
-    ap.add_argument("--eval-samples", type=int, default=4)
-    args = ap.parse_args(argv)
+@dataclass(frozen=True)
+class TinyTrainConfig:
+    """What `bubblespec train-tiny` runs (its flags; defaults and help in its `--help`)."""
 
+    out: Path
+    seed: int
+    tokens: int
+    """Training tokens (padded)."""
+    batch_tokens: int
+    """Padded tokens per optimizer step (small batches learn faster here)."""
+    lr: float
+    uniform_fraction: float
+    slip_value: float
+    slip_skip: float
+    slip_repeat: float
+    threads: int
+    """Torch threads (1 is robust on a shared 2-core machine)."""
+    eval_prompts: int
+    eval_samples: int
+
+
+def run(args: TinyTrainConfig) -> dict:
+    """Train, evaluate, save; returns the report."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     task = AddChainTask()
@@ -206,13 +210,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     report = {
         "task": task.name, "seed": args.seed, "parameters": n_params, "steps": len(losses),
         "train_seconds": round(train_s, 1), "final_loss": round(final_loss, 4),
-        "slips": vars(slips), "args": {k: str(v) for k, v in vars(args).items()},
+        "slips": vars(slips), "args": {k: str(v) for k, v in asdict(args).items()},
         "eval_transformers_t1": rep,
     }
     size = save(model, args.out, report)
     print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
     return report
-
-
-if __name__ == "__main__":
-    main()

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import uvicorn
 
-from bubblespec.cli.up import free_ports
 from bubblespec.client import (
     AsyncBubbleSpecClient,
     BubbleSpecClient,
@@ -21,6 +20,7 @@ from bubblespec.client import (
     StepReport,
 )
 from bubblespec.client.client import prompt_json, rollout_body, sampling_json
+from bubblespec.cluster import free_ports
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.server import create_app
 from bubblespec.protocol.gateway import (

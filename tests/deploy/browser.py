@@ -87,7 +87,7 @@ def serve_app(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Run an ASGI app with uvicorn on a free loopback port in a thread; yields its URL."""
     import uvicorn
 
-    from bubblespec.cli.up import free_ports
+    from bubblespec.cluster import free_ports
 
     (port,) = free_ports(1, host)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",

@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bubblespec.cli import health as hc
 from bubblespec.cli.main import main as cli_main
-from bubblespec.cli.up import free_ports
+from bubblespec.cluster import free_ports
 from tests.deploy.helpers import REPO
 
 

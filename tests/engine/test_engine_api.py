@@ -14,7 +14,7 @@ from bubblespec.engine import GenRequest
 from bubblespec.protocol.errors import InvalidRequest
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_task
-from tests.engine.conftest import model_dir
+from tests.engine_fixtures import model_dir
 
 pytestmark = pytest.mark.engine
 

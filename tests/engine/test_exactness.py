@@ -20,7 +20,7 @@ from scipy.stats import chi2_contingency
 from bubblespec.engine import GenRequest
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_task
-from tests.engine.conftest import model_dir, start_engine
+from tests.engine_fixtures import model_dir, start_engine
 
 pytestmark = pytest.mark.engine
 

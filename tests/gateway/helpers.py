@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from bubblespec.cli.up import Child, LocalCluster, free_ports
+from bubblespec.cluster.local import Child, LocalCluster, free_ports
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.server import create_app
 

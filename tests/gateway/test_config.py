@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bubblespec.cli.up import free_ports
+from bubblespec.cluster import free_ports
 from bubblespec.config import ConfigError, load_config
 from bubblespec.gateway.config import ENV_PREFIX, GatewayConfig
 

@@ -19,7 +19,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
-from bubblespec.cli.up import free_ports
+from bubblespec.cluster import free_ports
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.server import create_app as gateway_app
 from bubblespec.http.edge import UNAUTHORIZED, build_app, protected_router

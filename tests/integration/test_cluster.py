@@ -18,14 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
-from bubblespec.cli.up import LocalCluster
 from bubblespec.client import BubbleSpecClient, BubbleSpecError, BubbleSpecUnavailable
+from bubblespec.cluster import LocalCluster
 from bubblespec.protocol.gateway import RolloutResponse
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError
 from bubblespec.tasks.addchain import MAX_STEPS
+from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import engine_model_dir
-from tests.integration.helpers import local_cluster
 
 pytestmark = pytest.mark.engine
 

@@ -18,10 +18,10 @@ import httpx
 import pytest
 import yaml
 
-from bubblespec.cli.up import LocalCluster, free_ports
 from bubblespec.client import BubbleSpecClient
+from bubblespec.cluster import LocalCluster, free_ports
+from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import DEPLOY, ensure_tool
-from tests.integration.helpers import local_cluster
 
 pytestmark = pytest.mark.engine
 

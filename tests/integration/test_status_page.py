@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from bubblespec.cli.up import LocalCluster
 from bubblespec.client import BubbleSpecClient
+from bubblespec.cluster import LocalCluster
+from tests.cluster.helpers import local_cluster
 from tests.deploy.browser import OUT, Dom, capture, chromium, serve_app
-from tests.integration.helpers import local_cluster
 
 pytestmark = pytest.mark.engine
 

@@ -1,4 +1,4 @@
-"""Pure parts of `bubblespec bench`: the rollout modes, per-step figures, totals, the
+"""Pure parts of `bubblespec bench service`: the rollout modes, per-step figures, totals, the
 reduction formula and the JSON shape (no cluster, no torch; tested in tests/bench).
 
 Definitions (documented once, used everywhere):

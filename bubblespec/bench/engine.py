@@ -1,4 +1,4 @@
-"""`make bench-engine`: decode steps of one rollout batch under each speculation mode.
+"""`bubblespec bench engine` (`make bench-engine`): decode steps of one batch per speculation mode.
 
 Setup (tiny model, its task, temperature 1.0): batch B0 is sampled with the shipped
 weights and one GRPO update turns them into new weights; meanwhile the OLD weights
@@ -12,17 +12,28 @@ sampled lengths differ between modes, reductions are computed per generated toke
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import importlib.util
 import tempfile
 import time
+from dataclasses import dataclass
 
 from bubblespec.engine import EngineConfig, GenRequest
 from bubblespec.engine.engine import RolloutEngine
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_model_dir, default_task
 from bubblespec.train.grpo import Rollout, Trainer
+
+
+@dataclass(frozen=True)
+class EngineBenchConfig:
+    """What `bubblespec bench engine` runs (its flags; defaults and help in its `--help`)."""
+
+    prompts: int
+    n: int
+    seed: int
+    lr: float
+    model: str
+    """HF model directory ("": the embedded model)."""
 
 
 def requests(prompts: list, n: int, seed: int, max_new: int, eos: int,
@@ -55,7 +66,9 @@ async def run_mode(name: str, cfg: EngineConfig, reqs: list[GenRequest]) -> dict
         await eng.shutdown()
 
 
-async def main(args: argparse.Namespace) -> None:
+async def run(args: EngineBenchConfig) -> None:
+    """B0 and the pre-generation of B1 with the old weights, one GRPO update, then B1
+    under each mode with the new weights; prints the table and the reductions."""
     task = default_task()
     old_dir = args.model or str(default_model_dir())
     b0 = task.make_prompts(args.prompts, seed=args.seed)
@@ -119,18 +132,9 @@ async def main(args: argparse.Namespace) -> None:
         red[r["mode"]] = 1 - (r["steps"] / max(r["tokens"], 1)) / base
     fmt = {k: (f"{red[k]:.3f}" if k in red else "n/a") for k in
            ("ngram", "suffix", "bubblespec_siblings", "bubblespec_pregen")}
-    print(f"bubblespec_pregen_keyed (keyed-noise sampling, issue 7): "
+    print(f"bubblespec_pregen_keyed (pre-generated drafts + keyed-noise sampling): "
           f"{red.get('bubblespec_pregen_keyed', float('nan')):.3f}")
     print("decode_step_reduction_vs_nospec: ngram={ngram} suffix={suffix} "
           "bubblespec_siblings={bubblespec_siblings} bubblespec_pregen={bubblespec_pregen}"
           .format(**fmt))
 
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--model", default="", help="model dir (default: the embedded model)")
-    asyncio.run(main(ap.parse_args()))

@@ -1,4 +1,4 @@
-"""Pure parts of `bubblespec bench`: per-step figures, totals, the reduction formula, the
+"""Pure parts of `bubblespec bench service`: per-step figures, totals, the reduction formula, the
 final line and the JSON shape (no cluster)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bubblespec.bench_modes import (
+from bubblespec.bench.modes import (
     MODES,
     BenchDoc,
     final_line,

@@ -1,19 +1,15 @@
-"""`bubblespec up` / LocalCluster without engines: a child that dies during start stops
-the rest and is reported with its log tail; ports are distinct; shutdown leaves nothing."""
+"""LocalCluster without engines: a child that dies during start stops the rest and is
+reported with its log tail; ports are distinct; shutdown leaves nothing."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from bubblespec.cli.up import ClusterError, LocalCluster, free_ports
-
-from .helpers import REPO_ROOT
+from bubblespec.cluster import ClusterError, LocalCluster, free_ports
 
 
 def _gone(pid: int) -> bool:
@@ -43,24 +39,6 @@ def test_child_dying_during_start_stops_everything(tmp_path: Path) -> None:
         if child.proc is not None:
             assert _gone(child.proc.pid), child.name
     assert (tmp_path / "sync.log").exists() and (tmp_path / "r0.log").exists()
-
-
-def test_up_command_exits_nonzero_with_the_log_tail(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "bubblespec.cli.main", "up", "--ranks", "1", "--model",
-         str(tmp_path), "--rank-arg=--no-such-flag", "--log-dir", str(tmp_path), "--grace-s", "3"],
-        check=False, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "r0 exited with code 2" in r.stderr and "no-such-flag" in r.stderr
-
-
-def test_up_help_and_bad_args() -> None:
-    r = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "up", "--help"],
-                       check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert r.returncode == 0 and "--rank-arg" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "up", "--ranks", "0"],
-                       check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert r.returncode == 2
 
 
 @pytest.mark.engine

@@ -1,6 +1,6 @@
 """The synchronizer's own cost on loopback (figures printed; run with -s to see them).
 
-Full run: `python -m bubblespec.synchronizer.bench --n 2000`. The bound asserted here is loose
+Full run: `bubblespec bench sync --n 2000`. The bound asserted here is loose
 (a shared 2-core CI box): it catches an accidental O(queue) handler or a blocking call, not
 noise.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from bubblespec.synchronizer import bench
+from bubblespec.bench import sync_latency as bench
 
 
 def test_poll_and_claim_round_trips_are_sub_millisecond_scale() -> None:

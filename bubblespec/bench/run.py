@@ -1,7 +1,4 @@
-"""`make run`: a local cluster, a few rollout steps with pre-generation, a per-step table.
-
-    python -m bubblespec.cli.run_demo [--steps 4] [--prompts 8] [--n 4] [--ranks 2]
-                                      [--rank-arg=--spec-mode=none] [--gateway-url URL]
+"""`bubblespec run` (`make run`): a local cluster, rollout steps with pre-generation, a table.
 
 Starts `LocalCluster(ranks=2)` (unless `--gateway-url` points at a running gateway), rolls out
 `--steps` steps of the embedded task through the blocking client, each step passing the next
@@ -15,16 +12,33 @@ step's prompts and results).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from bubblespec.cli.up import ClusterError, LocalCluster
 from bubblespec.client import BubbleSpecClient, BubbleSpecError, RolloutResponse, StepReport
+from bubblespec.cluster import LocalCluster
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What `bubblespec run` runs (its flags; defaults and help in `bubblespec run --help`)."""
+
+    steps: int
+    prompts: int
+    n: int
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    ranks: int
+    model: str | None
+    rank_arg: list[str]
+    log_dir: str | None
+    gateway_url: str | None
+    json: str | None
 
 
 @dataclass
@@ -130,26 +144,10 @@ def sync_rpc_seconds(metrics_url: str | None) -> float | None:
                if line.startswith("bubblespec_sync_rpc_duration_seconds_sum"))
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bubblespec.cli.run_demo",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
-    p.add_argument("--n", type=int, default=4, help="samples per prompt")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=0, help="0: the task's budget")
-    p.add_argument("--seed", type=int, default=0, help="prompt seed of the first step")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
-    p.add_argument("--rank-arg", action="append", default=[], metavar="ARG")
-    p.add_argument("--log-dir", default=None)
-    p.add_argument("--gateway-url", default=None, help="use a running gateway")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the records")
-    return p.parse_args(list(argv))
-
-
-def run(args: argparse.Namespace, url: str, sync_metrics: str | None = None
-        ) -> list[StepRecord]:
+def run_and_report(args: RunConfig, url: str, sync_metrics: str | None = None
+                   ) -> list[StepRecord]:
+    """Roll out `args.steps` steps through the gateway at `url`, print the per-step table and
+    the synchronizer's share of step wall time (from `sync_metrics`, its /metrics URL)."""
     from bubblespec.tasks import default_task
 
     task = default_task()
@@ -171,34 +169,22 @@ def run(args: argparse.Namespace, url: str, sync_metrics: str | None = None
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"step": r.step, "wall_s": r.wall_s, "mean_reward": r.mean_reward,
-                        "counters": asdict(r.result.counters),
-                        "ranks": [asdict(x) for x in r.result.ranks],
-                        "bubbles": [asdict(x) for x in r.report.ranks] if r.report else None}
+                        "counters": r.result.counters.model_dump(),
+                        "ranks": [x.model_dump() for x in r.result.ranks],
+                        "bubbles": [x.model_dump() for x in r.report.ranks] if r.report else None}
                        for r in records], f, indent=1)
     return records
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        if args.gateway_url:
-            run(args, args.gateway_url)
-            return 0
-        print(f"starting a local cluster with {args.ranks} rank(s) (engines take ~20 s)...",
+def run_demo(args: RunConfig) -> list[StepRecord]:
+    """`run_and_report` against `args.gateway_url`, or against a fresh `LocalCluster` of
+    `args.ranks` ranks (ClusterError if it does not start)."""
+    if args.gateway_url:
+        return run_and_report(args, args.gateway_url)
+    print(f"starting a local cluster with {args.ranks} rank(s) (engines take ~20 s)...",
+          flush=True)
+    with LocalCluster(ranks=args.ranks, model=args.model, rank_args=args.rank_arg,
+                      log_dir=args.log_dir) as cluster:
+        print(f"cluster ready: gateway {cluster.gateway_url}, logs {cluster.log_dir}",
               flush=True)
-        with LocalCluster(ranks=args.ranks, model=args.model, rank_args=args.rank_arg,
-                          log_dir=args.log_dir) as cluster:
-            print(f"cluster ready: gateway {cluster.gateway_url}, logs {cluster.log_dir}",
-                  flush=True)
-            run(args, cluster.gateway_url, cluster.addresses()["sync_metrics"])
-        return 0
-    except ClusterError as e:
-        print(f"run_demo: cluster failed: {e}", file=sys.stderr)
-        return 1
-    except BubbleSpecError as e:
-        print(f"run_demo: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return run_and_report(args, cluster.gateway_url, cluster.addresses()["sync_metrics"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.suffix_bench import accepted_prefix, make_workload
+from bubblespec.bench.suffix import accepted_prefix, make_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM = r"(\d+\.\d{3}|n/a)"
@@ -18,7 +18,8 @@ LAST = re.compile(rf"^ratios vs arctic: speculate_median={NUM} insert_per_token=
 
 
 def run_bench(*args: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "bench.suffix_bench", "--groups", "1", *args],
+    out = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "bench", "suffix",
+                          "--groups", "1", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()

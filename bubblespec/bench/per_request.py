@@ -1,36 +1,31 @@
 """Per-request view of the keyed GRPO schedule: which response sets each step's critical
 path, and how far it followed its pre-generated draft.
 
-    .venv/bin/python -m bench.per_request [--steps 5] [--window training] [--out FILE]
+    bubblespec bench per-request [--steps 5] [--window training] [--out FILE]
 
-Runs the `bubblespec bench` schedule (its greedy check, then 8 prompts x n=8, T=1.0, keyed sampling, lr 1e-4,
-prompt batches repeating every 3 steps) on a fresh 2-rank local cluster and prints, per
-step, the requests with the most forward passes: length, forward passes, accepted tokens
+Runs the `bubblespec bench service` schedule (its greedy check, then 8 prompts x n=8, T=1.0,
+keyed sampling, lr 1e-4, prompt batches repeating every 3 steps) on a fresh 2-rank local
+cluster and prints, per step, the requests with the most forward passes: length, forward passes, accepted tokens
 and accepted tokens from the aligned pre-generated response. A response that leaves its
 draft early shows few pre-gen-accepted tokens and many forward passes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from bubblespec.cli.train_demo import run_grpo
-    from bubblespec.cli.up import LocalCluster
+def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out: str = ""
+                    ) -> list[dict[str, Any]]:
+    """Run the keyed schedule for `steps` steps with pre-generation in `window` ("bubble" or
+    "training"); print the `top` requests with the most forward passes per step, write every
+    request's figures to `out` (JSON) when given, and return them."""
     from bubblespec.client import BubbleSpecClient
+    from bubblespec.cluster import LocalCluster
     from bubblespec.tasks import default_model_dir, default_task
+    from bubblespec.train.schedule import run_grpo
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--window", choices=["bubble", "training"], default="training")
-    ap.add_argument("--top", type=int, default=4, help="requests shown per step")
-    ap.add_argument("--out", default="", help="also write every request's figures (JSON)")
-    args = ap.parse_args(argv)
     task, model = default_task(), str(default_model_dir())
     results: list[Any] = []
     with LocalCluster(ranks=2, model=model,
@@ -52,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         client.rollout = keep  # type: ignore[method-assign]
         sampling = {"temperature": 1.0, "max_new_tokens": task.max_new_tokens,
                     "seed_mode": "keyed"}
-        run_grpo(client, task, model, args.steps, 8, 8, sampling, seed=0, lr=1e-4,
-                 pregen=True, epoch_steps=3, pregen_window=args.window, log=print)
+        run_grpo(client, task, model, steps, 8, 8, sampling, seed=0, lr=1e-4,
+                 pregen=True, epoch_steps=3, pregen_window=window, log=print)
     rows = [{"step": k, "prompt_key": p.prompt_key, "sample_index": s.sample_index,
              "tokens": len(s.output_ids), "decode_steps": s.decode_steps,
              "accepted": s.num_accepted_tokens,
@@ -61,15 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k, r in enumerate(results) for p in r.prompts for s in p.samples]
     print("\nstep  prompt            sample  tokens  fwd  accepted  accepted from pre-gen")
     for k in range(len(results)):
-        top = sorted((r for r in rows if r["step"] == k), key=lambda r: -r["decode_steps"])
-        for r in top[:args.top]:
+        longest = sorted((r for r in rows if r["step"] == k), key=lambda r: -r["decode_steps"])
+        for r in longest[:top]:
             print(f"{k:>4}  {r['prompt_key']:<16}  {r['sample_index']:>6}  {r['tokens']:>6}  "
                   f"{r['decode_steps']:>3}  {r['accepted']:>8}  {r['accepted_pregen']:>21}")
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return rows

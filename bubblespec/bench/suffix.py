@@ -1,6 +1,6 @@
 """Suffix draft index benchmark: bubblespec's automaton index vs arctic-inference's C++ tree.
 
-Run from the repo root: ``python -m bench.suffix_bench`` (``--quick`` or ``--groups N`` for a
+``bubblespec bench suffix`` (``make bench-suffix``; ``--quick`` or ``--groups N`` for a
 smaller run). Everything runs in one process pinned to one core; the implementations are
 interleaved group by group, so machine noise hits all of them alike.
 
@@ -34,7 +34,6 @@ The last line compares the static bubblespec row with the arctic per-group tree 
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import os
@@ -347,29 +346,25 @@ def ratios(ours: dict, other: dict) -> str:
             f"bytes_per_token={q('bytes')} accepted_per_step={q('accepted')}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="bubblespec suffix index vs arctic-inference")
-    ap.add_argument("--groups", type=int, default=64, help="prompt groups (default 64)")
-    ap.add_argument("--quick", action="store_true", help="8 groups (smoke run)")
-    ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    ap.add_argument("--no-arctic", action="store_true", help="skip arctic even if installed")
-    ap.add_argument("--no-live", action="store_true", help="skip the live-append rows")
-    args = ap.parse_args(argv)
-    groups = 8 if args.quick else args.groups
+def run_bench(groups: int = 64, seed: int = 0, arctic: bool = True, live: bool = True
+              ) -> None:
+    """Build the workload, measure every implementation, print the table and the ratios
+    (the last line: static bubblespec row vs arctic's per-group tree). `arctic=False` skips
+    arctic-inference even when it is installed; `live=False` skips the live-append rows."""
     if groups < 1:
-        raise SystemExit("--groups must be >= 1")
+        raise ValueError("--groups must be >= 1")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
-    work = make_workload(groups, seed=args.seed)
+    work = make_workload(groups, seed=seed)
     ntok = sum(len(r) for g in work for r in g[:-1])
     print(f"workload: {groups} groups x 8 responses, {ntok} stored tokens, "
           f"{sum(len(g[-1]) for g in work)} decoded tokens; depth {DEPTH}, path drafts <= "
           f"{MAX_SPEC} tokens, min_token_prob {PARAMS.min_token_prob}; pinned to core 0")
-    have_arctic = arctic_available() and not args.no_arctic
+    have_arctic = arctic_available() and arctic
     classes = [Ours] + ([ArcticTree, ArcticCache] if have_arctic else [])
     mems = {cls.name: memory_of(cls, work, ntok) for cls in classes}
     impls = [cls() for cls in classes]
-    lives = [] if args.no_live else [Live(im) for im in impls]
+    lives = [Live(im) for im in impls] if live else []
     res = run(impls + lives, work)
     notes = {Ours.name: f"tracemalloc (nbytes() {res['nbytes'] / ntok:.1f})",
              ArcticTree.name: "estimate_memory()",
@@ -378,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     live_rows = [row(lv.name, res[lv.name], ntok, None, "") for lv in lives]
     print_table(rows + live_rows)
     if not have_arctic:
-        print("arctic-inference not installed: run make bench-deps" if not args.no_arctic
+        print("arctic-inference not installed: run make bench-deps" if arctic
               else "arctic-inference skipped (--no-arctic)")
         print("ratios vs arctic: speculate_median=n/a insert_per_token=n/a "
               "bytes_per_token=n/a accepted_per_step=n/a")
@@ -391,6 +386,3 @@ def main(argv: list[str] | None = None) -> None:
           f"a per-group index)")
     print(f"ratios vs arctic: {ratios(rows[0], rows[1])}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Cost of the synchronizer itself: RPC round trips on loopback, as a rank sees them.
 
-`python -m bubblespec.synchronizer.bench [--n 2000]` starts a daemon in a child process (so
+`bubblespec bench sync [--n 2000]` starts a daemon in a child process (so
 client and server do not share an event loop or a core's GIL), then times sequential calls
 through `SyncClient`: PollStop (what a pre-generating rank pays every T decode steps),
 ClaimTasks of 1 and 8 tasks (256-token prompts), PushDrafts of one 256-token draft,
@@ -10,9 +10,7 @@ and, from the daemon's own histogram, the mean time spent inside its handlers.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import re
 import statistics
 import subprocess
@@ -108,16 +106,3 @@ def run(n: int = 2000) -> dict[str, dict[str, float]]:
         proc.terminate()
         proc.wait(timeout=10)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: print the latency table as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m bubblespec.synchronizer.bench",
-                                     description=__doc__)
-    parser.add_argument("--n", type=int, default=2000, help="calls per RPC (default 2000)")
-    args = parser.parse_args(argv)
-    print(json.dumps(run(args.n), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

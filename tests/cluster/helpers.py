@@ -1,14 +1,18 @@
-"""Shared by the integration modules: one real 2-rank local cluster per module."""
+"""LocalCluster helpers for the tests: the repository root, and one real 2-rank local cluster
+per module (the integration modules share it)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bubblespec.cli.up import LocalCluster
+from bubblespec.cluster import LocalCluster
 from tests.deploy.helpers import engine_model_dir
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def local_cluster(tmp_path_factory: pytest.TempPathFactory, **kw: Any

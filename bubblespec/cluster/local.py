@@ -1,0 +1,333 @@
+"""`LocalCluster`: a synchronizer, N rank servers and a gateway as child processes on one host.
+
+Picks free loopback ports, starts the synchronizer, then the ranks and the gateway, and
+waits until all are ready (gRPC health for the synchronizer, `/health_generate` for ranks
+and gateway, and the gateway seeing every rank). A child that dies during start stops the
+rest and raises `ClusterError` with that child's log tail. `stop()` sends SIGTERM to every
+child, then SIGKILL to whatever is left after a grace period. Each child logs to
+`<log-dir>/<name>.log`. Used by `bubblespec up`, `bubblespec run`, the benchmarks and the
+tests:
+
+    with LocalCluster(ranks=2) as c:
+        BubbleSpecClient(c.gateway_url).rollout(...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from typing_extensions import Self
+
+from bubblespec.cluster.base import Cluster, ClusterError
+
+CHILD_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+             "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+"""Defaults for children's environment (the caller's environment wins)."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free TCP ports on `host` (held open together while choosing)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Child:
+    """One child process of the cluster."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (kept open by the child)
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
+        finally:
+            log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def signal(self, sig: int, group: bool = False) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(self.proc.pid, sig)
+            elif self.proc.poll() is None:
+                self.proc.send_signal(sig)
+
+
+@dataclass
+class LocalCluster(Cluster):
+    """A synchronizer, `ranks` rank servers and a gateway on loopback, as child processes."""
+
+    ranks: int = 2
+    model: str | None = None
+    rank_args: Sequence[str] = ()
+    gateway_args: Sequence[str] = ()
+    sync_args: Sequence[str] = ()
+    log_dir: str | Path | None = None
+    host: str = "127.0.0.1"
+    gateway_port: int = 0
+    sync_port: int = 0
+    token: str | None = None
+    start_timeout_s: float = 600.0
+    grace_s: float = 10.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    bind_cores: bool = True
+    """Pin rank i's engine threads to its own cores when there are enough (else vLLM's auto)."""
+    python: str = sys.executable
+    children: dict[str, Child] = field(default_factory=dict, init=False)
+    _rank_ports: list[int] = field(default_factory=list, init=False, repr=False)
+    _sync_metrics_port: int = field(default=0, init=False, repr=False)
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.host}:{self.gateway_port}"
+
+    @property
+    def sync_address(self) -> str:
+        return f"{self.host}:{self.sync_port}"
+
+    @property
+    def rank_ids(self) -> list[str]:
+        return [f"r{i}" for i in range(self.ranks)]
+
+    @property
+    def rank_urls(self) -> dict[str, str]:
+        return {r: f"http://{self.host}:{p}" for r, p in zip(self.rank_ids, self._rank_ports)}
+
+    def addresses(self) -> dict[str, Any]:
+        return {"gateway": self.gateway_url, "synchronizer": self.sync_address,
+                "sync_metrics": f"http://{self.host}:{self._sync_metrics_port}/metrics",
+                "ranks": self.rank_urls, "log_dir": str(self.log_dir)}
+
+    # ------------------------------------------------------------------ start / stop
+
+    def _cmd(self, *args: str) -> list[str]:
+        return [self.python, "-m", "bubblespec.cli.main", *args]
+
+    def _child_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {**CHILD_ENV, **os.environ, **self.env, **(extra or {})}
+        root = str(Path(__file__).resolve().parents[2])  # a checkout without `pip install -e`
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def _plan(self) -> None:
+        ports = free_ports(3 + self.ranks, self.host)
+        self.sync_port = self.sync_port or ports[0]
+        self.gateway_port = self.gateway_port or ports[1]
+        self._sync_metrics_port = ports[2]
+        self._rank_ports = ports[3:]
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix="bubblespec-up-")
+        log_dir = Path(self.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        tok = ["--token", self.token] if self.token else []
+        self.children["sync"] = Child("sync", self._cmd(
+            "sync", "--host", self.host, "--port", str(self.sync_port), "--metrics-host",
+            self.host, "--metrics-port", str(self._sync_metrics_port), *tok, *self.sync_args),
+            log_dir / "sync.log", self._child_env())
+        cores = os.cpu_count() or 1
+        per = cores // self.ranks if self.ranks else 0
+        for i, (rank_id, port) in enumerate(zip(self.rank_ids, self._rank_ports)):
+            extra = {}
+            if self.bind_cores and per >= 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                lo, hi = i * per, (i + 1) * per - 1
+                extra["VLLM_CPU_OMP_THREADS_BIND"] = f"{lo}-{hi}" if hi > lo else str(lo)
+            argv = ["rank", "--rank-id", rank_id, "--host", self.host, "--port", str(port),
+                    "--sync-address", self.sync_address]
+            if self.model:
+                argv += ["--model", str(self.model)]
+            if self.token:
+                argv += ["--token", self.token, "--sync-token", self.token]
+            self.children[rank_id] = Child(rank_id, self._cmd(*argv, *self.rank_args),
+                                           log_dir / f"{rank_id}.log", self._child_env(extra))
+        argv = ["gateway", "--host", self.host, "--port", str(self.gateway_port),
+                "--sync-address", self.sync_address, "--ranks",
+                json.dumps([f"{self.host}:{p}" for p in self._rank_ports])]
+        if self.model:
+            argv += ["--tokenizer", str(self.model)]
+        if self.token:
+            argv += ["--token", self.token, "--rank-token", self.token, "--sync-token",
+                     self.token]
+        self.children["gateway"] = Child("gateway", self._cmd(*argv, *self.gateway_args),
+                                         log_dir / "gateway.log", self._child_env())
+
+    def start(self) -> Self:
+        """Start every child and wait until all are ready; ClusterError (all stopped) if not."""
+        if not self.model and not any(a.startswith("--model") for a in self.rank_args):
+            from bubblespec.tasks import default_model_dir
+
+            try:
+                default_model_dir()
+            except FileNotFoundError as e:
+                raise ClusterError(f"no model for the ranks: {e} (or pass --model DIR)") from None
+        self._plan()
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            self.children["sync"].start()
+            self._wait(["sync"], deadline, lambda _n: self._sync_ready())
+            for name in [*self.rank_ids, "gateway"]:
+                self.children[name].start()
+            self._wait(self.rank_ids, deadline, self._rank_ready)
+            self._wait(["gateway"], deadline, lambda _n: self._gateway_sees_all())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait(self, names: list[str], deadline: float, ready: Any) -> None:
+        pending = list(names)
+        while pending:
+            for name, child in self.children.items():
+                if child.proc is not None and not child.alive:
+                    raise ClusterError(
+                        f"{name} exited with code {child.proc.returncode} during start "
+                        f"(log {child.log_path}); last lines:\n{child.log_tail()}")
+            pending = [n for n in pending if not ready(n)]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {n} ({self.children[n].log_path}):\n"
+                                  f"{self.children[n].log_tail(15)}" for n in pending)
+                raise ClusterError(f"not ready after {self.start_timeout_s:g} s: "
+                                   f"{', '.join(pending)}\n{tails}")
+            time.sleep(0.25)
+
+    def _sync_ready(self) -> bool:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(self.sync_address) as ch:
+            try:
+                r = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+            except grpc.RpcError:
+                return False
+            return r.status == health_pb2.HealthCheckResponse.SERVING
+
+    def _rank_ready(self, name: str) -> bool:
+        """Ready once /health_generate says 200; ClusterError when the engine failed to start
+        (the rank stays up and reports why, which would otherwise wait out the timeout)."""
+        try:
+            r = httpx.get(self.rank_urls[name] + "/health_generate", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        if r.status_code == 200:
+            return True
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = None
+        if isinstance(detail, str) and "fail" in detail:
+            child = self.children[name]
+            raise ClusterError(f"{name}: {detail} (log {child.log_path}); last lines:\n"
+                               f"{child.log_tail()}")
+        return False
+
+    @staticmethod
+    def _http_ready(url: str) -> bool:
+        try:
+            return httpx.get(url, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _gateway_sees_all(self) -> bool:
+        if not self._http_ready(self.gateway_url + "/health_generate"):
+            return False
+        try:
+            r = httpx.get(self.gateway_url + "/v1/ranks", timeout=5.0).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        ready = {x["rank_id"] for x in r.get("ranks", []) if x.get("ready")
+                 and x.get("registered")}
+        return ready >= set(self.rank_ids) if r.get("sync_ok") else False
+
+    def stop(self) -> None:
+        """SIGTERM every child (gateway, ranks, synchronizer), SIGKILL after the grace period;
+        then SIGKILL each child's process group (engine processes a rank left behind)."""
+        order = [c for n in ["gateway", *self.rank_ids, "sync"]
+                 if (c := self.children.get(n)) is not None]
+        for child in order:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for child in order:
+            if child.proc is None:
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for child in order:
+            child.signal(signal.SIGKILL, group=True)
+            if child.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(timeout=5)
+
+    # ------------------------------------------------------------------ faults (tests)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to a child's whole process group (simulates a crash)."""
+        self.children[name].signal(sig, group=True)
+        proc = self.children[name].proc
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+    def restart(self, name: str, timeout_s: float = 120.0) -> None:
+        """Start a dead child again with the same command and wait until it is ready."""
+        child = self.children[name]
+        if child.alive:
+            raise ClusterError(f"{name} is still running")
+        child.start()
+        deadline = time.monotonic() + timeout_s
+        if name == "sync":
+            self._wait([name], deadline, lambda _n: self._sync_ready())
+        elif name == "gateway":
+            self._wait([name], deadline,
+                       lambda _n: self._http_ready(self.gateway_url + "/health_generate"))
+        else:
+            self._wait([name], deadline, self._rank_ready)

@@ -1,0 +1,104 @@
+"""The GRPO schedule through the rollout service: rollout -> reward -> train -> push weights.
+
+Step k rolls out a prompt batch through a gateway (passing the next step's prompts ahead so
+idle ranks pre-generate them), scores the samples with the task's reward, takes one
+`Trainer.step` (group-normalised advantages, PPO-clipped ratio against the rollout's
+log-probs), saves the weights and pushes them with `update_weights`. Each step's figures are
+those of `bubblespec.bench.modes.step_figures` plus the trainer's statistics.
+`bubblespec train-demo` runs it once; `bubblespec bench service` runs it per rollout mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bubblespec.bench.modes import step_figures
+from bubblespec.protocol.sampling import PregenWindow
+from bubblespec.train.grpo import Rollout, Trainer
+
+
+def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_step: int, n: int,
+             sampling: dict[str, Any], seed: int = 0, lr: float = 1e-4, pregen: bool = True,
+             work_dir: str | None = None, log: Callable[[str], None] = print,
+             train: bool = True, timeline_settle_s: float = 0.3,
+             epoch_steps: int = 0, pregen_window: PregenWindow | None = None
+             ) -> list[dict[str, Any]]:
+    """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
+    with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
+    `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
+    Returns one dict per step (figures of `step_figures` plus trainer stats)."""
+    trainer = Trainer(model_dir, lr=lr, seed=seed) if train else None
+    own_tmp = work_dir is None
+    wdir = Path(tempfile.mkdtemp(prefix="bubblespec-grpo-") if own_tmp else work_dir)
+    batches = [task.make_prompts(prompts_per_step, seed + (k % epoch_steps if epoch_steps else k))
+               for k in range(steps + 1)]
+    records: list[dict[str, Any]] = []
+    prev_dir: Path | None = None
+    try:
+        for k in range(steps):
+            nxt = batches[k + 1] if (pregen and k + 1 < steps) else None
+            t0 = time.monotonic()
+            res = client.rollout(batches[k], n=n, sampling_params=sampling, next_prompts=nxt,
+                                 pregen=pregen, pregen_window=pregen_window)
+            wall = time.monotonic() - t0
+            groups = []
+            for p, pr in zip(batches[k], res.prompts):
+                outs = [s.output_ids for s in pr.samples]
+                groups.append(Rollout(list(p.input_ids), outs,
+                                      [list(s.output_logprobs or []) for s in pr.samples],
+                                      [task.reward(p, o) for o in outs]))
+            rewards = [r for g in groups for r in g.rewards]
+            mean_reward = sum(rewards) / max(1, len(rewards))
+            t1 = time.monotonic()
+            stats: dict[str, Any] = {}
+            if trainer is not None:
+                stats = trainer.step(groups)
+                vdir = wdir / f"v{k + 1}"
+                trainer.save(str(vdir))
+                client.update_weights(str(vdir), version=k + 1)
+                if prev_dir is not None:
+                    shutil.rmtree(prev_dir, ignore_errors=True)
+                prev_dir = vdir
+            train_s = time.monotonic() - t1
+            report = None
+            try:
+                time.sleep(timeline_settle_s)
+                report = client.step_timeline(res.step).model_dump()
+            except Exception as e:  # noqa: BLE001 (a missing timeline must not stop training)
+                log(f"step {k}: no timeline ({e})")
+            fig = step_figures(res.model_dump(), report, wall, mean_reward)
+            fig.update(step=k, service_step=res.step, train_s=train_s,
+                       max_abs_logprob_gap=float(stats.get("max_abs_logprob_gap", 0.0)),
+                       loss=float(stats.get("loss", 0.0)), trained_samples=stats.get("samples"),
+                       prompt_keys=[pr.prompt_key for pr in res.prompts],
+                       output_lengths=[[len(s.output_ids) for s in pr.samples]
+                                       for pr in res.prompts],
+                       output_ids_sha256=hashlib.sha256(json.dumps(
+                           [[s.output_ids for s in pr.samples] for pr in res.prompts]
+                       ).encode()).hexdigest(),
+                       warnings=list(res.warnings))
+            records.append(fig)
+            log(format_row(fig))
+    finally:
+        if own_tmp:
+            shutil.rmtree(wdir, ignore_errors=True)
+    return records
+
+
+HEADER = (f"{'step':>4} {'reward':>7} {'wall s':>7} {'crit dec':>8} {'tok/fwd':>7} "
+          f"{'pregen':>6} {'pg acc':>6} {'lp gap':>8}")
+
+
+def format_row(f: dict[str, Any]) -> str:
+    """One step of `run_grpo` as a line under `HEADER`."""
+    return (f"{f['step']:>4} {f['mean_reward']:>7.3f} {f['wall_s']:>7.2f} "
+            f"{f['decode_steps_critical']:>8} {f['tokens_per_forward']:>7.2f} "
+            f"{f['pregen_tokens']:>6} {f['accepted_pregen_tokens']:>6} "
+            f"{f['max_abs_logprob_gap']:>8.2e}")
