@@ -87,51 +87,6 @@ def mode_by_name(names: Iterable[str]) -> list[Mode]:
     return out
 
 
-def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
-                 wall_s: float, mean_reward: float) -> dict[str, Any]:
-    """One step's figures from the rollout's JSON-like dict (`RolloutResponse` as a dict:
-    counters, ranks, prompts) and the step timeline (`StepReport` as a dict, or None)."""
-    c = result.get("counters", {})
-    ranks = result.get("ranks", [])
-    crit = int(c.get("decode_steps_critical", 0))
-    crit_source = "rank_forward_passes"
-    if crit <= 0:
-        per_req = [s.get("decode_steps", 0) for p in result.get("prompts", [])
-                   for s in p.get("samples", [])]
-        crit = int(max(per_req, default=0))
-        crit_source = "max_request_decode_steps"
-    lengths = [len(s.get("output_ids", [])) for p in result.get("prompts", [])
-               for s in p.get("samples", [])]
-    rep_ranks = (report or {}).get("ranks", []) or []
-    bubble = {r["rank_id"]: {k: r.get(k) for k in ("busy_s", "bubble_s", "pregen_s", "idle_s",
-                                                    "bubble_fraction", "done_s",
-                                                    "pregen_tokens")}
-              for r in rep_ranks}
-    n_draft = int(c.get("num_draft_tokens", 0))
-    n_acc = int(c.get("num_accepted_tokens", 0))
-    return {
-        "wall_s": float(wall_s),
-        "mean_reward": float(mean_reward),
-        "decode_steps_critical": crit,
-        "critical_source": crit_source,
-        "decode_steps_total": int(c.get("decode_steps_total", 0)),
-        "completion_tokens": int(c.get("completion_tokens", 0)),
-        "tokens_per_forward": float(c.get("tokens_per_forward", 0.0)),
-        "draft_tokens": n_draft,
-        "accepted_tokens": n_acc,
-        "acceptance": n_acc / n_draft if n_draft else None,
-        "pregen_tokens": int((report or {}).get("pregen_tokens", 0) or 0),
-        "window_pregen_tokens": int((report or {}).get("window_pregen_tokens", 0) or 0),
-        "accepted_pregen_tokens": int(c.get("num_accepted_pregen_tokens", 0)),
-        "drafts_fetched_tokens": int(c.get("drafts_fetched_tokens", 0)),
-        "rank_decode_steps": {r["rank_id"]: int(r.get("decode_steps", 0)) for r in ranks},
-        "bubble": bubble,
-        "bubble_fraction": (report or {}).get("bubble_fraction"),
-        "max_len": max(lengths, default=0),
-        "mean_len": sum(lengths) / len(lengths) if lengths else 0.0,
-    }
-
-
 def totals(steps: Sequence[Mapping[str, Any]], skip_first: bool = True) -> dict[str, Any]:
     """Totals of a mode over its steps (`skip_first`: steps after step 0 only, as the
     reduction; the `all_` figures include step 0)."""

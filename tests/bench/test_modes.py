@@ -19,9 +19,9 @@ from bubblespec.bench.modes import (
     reduction,
     reductions,
     reward_agreement,
-    step_figures,
     totals,
 )
+from bubblespec.train.schedule import step_figures
 
 
 def rollout(crit: int, total: int, tokens: int, tpf: float, lens=((3, 5), (2,)),
