@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from bubblespec.engine.types import GenRequest
 from bubblespec.protocol.domain import PregenTask
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
@@ -16,6 +18,8 @@ from bubblespec.tasks import default_task
 from bubblespec.tasks.addchain import MAX_STEPS
 
 from ..synchronizer.helpers import eventually, serving
+
+pytestmark = pytest.mark.engine
 
 KEYED = SamplingParams(temperature=1.0, seed_mode="keyed")
 
