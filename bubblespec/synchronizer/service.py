@@ -73,7 +73,7 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         self.state = state
         self.config = config
         self.metrics = metrics
-        self.v = Validator(config)
+        self.v = Validator(config, state.ranks.is_lost)
         token = config.token.get_secret_value() if config.token else ""
         self._expected_auth = f"Bearer {token}".encode() if token else None
 

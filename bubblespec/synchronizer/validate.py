@@ -6,8 +6,8 @@ ranges of steps, versions, seeds and sample indices are the protocol's
 (`bubblespec.protocol.limits`), the same numbers the HTTP bodies declare, so that nothing
 out of range is stored (a stored step of 2**63 - 1 would make every later step overflow).
 
-Token ids are checked against the vocabulary: the `vocab_size` setting, else the smallest
-vocabulary the registered ranks report. Every rank may fetch a pushed draft or claim a
+Token ids are checked against the vocabulary: the smallest of the `vocab_size` setting and
+the vocabularies the ranks not LOST reported when they registered. Every rank may fetch a pushed draft or claim a
 pre-generation task, so one id outside the smallest vocabulary would reach an engine that
 cannot embed it. With neither known, ids are only checked to be >= 0.
 Checks that depend on the state (unknown rank, step not open) live in `state.py`.
@@ -16,7 +16,7 @@ Checks that depend on the state (unknown rank, step not open) live in `state.py`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -34,11 +34,11 @@ from bubblespec.synchronizer.errors import invalid
 class Validator:
     """Validates requests against the configured limits and the ranks' vocabulary."""
 
-    def __init__(self, config: SyncConfig) -> None:
+    def __init__(self, config: SyncConfig, is_lost: Callable[[str], bool] = lambda _r: False
+                 ) -> None:
         self.c = config
+        self._is_lost = is_lost
         self._vocab_by_rank: dict[str, int] = {}
-        self.vocab_size: int | None = config.vocab_size or None
-        """Token ids must be below this (None: not known yet)."""
 
     def learn_vocab(self, rank_id: str, vocab_size: int) -> None:
         """Record the vocabulary a rank reported at registration (0: not told)."""
@@ -46,10 +46,16 @@ class Validator:
             self._vocab_by_rank[rank_id] = vocab_size
         else:
             self._vocab_by_rank.pop(rank_id, None)
-        sizes = list(self._vocab_by_rank.values())
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids must be below this: the setting, and the vocabulary of every rank not
+        LOST (a rank that went away, or a client that registered a rank and never
+        heartbeats, stops narrowing it); None when neither is known."""
+        sizes = [v for r, v in self._vocab_by_rank.items() if not self._is_lost(r)]
         if self.c.vocab_size:
             sizes.append(self.c.vocab_size)
-        self.vocab_size = min(sizes) if sizes else None
+        return min(sizes) if sizes else None
 
     # ------------------------------------------------------------------ building blocks
 
