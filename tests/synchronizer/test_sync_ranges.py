@@ -4,6 +4,8 @@ the field, nothing of it is stored, and the next normal request works."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -117,3 +119,21 @@ async def test_the_vocab_size_setting_bounds_token_ids_before_any_rank_reports()
                 draft(tokens=[63, 64])]), timeout=2)
         assert e.value.code() is INVALID and e.value.details().startswith("drafts[0].token_ids[1]")
         await channel.close()
+
+
+async def test_a_lost_rank_no_longer_narrows_the_vocabulary() -> None:
+    async with serving(heartbeat_interval_s=0.05, rank_timeout_s=0.3) as (_, client):
+        await client.register("r0", "a", vocab_size=1000)
+        await client.register("tiny", "b", vocab_size=10)  # registers, never heartbeats
+        await client.open_step(0, {"r0": 1})
+        with pytest.raises(SyncError):
+            await client.push_drafts(1, "r0", [PregenDraft("p", 0, [500])])
+        for _ in range(40):  # r0 heartbeats; "tiny" goes LOST
+            await client.heartbeat("r0", RankStatus(RankState.IDLE))
+            lost = [r.rank_id for r in (await client.get_state()).ranks
+                    if r.state is RankState.LOST]
+            if lost == ["tiny"]:
+                break
+            await asyncio.sleep(0.05)
+        assert lost == ["tiny"]
+        assert (await client.push_drafts(1, "r0", [PregenDraft("p", 0, [500])])).stored == 1
