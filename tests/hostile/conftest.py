@@ -19,7 +19,7 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory, token=TOKEN)
+    yield from local_cluster(tmp_path_factory, token=TOKEN, start_timeout_s=600)
 
 
 @pytest.fixture(scope="package")
