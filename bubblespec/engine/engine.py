@@ -23,7 +23,7 @@ from bubblespec.engine import vllm_glue
 from bubblespec.engine.config import EngineConfig
 from bubblespec.engine.sampling import vllm_sampling
 from bubblespec.engine.types import GenRequest, GenResult, SampleResult, SpecMode
-from bubblespec.engine.validate import validate_request
+from bubblespec.engine.validate import bad_token, validate_request
 from bubblespec.protocol.errors import InvalidRequest
 from bubblespec.protocol.keys import group_token, make_request_id
 
@@ -60,6 +60,8 @@ class RolloutEngine:
         self.weight_version = 0
         self.tokens_generated = 0
         """Output tokens of every request so far (a progress counter for time splits)."""
+        self.drafts_dropped = 0
+        """Drafts refused by `add_drafts` for token ids outside the vocabulary."""
         self._gen_count = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -131,10 +133,23 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ drafts
     async def add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
-        """Push pre-generated responses (group key, sample index, token ids) into the index."""
+        """Push pre-generated responses (group key, sample index, token ids) into the index.
+
+        A draft holding an id outside the vocabulary (from a rank with another tokenizer, or
+        a buggy client of the draft store) is dropped and counted in `drafts_dropped`: its
+        embedding lookup would fail the engine step of every request in the batch."""
         if self.cfg.spec_mode != SpecMode.BUBBLESPEC or not items:
             return 0
-        payload = [(group_token(g), int(s), [int(t) for t in ids]) for g, s, ids in items]
+        payload = []
+        for g, s, ids in items:
+            if bad_token(ids, self.vocab_size) is None:
+                payload.append((group_token(g), int(s), [int(t) for t in ids]))
+        if len(payload) < len(items):
+            self.drafts_dropped += len(items) - len(payload)
+            log.warning("dropped %d drafts with token ids outside [0, %d)",
+                        len(items) - len(payload), self.vocab_size)
+        if not payload:
+            return 0
         res = await self.llm.collective_rpc("bubblespec_add_drafts", args=(payload,))
         return int(res[0])
 

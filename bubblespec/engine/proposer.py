@@ -23,6 +23,7 @@ from bubblespec.engine.vllm_glue import (
     install_cpu_sampler_fix,
     max_model_len,
     num_speculative_tokens,
+    vocab_size,
 )
 from bubblespec.protocol.keys import parse_request_id
 
@@ -57,6 +58,8 @@ class BubbleSpecProposer:
         self.vllm_config = vllm_config
         self.k = num_speculative_tokens(vllm_config)
         self.max_model_len = max_model_len(vllm_config)
+        self.vocab_size = vocab_size(vllm_config)
+        self.drafts_dropped = 0  # pushed drafts with ids outside the vocabulary
         self.runner: Any = None
         self.mode = "bubblespec"
         self.inner: VllmProposer | None = None
@@ -102,11 +105,18 @@ class BubbleSpecProposer:
         return self.mode
 
     def add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
-        """Store pre-generated responses: (group token, sample index, token ids)."""
+        """Store pre-generated responses: (group token, sample index, token ids).
+
+        A response with an id outside [0, vocab) is dropped (and counted): drafting it would
+        fail the embedding lookup, and with it the engine step of every request."""
         if not self.pregen:
             return 0
         n = 0
+        vocab = self.vocab_size
         for gtok, sample, ids in items:
+            if any(not 0 <= t < vocab for t in ids):
+                self.drafts_dropped += 1
+                continue
             seq_id = ("pre", gtok, int(sample), len(self.drafts_by_group.get(gtok, ())))
             if ids:
                 self.aligned[(gtok, int(sample))] = list(ids)
@@ -143,7 +153,8 @@ class BubbleSpecProposer:
         return {r: self.finished.pop(r) for r in req_ids if r in self.finished}
 
     def index_stats(self) -> dict[str, int]:
-        return {"groups": len(self.index.groups()), "live_requests": len(self.reqs)}
+        return {"groups": len(self.index.groups()), "live_requests": len(self.reqs),
+                "drafts_dropped": self.drafts_dropped}
 
     # ------------------------------------------------------------------ per step
     def _start(self, req_id: str, row: int, token_ids_cpu: Any, n_prompt: int,

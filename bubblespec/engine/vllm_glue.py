@@ -110,6 +110,10 @@ def max_model_len(vllm_config: Any) -> int:
     return int(vllm_config.model_config.max_model_len)
 
 
+def vocab_size(vllm_config: Any) -> int:
+    return int(vllm_config.model_config.get_vocab_size())
+
+
 def num_speculative_tokens(vllm_config: Any) -> int:
     return int(vllm_config.speculative_config.num_speculative_tokens)
 

@@ -23,6 +23,7 @@ from bubblespec.gateway.service import GatewayService
 from bubblespec.http.edge import app_service, protected_router
 from bubblespec.metrics import CONTENT_TYPE_LATEST
 from bubblespec.protocol.gateway import RolloutRequest
+from bubblespec.protocol.limits import MAX_STEP
 from bubblespec.protocol.rank import WeightUpdate
 
 Gateway = Annotated[GatewayService, Depends(app_service)]
@@ -44,7 +45,7 @@ async def weights(body: WeightUpdate, gw: Gateway) -> dict[str, Any]:
 
 
 @public.get("/v1/steps/{step}")
-async def step_timeline(gw: Gateway, step: int = Path(..., ge=0, lt=2**63)) -> dict[str, Any]:
+async def step_timeline(gw: Gateway, step: int = Path(..., ge=0, le=MAX_STEP)) -> dict[str, Any]:
     return await gw.step_timeline(step)
 
 

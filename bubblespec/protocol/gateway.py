@@ -13,10 +13,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bubblespec.protocol import limits as L
+from bubblespec.protocol.limits import Seeds, Step, TokenIds
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 
-TokenId = Annotated[int, Field(ge=0)]
-Seed = Annotated[int, Field(ge=0, lt=2**63)]
+SeedLists = Annotated[list[Seeds], Field(max_length=L.MAX_LIST)]
 
 
 class _Body(BaseModel):
@@ -30,8 +31,9 @@ class _Reply(BaseModel):
 class PromptIn(_Body):
     """One prompt: token ids, or text tokenized by the gateway (exactly one of the two)."""
 
-    input_ids: list[TokenId] | None = Field(None, description="Prompt token ids.")
-    text: str | None = Field(None, description="Prompt text (tokenized with BOS).")
+    input_ids: TokenIds | None = Field(None, description="Prompt token ids.")
+    text: str | None = Field(None, max_length=16 * L.MAX_PROMPT_TOKENS,
+                             description="Prompt text (tokenized with BOS).")
 
     @model_validator(mode="after")
     def _one_of(self) -> PromptIn:
@@ -44,18 +46,21 @@ class PromptIn(_Body):
         return self
 
 
+PromptList = Annotated[list[PromptIn], Field(max_length=L.MAX_LIST)]
+
+
 class RolloutRequest(_Body):
     """POST /v1/rollout: `n` samples for each prompt of the batch, as one synchronous step."""
 
-    step: int | None = Field(None, ge=0, description="Step number (default: the next one).")
-    prompts: list[PromptIn] = Field(..., min_length=1)
-    n: int = Field(1, ge=1, description="Samples per prompt.")
+    step: Step | None = Field(None, description="Step number (default: the next one).")
+    prompts: PromptList = Field(..., min_length=1)
+    n: int = Field(1, ge=1, le=L.MAX_N, description="Samples per prompt.")
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
-    seeds: list[list[Seed]] | None = Field(
+    seeds: SeedLists | None = Field(
         None, description="Per prompt, one seed per sample (default: derived from run seed).")
-    next_prompts: list[PromptIn] | None = Field(
+    next_prompts: PromptList | None = Field(
         None, description="The next step's prompts, pre-generated in this step's bubble.")
-    next_seeds: list[list[Seed]] | None = Field(
+    next_seeds: SeedLists | None = Field(
         None, description="Seeds the next step will use (default: derived from run seed).")
     return_logprobs: bool = Field(True, description="Include output_logprobs.")
     pregen: bool = Field(True, description="Let ranks that finish early pre-generate.")

@@ -6,8 +6,12 @@ Token-in/token-out with SGLang-style names (`input_ids`, `sampling_params`,
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bubblespec.protocol import limits as L
+from bubblespec.protocol.limits import PromptKey, Seeds, Step, TokenIds
 from bubblespec.protocol.sampling import SamplingParams
 
 
@@ -18,20 +22,29 @@ class _Body(BaseModel):
 class ShardRequest(_Body):
     """One prompt of a shard with all its samples (siblings stay on one rank)."""
 
-    index: int = Field(..., ge=0, description="Position of the prompt in the trainer's batch.")
-    input_ids: list[int] = Field(..., description="Prompt token ids.")
-    n: int = Field(1, ge=1, le=1024, description="Samples of this prompt on this rank.")
-    sample_offset: int = Field(0, ge=0, description="Sample index of the first sample.")
-    seeds: list[int] | None = Field(None, description="One seed per sample (optional).")
-    prompt_key: str | None = Field(None, description="Prompt-group key (default: hash of ids).")
+    index: int = Field(..., ge=0, le=L.MAX_INDEX,
+                       description="Position of the prompt in the trainer's batch.")
+    input_ids: TokenIds = Field(..., description="Prompt token ids.")
+    n: int = Field(1, ge=1, le=L.MAX_N, description="Samples of this prompt on this rank.")
+    sample_offset: int = Field(0, ge=0, le=L.MAX_SAMPLE_INDEX,
+                               description="Sample index of the first sample.")
+    seeds: Seeds | None = Field(None, description="One seed per sample (optional).")
+    prompt_key: PromptKey | None = Field(
+        None, description="Prompt-group key (default: hash of ids).")
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+    @model_validator(mode="after")
+    def _last_sample_index(self) -> ShardRequest:
+        if self.sample_offset + self.n - 1 > L.MAX_SAMPLE_INDEX:
+            raise ValueError(f"sample_offset + n - 1 must be at most {L.MAX_SAMPLE_INDEX}")
+        return self
 
 
 class StepShard(_Body):
     """POST /v1/step_shard: run this rank's share of a step, then pre-generate."""
 
-    step: int = Field(..., ge=0)
-    requests: list[ShardRequest] = Field(default_factory=list)
+    step: Step
+    requests: list[ShardRequest] = Field(default_factory=list, max_length=L.MAX_LIST)
     pregen: bool = Field(True, description="Pre-generate next-step tasks once done.")
     rerun: bool = Field(False, description="Work taken over from a lost rank (no done report).")
 
@@ -68,10 +81,10 @@ class StepShardResult(_Body):
 class GenerateRequest(_Body):
     """POST /generate: SGLang-style single or batched token-in generation."""
 
-    input_ids: list[int] | list[list[int]]
+    input_ids: TokenIds | Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)]
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
-    n: int = Field(1, ge=1, le=1024)
-    seeds: list[int] | None = None
+    n: int = Field(1, ge=1, le=L.MAX_N)
+    seeds: Seeds | None = None
 
 
 class WeightUpdate(_Body):

@@ -13,6 +13,8 @@ import enum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from bubblespec.protocol import limits as L
+
 
 class SeedMode(str, enum.Enum):
     """How a request's seeds drive sampling."""
@@ -40,14 +42,18 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_new_tokens: int = Field(128, ge=1, description="Most tokens to generate.")
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="0 = greedy.")
+    max_new_tokens: int = Field(128, ge=1, le=L.MAX_NEW_TOKENS,
+                                description="Most tokens to generate.")
+    temperature: float = Field(1.0, ge=0, le=L.MAX_TEMPERATURE, allow_inf_nan=False,
+                               description="0 = greedy; at most 2 (vLLM's limit).")
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: int = Field(-1, ge=-1, description="-1 = off (0 is read as -1).")
-    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False, description=(
-        "Divides positive logits (multiplies negative ones) of tokens already in the prompt "
-        "or the output, as vLLM does; 1 = off, > 1 discourages repeats."))
-    stop_token_ids: tuple[int, ...] = Field((), description="Token ids that end a response.")
+    top_k: int = Field(-1, ge=-1, le=L.MAX_TOP_K, description="-1 = off (0 is read as -1).")
+    repetition_penalty: float = Field(
+        1.0, ge=L.MIN_REPETITION_PENALTY, le=L.MAX_REPETITION_PENALTY, allow_inf_nan=False,
+        description="Divides positive logits (multiplies negative ones) of tokens already in "
+                    "the prompt or the output, as vLLM does; 1 = off, > 1 discourages repeats.")
+    stop_token_ids: tuple[L.TokenId, ...] = Field(
+        (), max_length=L.MAX_STOP_TOKEN_IDS, description="Token ids that end a response.")
     ignore_eos: bool = False
     seed_mode: SeedMode = Field(SeedMode.DEFAULT, description=(
         "keyed: keyed Gumbel noise per (seed, position); bit-reproducible with speculation "

@@ -87,7 +87,8 @@ class RankService:
                                    timeout_s=self.cfg.sync_timeout_s)
             try:
                 await self.sync.register(self.rank_id, self.address,
-                                         weight_version=self.engine.weight_version)
+                                         weight_version=self.engine.weight_version,
+                                         vocab_size=self.engine.vocab_size)
             except Exception as e:  # noqa: BLE001 (heartbeats keep retrying the registration)
                 log.warning("synchronizer not reachable yet (%s); decoding without it", e)
         self.worker = RankWorker(self.cfg, self.rank_id, self.engine, self.sync, self.metrics)

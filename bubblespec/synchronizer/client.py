@@ -177,10 +177,12 @@ class SyncClient:
             await asyncio.sleep(0.05)
 
     async def register(self, rank_id: str, address: str, capacity: int | None = None,
-                       weight_version: int = 0, timeout_s: float | None = None) -> Registration:
-        """Register a rank (remembered for automatic re-registration); raises on failure."""
+                       weight_version: int = 0, timeout_s: float | None = None,
+                       vocab_size: int = 0) -> Registration:
+        """Register a rank (remembered for automatic re-registration); raises on failure.
+        `vocab_size` (0: not told) bounds the token ids the synchronizer accepts."""
         request = pb.RegisterRankRequest(rank_id=rank_id, address=address, capacity=capacity,
-                                         weight_version=weight_version)
+                                         weight_version=weight_version, vocab_size=vocab_size)
         self._registrations[rank_id] = request
         return await self._register(request, timeout_s)
 

@@ -46,6 +46,9 @@ class SyncConfig(BaseConfig):
     """Most drafts in one PushDrafts call."""
     max_fetch_keys: int = Field(8192, ge=1)
     """Most prompt keys in one FetchDrafts call."""
+    vocab_size: int = Field(0, ge=0, le=2**31 - 1)
+    """Token ids in pushed drafts and pre-generation prompts must be below this; 0: below the
+    smallest vocabulary the registered ranks report (no upper check before one has)."""
     max_key_bytes: int = Field(1024, ge=1)
     """Longest prompt_key / rank_id / address, in UTF-8 bytes."""
     max_spans_per_report: int = Field(4096, ge=1)

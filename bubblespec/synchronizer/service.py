@@ -73,7 +73,7 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         self.state = state
         self.config = config
         self.metrics = metrics
-        self.v = Validator(config)
+        self.v = Validator(config, state.ranks.is_lost)
         token = config.token.get_secret_value() if config.token else ""
         self._expected_auth = f"Bearer {token}".encode() if token else None
 
@@ -98,6 +98,7 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         self.v.register(r)
         capacity = r.capacity if r.HasField("capacity") else None
         known = self.state.register(r.rank_id, r.address, capacity, r.weight_version)
+        self.v.learn_vocab(r.rank_id, r.vocab_size)
         log.info("rank %s %sregistered (%s)", r.rank_id, "re-" if known else "", r.address)
         cur = self.state.current
         c = self.config
@@ -141,7 +142,7 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
 
     @_rpc(mutating=True)
     def CloseStep(self, r: pb.CloseStepRequest) -> pb.CloseStepResponse:
-        self.v.non_negative(r.step, "step")
+        self.v.step(r.step)
         closed, drafts, tasks = self.state.close_step(r.step)
         return pb.CloseStepResponse(step=r.step, closed_unix_s=closed, dropped_drafts=drafts,
                                     dropped_tasks=tasks)
@@ -208,7 +209,7 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
 
     @_rpc(mutating=False)
     def GetTimeline(self, r: pb.GetTimelineRequest) -> pb.GetTimelineResponse:
-        self.v.non_negative(r.step, "step")
+        self.v.step(r.step)
         return pb.GetTimelineResponse(timeline=cv.timeline_to_pb(self.state.get_timeline(r.step)),
                                       kept_steps=self.state.timeline.kept_steps())
 

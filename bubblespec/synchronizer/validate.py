@@ -1,17 +1,26 @@
 """Field-level validation of every request, before it touches the state.
 
 Each check raises INVALID_ARGUMENT naming the field's path (`drafts[3].token_ids[17]`), so a
-caller can find its bug without reading the daemon's logs. Limits come from `SyncConfig`.
+caller can find its bug without reading the daemon's logs. Sizes come from `SyncConfig`; the
+ranges of steps, versions, seeds and sample indices are the protocol's
+(`bubblespec.protocol.limits`), the same numbers the HTTP bodies declare, so that nothing
+out of range is stored (a stored step of 2**63 - 1 would make every later step overflow).
+
+Token ids are checked against the vocabulary: the smallest of the `vocab_size` setting and
+the vocabularies the ranks not LOST reported when they registered. Every rank may fetch a pushed draft or claim a
+pre-generation task, so one id outside the smallest vocabulary would reach an engine that
+cannot embed it. With neither known, ids are only checked to be >= 0.
 Checks that depend on the state (unknown rank, step not open) live in `state.py`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
+from bubblespec.protocol import limits as L
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.convert import (
@@ -23,10 +32,30 @@ from bubblespec.synchronizer.errors import invalid
 
 
 class Validator:
-    """Validates requests against the configured limits."""
+    """Validates requests against the configured limits and the ranks' vocabulary."""
 
-    def __init__(self, config: SyncConfig) -> None:
+    def __init__(self, config: SyncConfig, is_lost: Callable[[str], bool] = lambda _r: False
+                 ) -> None:
         self.c = config
+        self._is_lost = is_lost
+        self._vocab_by_rank: dict[str, int] = {}
+
+    def learn_vocab(self, rank_id: str, vocab_size: int) -> None:
+        """Record the vocabulary a rank reported at registration (0: not told)."""
+        if vocab_size > 0:
+            self._vocab_by_rank[rank_id] = vocab_size
+        else:
+            self._vocab_by_rank.pop(rank_id, None)
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids must be below this: the setting, and the vocabulary of every rank not
+        LOST (a rank that went away, or a client that registered a rank and never
+        heartbeats, stops narrowing it); None when neither is known."""
+        sizes = [v for r, v in self._vocab_by_rank.items() if not self._is_lost(r)]
+        if self.c.vocab_size:
+            sizes.append(self.c.vocab_size)
+        return min(sizes) if sizes else None
 
     # ------------------------------------------------------------------ building blocks
 
@@ -42,13 +71,30 @@ class Validator:
         if value < 0:
             raise invalid(path, f"must be >= 0, got {value}")
 
+    @staticmethod
+    def in_range(value: int, path: str, hi: int, lo: int = 0) -> None:
+        """lo <= value <= hi."""
+        if not lo <= value <= hi:
+            raise invalid(path, f"must be in [{lo}, {hi}], got {value}")
+
+    def step(self, value: int, path: str = "step") -> None:
+        self.in_range(value, path, L.MAX_STEP)
+
+    def version(self, value: int, path: str = "weight_version") -> None:
+        self.in_range(value, path, L.MAX_WEIGHT_VERSION)
+
     def tokens(self, ids: Sequence[int], path: str, limit: int, offset: int = 0) -> None:
-        """Token ids >= 0 and at most `limit` of them (counting `offset` earlier ones)."""
+        """Token ids in [0, vocabulary) and at most `limit` of them (counting `offset`
+        earlier ones)."""
         if offset + len(ids) > limit:
             raise invalid(path, f"{offset + len(ids)} tokens exceed the limit of {limit}")
-        if ids and min(ids) < 0:
-            i = next(i for i, t in enumerate(ids) if t < 0)
-            raise invalid(f"{path}[{i}]", f"token id must be >= 0, got {ids[i]}")
+        if not ids:
+            return
+        vocab = self.vocab_size
+        if min(ids) < 0 or (vocab is not None and max(ids) >= vocab):
+            bound = "" if vocab is None else f", {vocab}"
+            i = next(i for i, t in enumerate(ids) if t < 0 or (vocab is not None and t >= vocab))
+            raise invalid(f"{path}[{i}]", f"token id {ids[i]} outside [0{bound})")
 
     def count(self, n: int, limit: int, path: str) -> None:
         if n > limit:
@@ -62,24 +108,25 @@ class Validator:
             raise invalid("address", f"longer than {self.c.max_key_bytes} bytes")
         if r.HasField("capacity") and r.capacity < 1:
             raise invalid("capacity", f"must be >= 1 when set, got {r.capacity}")
-        self.non_negative(r.weight_version, "weight_version")
+        self.version(r.weight_version)
+        self.non_negative(r.vocab_size, "vocab_size")
 
     def heartbeat(self, r: pb.HeartbeatRequest) -> None:
         self.key(r.rank_id, "rank_id")
         if r.state not in RANK_STATE_FROM_PB or r.state == pb.RANK_STATE_LOST:
             raise invalid("state", f"{r.state} is not a state a rank can report")
-        self.non_negative(r.weight_version, "weight_version")
+        self.version(r.weight_version)
         for name in ("step", "done_step"):
             if r.HasField(name):
-                self.non_negative(getattr(r, name), name)
+                self.step(getattr(r, name), name)
 
     def step_and_rank(self, r: pb.ReportDoneRequest | pb.PollStopRequest | pb.WatchStepRequest
                       ) -> None:
-        self.non_negative(r.step, "step")
+        self.step(r.step)
         self.key(r.rank_id, "rank_id")
 
     def open_step(self, r: pb.OpenStepRequest) -> None:
-        self.non_negative(r.step, "step")
+        self.step(r.step)
         if r.pregen_window not in pb.PregenWindow.values():
             raise invalid("pregen_window", f"unknown value {r.pregen_window}")
         if not r.shards:
@@ -114,42 +161,42 @@ class Validator:
             sampling_from_pb(sp, p.max_new_tokens)
         except ValidationError as e:
             err = e.errors()[0]
-            name = ".".join(str(x) for x in err["loc"])
-            raise invalid(f"{path}.sampling.{name}",
+            name = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err["loc"])
+            raise invalid(f"{path}.sampling{name}",
                           f"{err['msg']}, got {err.get('input')!r}") from None
-        for j, t in enumerate(sp.stop_token_ids):
-            if t < 0:
-                raise invalid(f"{path}.sampling.stop_token_ids[{j}]", f"must be >= 0, got {t}")
+        self.tokens(sp.stop_token_ids, f"{path}.sampling.stop_token_ids", L.MAX_STOP_TOKEN_IDS)
         if not p.samples:
             raise invalid(f"{path}.samples", "must hold at least one sample")
         indices: set[int] = set()
         for j, s in enumerate(p.samples):
-            self.non_negative(s.sample_index, f"{path}.samples[{j}].sample_index")
+            self.in_range(s.sample_index, f"{path}.samples[{j}].sample_index",
+                          L.MAX_SAMPLE_INDEX)
+            self.in_range(s.seed, f"{path}.samples[{j}].seed", L.MAX_SEED)
             if s.sample_index in indices:
                 raise invalid(f"{path}.samples[{j}].sample_index",
                               f"sample {s.sample_index} is listed twice")
             indices.add(s.sample_index)
 
     def claim(self, r: pb.ClaimTasksRequest) -> None:
-        self.non_negative(r.step, "step")
+        self.step(r.step)
         self.key(r.rank_id, "rank_id")
         if r.max_tasks < 1:
             raise invalid("max_tasks", f"must be >= 1, got {r.max_tasks}")
 
     def push(self, r: pb.PushDraftsRequest) -> None:
-        self.non_negative(r.step, "step")
+        self.step(r.step)
         self.key(r.rank_id, "rank_id")
         self.count(len(r.drafts), self.c.max_drafts_per_push, "drafts")
         for i, d in enumerate(r.drafts):
             path = f"drafts[{i}]"
             self.key(d.prompt_key, f"{path}.prompt_key")
-            self.non_negative(d.sample_index, f"{path}.sample_index")
+            self.in_range(d.sample_index, f"{path}.sample_index", L.MAX_SAMPLE_INDEX)
             self.non_negative(d.offset, f"{path}.offset")
-            self.non_negative(d.weight_version, f"{path}.weight_version")
+            self.version(d.weight_version, f"{path}.weight_version")
             self.tokens(d.token_ids, f"{path}.token_ids", self.c.max_draft_tokens, d.offset)
 
     def fetch(self, r: pb.FetchDraftsRequest) -> None:
-        self.non_negative(r.step, "step")
+        self.step(r.step)
         if not r.prompt_keys:
             raise invalid("prompt_keys", "must name at least one prompt")
         self.count(len(r.prompt_keys), self.c.max_fetch_keys, "prompt_keys")
@@ -158,7 +205,7 @@ class Validator:
 
     def spans(self, r: pb.ReportSpansRequest) -> None:
         self.key(r.rank_id, "rank_id")
-        self.non_negative(r.step, "step")
+        self.step(r.step)
         self.count(len(r.spans), self.c.max_spans_per_report, "spans")
         for i, s in enumerate(r.spans):
             if s.kind not in SPAN_KIND_FROM_PB:
@@ -168,4 +215,4 @@ class Validator:
                 raise invalid(f"spans[{i}].end_unix_s",
                               f"need 0 < start_unix_s <= end_unix_s, got {s.start_unix_s} "
                               f"and {s.end_unix_s}")
-            self.non_negative(s.tokens, f"spans[{i}].tokens")
+            self.in_range(s.tokens, f"spans[{i}].tokens", L.MAX_SPAN_TOKENS)

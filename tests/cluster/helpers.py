@@ -21,6 +21,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory, **kw: Any
     model = engine_model_dir()
     if model is None:
         pytest.skip("no model: build bubblespec/assets/tiny-llama or set BUBBLESPEC_TEST_MODEL")
+    kw.setdefault("start_timeout_s", 300)
     with LocalCluster(ranks=2, model=model, log_dir=tmp_path_factory.mktemp("cluster-logs"),
-                      start_timeout_s=300, **kw) as c:
+                      **kw) as c:
         yield c

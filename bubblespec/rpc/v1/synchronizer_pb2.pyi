@@ -69,16 +69,18 @@ SPAN_KIND_IDLE: SpanKind
 SPAN_KIND_PREGEN_WINDOW: SpanKind
 
 class RegisterRankRequest(_message.Message):
-    __slots__ = ("rank_id", "address", "capacity", "weight_version")
+    __slots__ = ("rank_id", "address", "capacity", "weight_version", "vocab_size")
     RANK_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     rank_id: str
     address: str
     capacity: int
     weight_version: int
-    def __init__(self, rank_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, rank_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class RegisterRankResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s", "rank_timeout_s", "poll_every_decode_steps", "current_step", "instance_id", "max_message_bytes", "reregistered")
