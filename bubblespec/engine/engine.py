@@ -98,7 +98,8 @@ class RolloutEngine:
             worker_extension_cls="bubblespec.engine.vllm_glue.WorkerExtension",
             enable_prefix_caching=True)
         t0 = time.monotonic()
-        llm = AsyncLLM.from_engine_args(args)
+        # in a thread: starting takes seconds, and a rank keeps answering its health probes
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
         await llm.collective_rpc("bubblespec_install_keyed")
