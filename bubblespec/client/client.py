@@ -161,11 +161,16 @@ class BubbleSpecClient(_Common):
                             return_logprobs, pregen, pregen_window)
         return RolloutResponse.model_validate(self._request("POST", "/v1/rollout", body))
 
-    def update_weights(self, path: str, version: int | None = None) -> WeightsResult:
-        """Reload weights from `path` (visible to the ranks) on every rank."""
+    def update_weights(self, path: str, version: int | None = None,
+                       force: bool = False) -> WeightsResult:
+        """Reload weights from `path` (visible to the ranks) on every rank; the ranks
+        validate the checkpoint first. `version` must be newer than the ranks' (409
+        otherwise) unless `force`."""
         body: dict[str, Any] = {"path": str(path)}
         if version is not None:
             body["version"] = version
+        if force:
+            body["force"] = True
         return WeightsResult.model_validate(self._request("POST", "/v1/weights", body))
 
     def step_timeline(self, step: int) -> StepReport:
@@ -230,10 +235,13 @@ class AsyncBubbleSpecClient(_Common):
         return RolloutResponse.model_validate(
             await self._request("POST", "/v1/rollout", body))
 
-    async def update_weights(self, path: str, version: int | None = None) -> WeightsResult:
+    async def update_weights(self, path: str, version: int | None = None,
+                             force: bool = False) -> WeightsResult:
         body: dict[str, Any] = {"path": str(path)}
         if version is not None:
             body["version"] = version
+        if force:
+            body["force"] = True
         return WeightsResult.model_validate(await self._request("POST", "/v1/weights", body))
 
     async def step_timeline(self, step: int) -> StepReport:

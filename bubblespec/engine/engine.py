@@ -5,7 +5,10 @@ sub-requests so that every sample has its own seed and sample index), returns ou
 the target model's log-probs of the emitted tokens, finish reasons and per-request
 counters, and can be stopped early by a caller hook polled every `poll_every` decode steps
 (partial outputs are returned). `update_weights` reloads safetensors in place and bumps
-the weight version that every output is tagged with.
+the weight version that every output is tagged with; it is transactional: the checkpoint is
+validated first (`checkpoint.py`, in a thread) against the manifest of the model the engine
+started with, versions only go up (unless forced), and a reload that fails after validation
+puts the last good checkpoint back. `alive` says whether the engine core still runs.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubblespec.engine import vllm_glue
+from bubblespec.engine.checkpoint import CheckpointError, read_manifest, validate_checkpoint
 from bubblespec.engine.config import EngineConfig
 from bubblespec.engine.sampling import vllm_sampling
 from bubblespec.engine.types import GenRequest, GenResult, SampleResult, SpecMode
 from bubblespec.engine.validate import bad_token, validate_request
-from bubblespec.protocol.errors import InvalidRequest
+from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.keys import group_token, make_request_id
+from bubblespec.protocol.limits import MAX_WEIGHT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +57,18 @@ class _Sub:
 class RolloutEngine:
     """One vLLM engine plus bubblespec's proposer. Create with `await RolloutEngine.start()`."""
 
-    def __init__(self, cfg: EngineConfig, llm: Any, vocab_size: int, max_model_len: int) -> None:
+    def __init__(self, cfg: EngineConfig, llm: Any, vocab_size: int, max_model_len: int,
+                 model_dir: str) -> None:
         self.cfg = cfg
         self.llm = llm
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.model_dir = model_dir
+        self.manifest = read_manifest(model_dir)
+        """Names, dtypes and shapes of the model's tensors (what a checkpoint must match)."""
         self.weight_version = 0
+        self.last_good_path = model_dir
+        """The checkpoint the engine runs now (the start model dir until a reload)."""
         self.tokens_generated = 0
         """Output tokens of every request so far (a progress counter for time splits)."""
         self.drafts_dropped = 0
@@ -89,9 +100,10 @@ class RolloutEngine:
             worker_extension_cls="bubblespec.engine.vllm_glue.WorkerExtension",
             enable_prefix_caching=True)
         t0 = time.monotonic()
-        llm = AsyncLLM.from_engine_args(args)
+        # in a thread: starting takes seconds, and a rank keeps answering its health probes
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         vocab = int(llm.model_config.get_vocab_size())
-        eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len))
+        eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
         await llm.collective_rpc("bubblespec_install_keyed")
         if spec is not None:
             await llm.collective_rpc("bubblespec_configure", args=(eng.proposer_options(),))
@@ -160,16 +172,82 @@ class RolloutEngine:
                                           args=([group_token(g) for g in groups],))
 
     # ------------------------------------------------------------------ weights
-    async def update_weights(self, path: str, version: int | None = None) -> int:
-        """Reload weights from a safetensors directory between batches; returns the version."""
-        if not os.path.isdir(path):
-            raise InvalidRequest("path", f"not a directory: {path}")
+    def _check_version(self, version: int | None, force: bool) -> int:
+        """The version a reload would set; 409 (field version) if it does not go up."""
+        new = self.weight_version + 1 if version is None else int(version)
+        if not 0 <= new <= MAX_WEIGHT_VERSION:
+            raise ApiError(422, f"version {new} is outside 0..{MAX_WEIGHT_VERSION}", "version")
+        if new <= self.weight_version and not force:
+            raise ApiError(409, f"version {new} is not newer than the loaded version "
+                                f"{self.weight_version} (set force to load it anyway)",
+                           "version")
+        return new
+
+    async def update_weights(self, path: str, version: int | None = None,
+                             force: bool = False) -> int:
+        """Validate a safetensors directory, then reload it between batches; returns the new
+        version (default: current + 1). Refusals leave the engine on its weights: 409 (field
+        version) for a version that does not go up without `force`, 422 (field path) for
+        a checkpoint that does not match the model; 500 if vLLM's reload itself fails (the
+        last good checkpoint is loaded back), 503 if the engine died doing it."""
+        self._check_version(version, force)
+        try:
+            await asyncio.to_thread(validate_checkpoint, path, self.manifest)
+        except CheckpointError as e:
+            raise ApiError(422, f"checkpoint refused (weights stay at version "
+                                f"{self.weight_version}): {e}", "path") from None
         async with self._weights_lock:
             await self._idle.wait()
-            await vllm_glue.reload_weights(self.llm, path)
+            new = self._check_version(version, force)  # another update may have run meanwhile
+            try:
+                await vllm_glue.reload_weights(self.llm, path)
+            except Exception as e:  # noqa: BLE001 (vLLM's loader raises anything)
+                await self._roll_back(path, e)
             await self.llm.reset_prefix_cache()
-            self.weight_version = self.weight_version + 1 if version is None else int(version)
+            self.weight_version = new
+            self.last_good_path = path
         return self.weight_version
+
+    async def _roll_back(self, path: str, error: BaseException) -> None:
+        """After a failed reload of a validated checkpoint: load the last good one back and
+        raise the 5xx that says what happened."""
+        log.error("reload of %s failed: %s", path, error)
+        if not self.alive:
+            raise ApiError(503, f"the engine died reloading {path} ({error}); the rank "
+                                "restarts it with the last good weights", "path")
+        try:
+            await vllm_glue.reload_weights(self.llm, self.last_good_path)
+            await self.llm.reset_prefix_cache()
+        except Exception as e2:  # noqa: BLE001
+            raise ApiError(500, f"reload of {path} failed ({error}), and so did reloading "
+                                f"the last good weights {self.last_good_path} ({e2})",
+                           "path") from None
+        raise ApiError(500, f"reload of {path} failed ({error}); back on "
+                            f"{self.last_good_path} (version {self.weight_version})", "path")
+
+    async def restore(self, path: str, version: int) -> None:
+        """Put a checkpoint that was loaded before back (after an engine restart) with its
+        version; the start model dir needs no reload."""
+        if path != self.model_dir:
+            async with self._weights_lock:
+                await vllm_glue.reload_weights(self.llm, path)
+                await self.llm.reset_prefix_cache()
+            self.last_good_path = path
+        self.weight_version = version
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine core died (or the engine was shut down)."""
+        return self.llm is not None and not self.llm.errored
+
+    def dead_reason(self) -> str:
+        """Why the engine is not alive (empty when it is)."""
+        if self.llm is None:
+            return "engine shut down"
+        if not self.llm.errored:
+            return ""
+        err = self.llm.dead_error
+        return f"{type(err).__name__}: {err}".rstrip(": ")
 
     # ------------------------------------------------------------------ generate
     def validate(self, req: GenRequest) -> None:

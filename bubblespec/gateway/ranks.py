@@ -3,7 +3,8 @@
 Live ranks come from two places: the ranks registered (and not LOST) at the synchronizer,
 with the address they advertised, and a static `ranks` list from the config. Each candidate
 is probed (`GET /v1/state`, short deadline) for its rank id, state and weight version; it is
-ready when it answers and is past "starting". Every call has a deadline.
+ready when it answers and is past "starting" with a live engine (not "engine_dead"). Every
+call has a deadline.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError
 
 log = logging.getLogger("bubblespec.gateway.ranks")
+
+NOT_READY_STATES = ("", "starting", RankState.ENGINE_DEAD.value)
+"""Rank states (GET /v1/state) in which the gateway sends a rank no work."""
 
 
 def normalize_url(address: str) -> str:
@@ -46,7 +50,7 @@ class RankEndpoint:
 
     @property
     def ready(self) -> bool:
-        return not self.error and self.state not in ("", "starting")
+        return not self.error and self.state not in NOT_READY_STATES
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank_id": self.rank_id, "url": self.url, "source": self.source,

@@ -352,7 +352,10 @@ class Rollouts:
     # ------------------------------------------------------------------ weights
 
     async def update_weights(self, body: WeightUpdate) -> dict[str, Any]:
-        """Reload weights on every ready rank, all to the same version; 502 if any fails."""
+        """Reload weights on every ready rank, all to the same version. When every rank
+        refused (4xx: a checkpoint that does not match the model, a version that does not
+        go up), the gateway answers that refusal itself; other failures are 502 naming the
+        ranks that failed and those that took the weights."""
         async with self.lock:
             d = await self.discover()
             ready = d.ready
@@ -361,7 +364,7 @@ class Rollouts:
             version = body.version
             if version is None:
                 version = max((r.weight_version or 0 for r in ready), default=0) + 1
-            payload = {"path": body.path, "version": version}
+            payload = {"path": body.path, "version": version, "force": body.force}
             results = await asyncio.gather(*(
                 self.pool.post(r, "/v1/weights", payload, self.config.weights_timeout_s)
                 for r in ready), return_exceptions=True)
@@ -377,8 +380,10 @@ class Rollouts:
             if errors:
                 ok = ", ".join(f"{r} (version {v})" for r, v in sorted(versions.items()))
                 bad = "; ".join(str(e) for e in errors)
-                if len(errors) == len(ready) and all(e.bad_request for e in errors):
-                    raise ApiError(400, f"weight update refused: {bad}",
+                statuses = {e.status for e in errors}
+                if not versions and all(s is not None and 400 <= s < 500 for s in statuses):
+                    status = statuses.pop() if len(statuses) == 1 else 400
+                    raise ApiError(status, f"weight update refused: {bad}",
                                    errors[0].field or "path")
                 raise ApiError(502, f"weight update failed: {bad}"
                                         + (f"; updated: {ok}" if ok else ""))

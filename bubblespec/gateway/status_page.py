@@ -40,6 +40,7 @@ td.err{white-space:normal;color:#b3261e}
 background:#8a94a6}
 .s-decoding{background:#2f6fde}.s-pregen{background:#e08a00}.s-idle{background:#3c9a5f}
 .s-updating_weights{background:#7b4fd6}.s-starting{background:#8a94a6}
+.s-engine_dead{background:#c62828}
 .s-lost,.s-unreachable,.s-error{background:#b3261e}
 .ok{color:#3c9a5f}.bad{color:#b3261e}
 #banner{display:none;background:#fde7e7;color:#b3261e;padding:6px 20px}

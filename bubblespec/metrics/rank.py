@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bubblespec.metrics import DURATION_BUCKETS, new_registry
 
-RANK_STATES = ("starting", "idle", "decoding", "pregen", "updating_weights")
+RANK_STATES = ("starting", "idle", "decoding", "pregen", "updating_weights", "engine_dead")
 
 
 @dataclass
@@ -31,6 +31,8 @@ class RankMetrics:
     request_latency: Histogram
     weight_version: Gauge
     state: Gauge
+    engine_alive: Gauge
+    engine_restarts: Counter
 
 
 def new_rank_metrics(rank_id: str) -> RankMetrics:
@@ -71,11 +73,18 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
                              registry=reg),
         state=Gauge("bubblespec_rank_state", "1 for the rank's current state.",
                     ["rank", "state"], registry=reg),
+        engine_alive=Gauge("bubblespec_rank_engine_alive",
+                           "1 while the rank's engine runs, 0 while it is starting or dead.",
+                           lab, registry=reg),
+        engine_restarts=counter("bubblespec_rank_engine_restarts",
+                                "Engine restarts after the engine died."),
     )
     for c in (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.decode_steps,
               m.generation_tokens, m.bubble_seconds, m.pregen_seconds, m.pregen_requests,
-              m.pregen_tokens, m.pregen_pushed_tokens, m.drafts_fetched_tokens):
+              m.pregen_tokens, m.pregen_pushed_tokens, m.drafts_fetched_tokens,
+              m.engine_restarts):
         c.labels(rank_id)
+    m.engine_alive.labels(rank_id).set(0)
     return m
 
 

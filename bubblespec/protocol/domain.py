@@ -16,7 +16,8 @@ from bubblespec.protocol.sampling import SamplingParams
 
 
 class RankState(str, enum.Enum):
-    """What a rank is doing, as it reports in heartbeats (LOST is set by the daemon only)."""
+    """What a rank is doing, as it reports in heartbeats (LOST is set by the daemon only;
+    ENGINE_DEAD: the rank's engine died and the rank is restarting it, so it is not ready)."""
 
     UNSPECIFIED = "unspecified"
     IDLE = "idle"
@@ -24,6 +25,7 @@ class RankState(str, enum.Enum):
     PREGEN = "pregen"
     UPDATING_WEIGHTS = "updating_weights"
     LOST = "lost"
+    ENGINE_DEAD = "engine_dead"
 
 
 class SpanKind(str, enum.Enum):

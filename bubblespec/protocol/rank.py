@@ -88,17 +88,24 @@ class GenerateRequest(_Body):
 
 
 class WeightUpdate(_Body):
-    """POST /v1/weights: reload safetensors from a directory visible to the rank."""
+    """POST /v1/weights: reload safetensors from a directory visible to the rank.
 
-    path: str = Field(..., min_length=1)
-    version: int | None = Field(None, ge=0, description="New weight version (default +1).")
+    The checkpoint is validated against the running model before anything changes; versions
+    only go up (an older or equal one is refused with 409 unless `force` is set)."""
+
+    path: str = Field(..., min_length=1, max_length=4096)
+    version: L.WeightVersion | None = Field(
+        None, description="New weight version (default: current + 1).")
+    force: bool = Field(False, description="Accept a version that is not newer than the "
+                                           "loaded one (e.g. rolling back to a checkpoint).")
 
 
 class RankStateBody(_Body):
     """GET /v1/state of a rank (the heartbeat's `RankState` enum is the synchronizer's view)."""
 
     rank_id: str
-    state: str = Field(..., description="starting | idle | decoding | pregen")
+    state: str = Field(..., description="starting | idle | decoding | pregen | "
+                                         "updating_weights | engine_dead")
     weight_version: int
     step: int | None = None
     address: str = ""

@@ -43,6 +43,12 @@ class RankConfig(BaseConfig, EngineConfig):
     """T: decode steps between stop polls while pre-generating."""
     pregen_inflight: int = Field(64, ge=1)
     """Most pre-generation tasks decoding at once (refilled as each finishes)."""
+    engine_restarts: int = Field(3, ge=0, le=1000)
+    """Engine restarts this process makes after its engine died (with the last good weights);
+    when they are spent and the engine dies again, the process exits non-zero so that its
+    supervisor (compose, Kubernetes, Ray) restarts it."""
+    engine_check_s: float = Field(0.5, gt=0, le=60)
+    """Seconds between two checks that the engine is alive."""
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     """Largest accepted HTTP request body, bytes."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

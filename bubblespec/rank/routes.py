@@ -2,10 +2,12 @@
 
 - POST /v1/step_shard  this rank's share of a step, then pre-generation (bearer token)
 - POST /generate       SGLang-style token-in generation, single or batched (bearer token)
-- POST /v1/weights     reload weights from a directory (bearer token)
+- POST /v1/weights     validate, then reload weights from a directory (bearer token): 422
+                       (field path) for a checkpoint that does not match the model, 409
+                       (field version) for a version that does not go up without `force`
 - GET  /v1/state       rank id, state, weight version, step, address
-- GET  /health (live), GET /health_generate (ready once the engine is up), GET /metrics,
-  GET /config
+- GET  /health (live), GET /health_generate (ready while the engine is up: 503 while it
+  starts or after it died), GET /metrics, GET /config
 
 Bad input answers 4xx naming the field; routes that need the engine answer 503 until it is up.
 """

@@ -5,12 +5,19 @@ answers `/health` at once and `/health_generate` 503 until the engine is up; it 
 at the synchronizer (when one is configured) and heartbeats. Routes that need the engine get
 503 naming `engine` before that. Engine-side validation errors name the field the way the
 request spells it (`requests[2].input_ids[7]` for a step shard).
+
+Engine liveness: a watcher checks every `engine_check_s` that the engine core still runs.
+When it died, the rank reports `engine_dead` (GET /health_generate 503, GET /v1/state, the
+heartbeat, the metrics), so the gateway routes around it, and starts a new engine with the
+last good weights and their version; after `engine_restarts` restarts, a death makes the
+process exit with `EXIT_ENGINE` so that its supervisor replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -34,6 +41,9 @@ from bubblespec.rank.worker import RankWorker, to_gen_request
 
 log = logging.getLogger("bubblespec.rank")
 
+EXIT_ENGINE = 4
+"""Exit status of a rank whose engine died once more after its restarts were spent."""
+
 
 def default_rank_id(cfg: RankConfig) -> str:
     """r<ordinal> under a StatefulSet (hostname name-<n>), else rank-<port>."""
@@ -55,6 +65,9 @@ class RankService:
         self.engine: Any = None
         self.sync: Any = None
         self.start_error: str | None = None
+        self.engine_error: str | None = None
+        """Why the engine is down while the rank restarts it (None while it runs)."""
+        self.restarts = 0
         self._hb_stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         set_state(self.metrics, self.rank_id, "starting")
@@ -93,9 +106,64 @@ class RankService:
                 log.warning("synchronizer not reachable yet (%s); decoding without it", e)
         self.worker = RankWorker(self.cfg, self.rank_id, self.engine, self.sync, self.metrics)
         self.metrics.weight_version.labels(self.rank_id).set(self.engine.weight_version)
+        self.metrics.engine_alive.labels(self.rank_id).set(1)
         if self.sync is not None:
             self._tasks.append(asyncio.create_task(self.sync.run_heartbeats(
                 self.rank_id, self.worker.status, self._hb_stop)))
+        self._tasks.append(asyncio.create_task(self._watch_engine()))
+
+    # ------------------------------------------------------------------ engine liveness
+    async def _watch_engine(self) -> None:
+        """Check the engine every `engine_check_s`; restart it when it died."""
+        while True:
+            await asyncio.sleep(self.cfg.engine_check_s)
+            if self.engine is not None and not self.engine.alive:
+                await self._restart_engine()
+
+    async def _restart_engine(self) -> None:
+        """Report the engine dead, start a new one with the last good weights (bounded
+        retries), or exit with EXIT_ENGINE when the restarts are spent."""
+        from bubblespec.engine.engine import RolloutEngine
+
+        dead, worker = self.engine, self.worker
+        assert worker is not None
+        self.engine_error = dead.dead_reason() or "engine died"
+        log.error("rank %s: engine died (%s)", self.rank_id, self.engine_error)
+        worker._set("engine_dead")
+        self.metrics.engine_alive.labels(self.rank_id).set(0)
+        await worker.stop_pregen()
+        path, version = dead.last_good_path, dead.weight_version
+        try:
+            await dead.shutdown()
+        except Exception:  # what is left of a dead engine may not stop cleanly
+            log.exception("rank %s: shutting the dead engine down failed", self.rank_id)
+        while True:
+            if self.restarts >= self.cfg.engine_restarts:
+                log.critical("rank %s: engine died and its %d restart(s) are spent; exiting "
+                             "with status %d", self.rank_id, self.cfg.engine_restarts,
+                             EXIT_ENGINE)
+                logging.shutdown()
+                os._exit(EXIT_ENGINE)
+            self.restarts += 1
+            self.metrics.engine_restarts.labels(self.rank_id).inc()
+            self.engine_error = (f"{self.engine_error}; restarting the engine (restart "
+                                 f"{self.restarts} of {self.cfg.engine_restarts})")
+            engine = None
+            try:
+                engine = await RolloutEngine.start(self.cfg.engine_config())
+                await engine.restore(path, version)
+                break
+            except Exception as e:  # counted as a failed restart
+                log.exception("rank %s: engine restart failed", self.rank_id)
+                self.engine_error = f"engine restart failed: {e}"
+                if engine is not None:
+                    await engine.shutdown()
+        self.engine = worker.engine = engine
+        self.engine_error = None
+        worker._set("idle")
+        self.metrics.engine_alive.labels(self.rank_id).set(1)
+        log.info("rank %s: engine restarted with %s (weight version %d)", self.rank_id, path,
+                 version)
 
     async def stop(self) -> None:
         """Stop pre-generation, heartbeats and the engine."""
@@ -112,6 +180,9 @@ class RankService:
     def _ready(self) -> RankWorker:
         if self.worker is None:
             raise ApiError(503, self.start_error or "engine is starting", "engine")
+        if self.engine_error is not None or not self.engine.alive:
+            raise ApiError(503, self.engine_error or "the engine died; restarting it",
+                           "engine")
         return self.worker
 
     def _validate(self, reqs: list[GenRequest], field: Callable[[int, str], str]) -> None:
@@ -129,11 +200,17 @@ class RankService:
         """(status, body) of GET /health_generate: ready once the engine is up."""
         if self.worker is None:
             return 503, {"status": "starting", "detail": self.start_error}
+        if self.engine_error is not None or not self.engine.alive:
+            return 503, {"status": "engine_dead",
+                         "detail": self.engine_error or self.engine.dead_reason()}
         return 200, {"status": "ready"}
 
     def state(self) -> RankStateBody:
         w = self.worker
-        return RankStateBody(rank_id=self.rank_id, state=w.state if w else "starting",
+        state = w.state if w else "starting"
+        if w is not None and not self.engine.alive:  # before the watcher noticed
+            state = "engine_dead"
+        return RankStateBody(rank_id=self.rank_id, state=state,
                          weight_version=self.engine.weight_version if w else 0,
                          step=w.step if w else None, address=self.address)
 
@@ -175,14 +252,16 @@ class RankService:
         return outs if batched or body.n > 1 else outs[0]
 
     async def update_weights(self, body: WeightUpdate) -> dict[str, Any]:
-        """Stop pre-generation, reload the weights, report the new version."""
+        """Stop pre-generation, validate and reload the weights, report the new version
+        (refusals and failures: see `RolloutEngine.update_weights`)."""
         worker = self._ready()
         await worker.stop_pregen()
         worker._set("updating_weights")
         try:
-            v = await worker.engine.update_weights(body.path, body.version)
+            v = await worker.engine.update_weights(body.path, body.version, body.force)
         finally:
-            worker._set("idle")
+            if worker.state == "updating_weights":
+                worker._set("idle" if worker.engine.alive else "engine_dead")
         self.metrics.weight_version.labels(self.rank_id).set(v)
         return {"rank_id": self.rank_id, "weight_version": v}
 

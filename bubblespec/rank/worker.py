@@ -65,7 +65,8 @@ class RankWorker:
         """What the heartbeat reports."""
         state = {"idle": RankState.IDLE, "decoding": RankState.DECODING,
                  "pregen": RankState.PREGEN,
-                 "updating_weights": RankState.UPDATING_WEIGHTS}.get(self.state, RankState.IDLE)
+                 "updating_weights": RankState.UPDATING_WEIGHTS,
+                 "engine_dead": RankState.ENGINE_DEAD}.get(self.state, RankState.IDLE)
         return RankStatus(state=state, weight_version=self.engine.weight_version,
                           step=self.step, done_step=self.done_step)
 

@@ -222,6 +222,8 @@ class SyncClient:
                 await self.heartbeat(rank_id, status())
             except SyncError as e:
                 self._note_degraded(e)
+            except Exception:  # a bad status must not end the heartbeats
+                log.exception("heartbeat of rank %s not sent", rank_id)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=period)
             except asyncio.TimeoutError:

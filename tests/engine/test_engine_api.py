@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bubblespec.engine import GenRequest
-from bubblespec.protocol.errors import InvalidRequest
+from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_task
 from tests.engine_fixtures import model_dir
@@ -77,8 +77,15 @@ def test_weight_reload_changes_outputs_and_tags_version(loop_runner, spec_engine
     assert loop_runner.run(spec_engine.update_weights(str(src), version=v0 + 2)) == v0 + 2
     again = loop_runner.run(spec_engine.generate(reqs))
     assert [r.samples[0].output_ids for r in again] == [r.samples[0].output_ids for r in before]
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(ApiError) as e:
         loop_runner.run(spec_engine.update_weights(str(tmp_path / "missing")))
+    assert (e.value.status, e.value.field) == (422, "path")
+    with pytest.raises(ApiError) as e:  # versions only go up, unless forced
+        loop_runner.run(spec_engine.update_weights(str(new), version=v0 + 1))
+    assert (e.value.status, e.value.field) == (409, "version")
+    assert loop_runner.run(spec_engine.update_weights(str(src), version=v0 + 1,
+                                                      force=True)) == v0 + 1
+    assert spec_engine.last_good_path == str(src)
 
 
 def test_global_pool_drafts_across_prompt_groups(loop_runner, spec_engine) -> None:

@@ -123,6 +123,7 @@ def test_valid_rollout_without_ranks_is_503_naming_the_problem(gw: TestClient) -
 @pytest.mark.parametrize(("body", "field"), [
     ({}, "path"), ({"path": ""}, "path"), ({"path": "/x", "version": -1}, "version"),
     ({"path": "/x", "version": "new"}, "version"), ({"path": "/x", "extra": 1}, "extra"),
+    ({"path": "/x", "version": 2**63}, "version"), ({"path": "/x", "force": "maybe"}, "force"),
 ])
 def test_weights_validation(gw: TestClient, body: dict, field: str) -> None:
     r = gw.post("/v1/weights", json=body)

@@ -41,6 +41,25 @@ async def test_heartbeat_updates_rank_and_reports_step() -> None:
         assert (await client.heartbeat("r0")).stop
 
 
+async def test_engine_dead_is_reported_and_a_bad_status_does_not_stop_heartbeats() -> None:
+    """A rank whose engine died says so (the gateway routes around it); a status that cannot
+    go on the wire (a version past int64) is skipped, and the next good beat gets through."""
+    async with serving(heartbeat_interval_s=0.05, rank_timeout_s=5) as (_, client):
+        await client.register("r0", "a")
+        statuses = iter([RankStatus(RankState.IDLE, 2**63), RankStatus(RankState.IDLE, 2**63)])
+        stop = asyncio.Event()
+        beating = asyncio.create_task(client.run_heartbeats(
+            "r0", lambda: next(statuses, RankStatus(RankState.ENGINE_DEAD, 5)), stop))
+
+        async def engine_dead() -> bool:
+            (info,) = (await client.get_state()).ranks
+            return (info.state, info.weight_version) == (RankState.ENGINE_DEAD, 5)
+
+        await eventually(engine_dead)
+        stop.set()
+        await beating
+
+
 async def test_silent_rank_is_lost_done_and_must_reregister() -> None:
     async with serving(heartbeat_interval_s=0.05, rank_timeout_s=0.3) as (_, client):
         await client.register("r0", "a")

@@ -15,6 +15,7 @@ class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RANK_STATE_PREGEN: _ClassVar[RankState]
     RANK_STATE_UPDATING_WEIGHTS: _ClassVar[RankState]
     RANK_STATE_LOST: _ClassVar[RankState]
+    RANK_STATE_ENGINE_DEAD: _ClassVar[RankState]
 
 class PregenWindow(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,7 @@ RANK_STATE_DECODING: RankState
 RANK_STATE_PREGEN: RankState
 RANK_STATE_UPDATING_WEIGHTS: RankState
 RANK_STATE_LOST: RankState
+RANK_STATE_ENGINE_DEAD: RankState
 PREGEN_WINDOW_UNSPECIFIED: PregenWindow
 PREGEN_WINDOW_BUBBLE: PregenWindow
 PREGEN_WINDOW_TRAINING: PregenWindow
