@@ -144,6 +144,12 @@ class RolloutEngine:
             await self.llm.collective_rpc("bubblespec_release",
                                           args=([group_token(g) for g in groups],))
 
+    async def index_stats(self) -> dict[str, int]:
+        """The proposer's draft-index fill level (empty without speculation)."""
+        if not self.speculative:
+            return {}
+        return dict((await self.llm.collective_rpc("bubblespec_index_stats"))[0])
+
     # ------------------------------------------------------------------ weights
     async def update_weights(self, path: str, version: int | None = None) -> int:
         """Reload weights from a safetensors directory between batches; returns the version."""

@@ -143,7 +143,13 @@ class BubbleSpecProposer:
         return {r: self.finished.pop(r) for r in req_ids if r in self.finished}
 
     def index_stats(self) -> dict[str, int]:
-        return {"groups": len(self.index.groups()), "live_requests": len(self.reqs)}
+        """Fill level of the draft index and of the per-request tables (what a soak watches)."""
+        idx = self.index
+        return {"groups": len(idx.groups()), "live_requests": len(self.reqs),
+                "tokens": idx.num_tokens, "token_budget": idx.token_budget or 0,
+                "global_tokens": idx.num_global_tokens,
+                "global_token_budget": idx.global_token_budget or 0, "bytes": idx.nbytes(),
+                "aligned": len(self.aligned), "finished_stats": len(self.finished)}
 
     # ------------------------------------------------------------------ per step
     def _start(self, req_id: str, row: int, token_ids_cpu: Any, n_prompt: int,
