@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.

@@ -123,6 +123,9 @@ class BubbleSpecProposer:
         # sequences go: finishing them later would name sequences the index no longer has
         for rid in [r for r in self.reqs if parse_request_id(r)[0] in dead]:
             self._finish(rid)
+        # counters nobody collected (pre-generation does not) go with their group
+        for base in [b for b in self.finished if parse_request_id(b)[0] in dead]:
+            del self.finished[base]
         self.aligned = {k: v for k, v in self.aligned.items() if k[0] not in dead}
         for gtok in groups:
             if self.history:
