@@ -147,6 +147,9 @@ def summarize(records: list[SoakStep], warmup: int) -> dict[str, Any]:
     names = sorted({n for r in tail for n in r.rss_kib}, key=_order)
     slopes = {n: growth_pct_per_100([r.rss_kib[n] for r in tail if n in r.rss_kib])
               for n in names}
+    half = records[len(records) // 2:]
+    late = {n: growth_pct_per_100([r.rss_kib[n] for r in half if n in r.rss_kib])
+            for n in names}
     store_max = max((r.store.get("bytes", 0) for r in records), default=0)
     store_budget = max((r.store.get("budget_bytes", 0) for r in records), default=0)
     index = {}
@@ -167,6 +170,7 @@ def summarize(records: list[SoakStep], warmup: int) -> dict[str, Any]:
         <= v["global_token_budget"] for v in index.values())
     return {"steps": len(records), "warmup": warmup,
             "rss_growth_pct_per_100_steps": slopes,
+            "rss_growth_pct_per_100_steps_last_half": late,
             "rss_mib_last": {n: round(records[-1].rss_kib.get(n, 0) / 1024, 1) for n in names},
             "store": {"max_bytes": store_max, "budget_bytes": store_budget},
             "index": index,
@@ -183,7 +187,10 @@ def final_lines(summary: dict[str, Any]) -> list[str]:
                    f"global={v['max_global_tokens']}/{v['global_token_budget']}tok"
                    for r, v in summary["index"].items())
     lat = summary["latency_s"]
+    late = " ".join(f"{n}={v:+.2f}"
+                    for n, v in summary["rss_growth_pct_per_100_steps_last_half"].items())
     return [f"soak_rss_growth_pct_per_100_steps: {slopes}",
+            f"soak_rss_growth_pct_per_100_steps_last_half: {late}",
             f"soak_store_max_vs_budget: {st['max_bytes']}/{st['budget_bytes']} bytes",
             f"soak_index_max_vs_budget: {idx}",
             (f"soak_step_latency_s: median={lat['median']:.2f} "

@@ -53,7 +53,8 @@ def test_summary_leaves_out_the_warmup_and_checks_budgets() -> None:
     assert growing["rss_growth_pct_per_100_steps"]["sync"] > 50 and not growing["flat"]
     lines = final_lines(s)
     assert lines[0] == "soak_rss_growth_pct_per_100_steps: sync=+0.00 r0=+0.00"
-    assert lines[1] == "soak_store_max_vs_budget: 100/1000 bytes"
+    assert lines[1] == "soak_rss_growth_pct_per_100_steps_last_half: sync=+0.00 r0=+0.00"
+    assert lines[2] == "soak_store_max_vs_budget: 100/1000 bytes"
     assert lines[-1].startswith("soak_flat: yes")
 
 
@@ -95,6 +96,7 @@ def test_soak_on_a_local_cluster_reports_every_process(tmp_path: Path) -> None:
     assert all(s["index"][r]["token_budget"] > 0 for s in steps for r in ("r0", "r1"))
     assert set(summary["rss_growth_pct_per_100_steps"]) == names
     assert summary["index"]["r0"]["max_tokens"] <= summary["index"]["r0"]["token_budget"]
-    assert [ln.split(":")[0] for ln in lines[-5:]] == [
-        "soak_rss_growth_pct_per_100_steps", "soak_store_max_vs_budget",
+    assert [ln.split(":")[0] for ln in lines[-6:]] == [
+        "soak_rss_growth_pct_per_100_steps", "soak_rss_growth_pct_per_100_steps_last_half",
+        "soak_store_max_vs_budget",
         "soak_index_max_vs_budget", "soak_step_latency_s", "soak_flat"]
