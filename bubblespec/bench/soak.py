@@ -229,14 +229,16 @@ def plot(records: list[SoakStep], summary: dict[str, Any], path: Path) -> None:
 
     steps = [r.step for r in records]
     fig, (a, b, c) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    ref = records[min(summary["warmup"], len(records) - 1)].rss_kib
     for n in summary["rss_growth_pct_per_100_steps"]:
         slope = summary["rss_growth_pct_per_100_steps"][n]
-        a.plot(steps, [r.rss_kib.get(n, 0) / 1024 for r in records],
-               label=f"{n} ({slope:+.2f}%/100 steps)")
-    a.set_ylabel("RSS MiB")
-    a.set_yscale("log")
+        if not ref.get(n):
+            continue
+        a.plot(steps, [100 * (r.rss_kib.get(n, 0) / ref[n] - 1) for r in records],
+               label=f"{n} {ref[n] / 1024:.0f} MiB ({slope:+.2f}%/100 steps)")
+    a.set_ylabel("RSS change vs end of warm-up, %")
     a.axvline(summary["warmup"], color="grey", ls=":")
-    a.legend(fontsize=7, ncol=2)
+    a.legend(fontsize=6, ncol=2)
     b.plot(steps, [100 * r.store.get("bytes", 0) / max(1, r.store.get("budget_bytes", 1))
                    for r in records], label="draft store (bytes)")
     for rank in sorted({k for r in records for k in r.index}):
