@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test bench bench-suffix bench-deps bench-engine proto proto-check lint clean
+.PHONY: install run up test bench bench-suffix bench-deps bench-engine soak proto proto-check lint clean
 
 install: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.
@@ -43,6 +43,11 @@ bench: install
 # vLLM engines under each speculation mode on the tiny model (suffix column needs bench-deps).
 bench-engine: install
 	$(BIN)/bubblespec bench engine
+
+# 200 rollout steps with pre-generation and a weight push each (~15 min): RSS of every
+# process, draft store and index against their budgets, step latency; plot in docs/img.
+soak: install
+	$(BIN)/bubblespec bench soak --plot docs/img/soak.png
 
 # Regenerate the checked-in gRPC code from proto/ (tests fail if it is stale).
 proto: install

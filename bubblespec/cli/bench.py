@@ -5,6 +5,7 @@
     bubblespec bench suffix [--quick]        # make bench-suffix: draft index vs arctic-inference
     bubblespec bench per-request             # which response sets each step's critical path
     bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
+    bubblespec bench soak [--steps 200]      # make soak: memory and budgets stay flat
 
 Each benchmark's module is imported only when it runs (the engine bench imports vLLM).
 """
@@ -88,10 +89,30 @@ def _sync(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=2000, help="calls per RPC (default 2000)")
 
 
+def _soak(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("soak", help="a long run: RSS, draft store and index stay flat",
+                       description="A local 2-rank cluster doing rollout steps with "
+                       "pre-generation and a weight push every step; records the RSS of every "
+                       "process, the draft store and index against their budgets and the step "
+                       "latency; ends with the RSS slopes after the warm-up (about 15 min for "
+                       "200 steps here).")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default: the embedded task's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=20, help="steps left out of the slopes")
+    p.add_argument("--every", type=int, default=10, help="print the table every N steps")
+    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--out", default="out/soak", help="soak.json, logs (and the plot)")
+    p.add_argument("--plot", default=None, help="plot path [<out>/soak.png]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for add in (_service, _engine, _suffix, _per_request, _sync):
+    for add in (_service, _engine, _suffix, _per_request, _sync, _soak):
         add(sub)
     return p
 
@@ -130,6 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("--groups must be >= 1", file=sys.stderr)
             return 1
         run_suffix(groups, args.seed, arctic=not args.no_arctic, live=not args.no_live)
+    elif args.bench == "soak":
+        from bubblespec.bench.soak import SoakConfig, run_soak
+
+        if args.steps < 2 or args.prompts < 1 or args.n < 1 or args.every < 1:
+            print("bench soak: --steps >= 2, --prompts, --n and --every >= 1", file=sys.stderr)
+            return 2
+        cfg = SoakConfig(**{k: v for k, v in vars(args).items() if k != "bench"})
+        return 0 if run_soak(cfg)["flat"] else 1
     elif args.bench == "per-request":
         from bubblespec.bench.per_request import run_per_request
 

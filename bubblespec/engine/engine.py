@@ -171,6 +171,12 @@ class RolloutEngine:
             await self.llm.collective_rpc("bubblespec_release",
                                           args=([group_token(g) for g in groups],))
 
+    async def index_stats(self) -> dict[str, int]:
+        """The proposer's draft-index fill level (empty without speculation)."""
+        if not self.speculative:
+            return {}
+        return dict((await self.llm.collective_rpc("bubblespec_index_stats"))[0])
+
     # ------------------------------------------------------------------ weights
     def _check_version(self, version: int | None, force: bool) -> int:
         """The version a reload would set; 409 (field version) if it does not go up."""

@@ -133,6 +133,9 @@ class BubbleSpecProposer:
         # sequences go: finishing them later would name sequences the index no longer has
         for rid in [r for r in self.reqs if parse_request_id(r)[0] in dead]:
             self._finish(rid)
+        # counters nobody collected (pre-generation does not) go with their group
+        for base in [b for b in self.finished if parse_request_id(b)[0] in dead]:
+            del self.finished[base]
         self.aligned = {k: v for k, v in self.aligned.items() if k[0] not in dead}
         for gtok in groups:
             if self.history:
@@ -153,7 +156,14 @@ class BubbleSpecProposer:
         return {r: self.finished.pop(r) for r in req_ids if r in self.finished}
 
     def index_stats(self) -> dict[str, int]:
-        return {"groups": len(self.index.groups()), "live_requests": len(self.reqs),
+        """Fill level of the draft index and of the per-request tables (what a soak watches),
+        and the drafts dropped for ids outside the vocabulary."""
+        idx = self.index
+        return {"groups": len(idx.groups()), "live_requests": len(self.reqs),
+                "tokens": idx.num_tokens, "token_budget": idx.token_budget or 0,
+                "global_tokens": idx.num_global_tokens,
+                "global_token_budget": idx.global_token_budget or 0, "bytes": idx.nbytes(),
+                "aligned": len(self.aligned), "finished_stats": len(self.finished),
                 "drafts_dropped": self.drafts_dropped}
 
     # ------------------------------------------------------------------ per step

@@ -109,3 +109,18 @@ class RankStateBody(_Body):
     weight_version: int
     step: int | None = None
     address: str = ""
+
+
+class DraftIndexBody(_Body):
+    """GET /v1/draft_index of a rank: the proposer's draft index against its budgets (all 0
+    while the engine starts or runs without speculation)."""
+
+    groups: int = 0
+    live_requests: int = 0
+    tokens: int = Field(0, description="Tokens in keyed groups (bounded by token_budget).")
+    token_budget: int = 0
+    global_tokens: int = 0
+    global_token_budget: int = 0
+    bytes: int = Field(0, description="Approximate bytes held by the index.")
+    aligned: int = Field(0, description="Pre-generated responses kept for aligned drafting.")
+    finished_stats: int = Field(0, description="Per-request counters not yet collected.")

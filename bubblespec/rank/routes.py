@@ -6,6 +6,7 @@
                        (field path) for a checkpoint that does not match the model, 409
                        (field version) for a version that does not go up without `force`
 - GET  /v1/state       rank id, state, weight version, step, address
+- GET  /v1/draft_index the proposer's draft index against its budgets
 - GET  /health (live), GET /health_generate (ready while the engine is up: 503 while it
   starts or after it died), GET /metrics, GET /config
 
@@ -21,7 +22,13 @@ from fastapi.responses import JSONResponse, Response
 
 from bubblespec.http.edge import app_service, protected_router
 from bubblespec.metrics import CONTENT_TYPE_LATEST
-from bubblespec.protocol.rank import GenerateRequest, RankStateBody, StepShard, WeightUpdate
+from bubblespec.protocol.rank import (
+    DraftIndexBody,
+    GenerateRequest,
+    RankStateBody,
+    StepShard,
+    WeightUpdate,
+)
 from bubblespec.rank.service import RankService
 
 Rank = Annotated[RankService, Depends(app_service)]
@@ -56,6 +63,11 @@ async def config(rank: Rank) -> dict[str, Any]:
 @public.get("/v1/state", response_model=RankStateBody)
 async def state(rank: Rank) -> RankStateBody:
     return rank.state()
+
+
+@public.get("/v1/draft_index", response_model=DraftIndexBody)
+async def draft_index(rank: Rank) -> DraftIndexBody:
+    return await rank.draft_index()
 
 
 @protected.post("/v1/step_shard")

@@ -30,6 +30,7 @@ from bubblespec.metrics.rank import new_rank_metrics, set_state
 from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.rank import (
+    DraftIndexBody,
     GenerateRequest,
     RankStateBody,
     ShardRequest,
@@ -264,6 +265,12 @@ class RankService:
                 worker._set("idle" if worker.engine.alive else "engine_dead")
         self.metrics.weight_version.labels(self.rank_id).set(v)
         return {"rank_id": self.rank_id, "weight_version": v}
+
+    async def draft_index(self) -> DraftIndexBody:
+        """The engine's draft-index fill level (zeros until the engine is up)."""
+        if self.worker is None:
+            return DraftIndexBody()
+        return DraftIndexBody(**await self.worker.engine.index_stats())
 
     def metrics_text(self) -> bytes:
         return render(self.metrics.registry)

@@ -116,10 +116,13 @@ def test_global_pool_drafts_across_prompt_groups(loop_runner, spec_engine) -> No
 def test_release_right_after_uncounted_requests_keeps_the_engine_up(loop_runner,
                                                                     spec_engine) -> None:
     """Pre-generation skips the counter RPC, so its requests are still tracked by the
-    proposer when their groups are released; the engine must keep serving."""
+    proposer when their groups are released; the engine must keep serving, and their
+    uncollected counters go with the groups (a long run does not accumulate them)."""
     task = default_task()
     reqs = _greedy(task.make_prompts(2, 5), 16)
+    before = loop_runner.run(spec_engine.index_stats())["finished_stats"]
     loop_runner.run(spec_engine.generate(reqs, counters=False))
     loop_runner.run(spec_engine.release_groups([r.group_key() for r in reqs]))
+    assert loop_runner.run(spec_engine.index_stats())["finished_stats"] == before
     res = loop_runner.run(spec_engine.generate(_greedy(task.make_prompts(2, 6), 16)))
     assert [len(g.samples[0].output_ids) for g in res] == [16, 16]

@@ -1,0 +1,345 @@
+"""`bubblespec bench soak` (`make soak`): a long run that shows nothing grows.
+
+A `LocalCluster` (2 ranks, the embedded model) does `--steps` rollout steps of the embedded
+task with fresh prompts each step, the next step's prompts passed ahead for pre-generation,
+and a weight push after every step (alternating between two copies of the model directory, so
+each push is a real reload; versions 1, 2, 3...). After each step it records the resident
+memory (VmRSS) of every process of the cluster (synchronizer, gateway, each rank and each
+process under it: vLLM's engine core runs in a child of the rank), the draft store's fill
+level and budget (synchronizer GetState), each rank's draft index against its budget (rank
+`GET /v1/draft_index`) and the step latency. It prints a table every `--every` steps, writes
+the records to `<out>/soak.json`, plots them, and ends with the least-squares RSS slope of
+each process after the warm-up, in % of its mean RSS per 100 steps, and the store and index
+maxima against their budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bubblespec.client import AsyncBubbleSpecClient
+from bubblespec.cluster import LocalCluster
+from bubblespec.synchronizer.client import SyncClient
+
+FLAT_PCT_PER_100 = 1.0
+"""A process whose RSS grows by less than this (% per 100 steps, after warm-up) is flat."""
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    """What `bubblespec bench soak` runs (its flags; help in `bubblespec bench soak --help`)."""
+
+    steps: int = 200
+    prompts: int = 8
+    n: int = 4
+    max_new_tokens: int | None = None
+    temperature: float = 1.0
+    seed: int = 0
+    warmup: int = 20
+    every: int = 10
+    model: str | None = None
+    out: str = "out/soak"
+    plot: str | None = None
+
+
+@dataclass
+class SoakStep:
+    """What one step left behind: latency, RSS per process (KiB), store and index levels."""
+
+    step: int
+    rollout_s: float
+    weights_s: float
+    weight_version: int
+    completion_tokens: int
+    rss_kib: dict[str, int]
+    store: dict[str, int]
+    index: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each rank's draft index after the step (its groups released)."""
+    index_peak: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each rank's largest index figures seen while the step ran (polled every second)."""
+
+
+def read_rss_kib(pid: int) -> int | None:
+    """VmRSS of `pid` in KiB (None once the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (children of all its threads, recursively), ascending."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return sorted(set(found))
+
+
+class ProcessTable:
+    """Names the cluster's processes once and reads their RSS. A process under rank r0 is
+    named after its title: `r0_enginecore` and `r0_worker` (vLLM's `VLLM::EngineCore` and
+    `VLLM::Worker`), `r0_tracker` (multiprocessing's resource tracker), else `r0_child<pid>`."""
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.pids: dict[str, int] = {}
+        for name, pid in roots.items():
+            self.pids[name] = pid
+            for child in descendants(pid):
+                self.pids[f"{name}_{_title(_cmdline(child), child)}"] = child
+        self.commands = {name: _cmdline(pid) for name, pid in self.pids.items()}
+
+    def rss_kib(self) -> dict[str, int]:
+        return {name: rss for name, pid in self.pids.items()
+                if (rss := read_rss_kib(pid)) is not None}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+
+
+def _title(cmd: str, pid: int) -> str:
+    if cmd.startswith("VLLM::"):
+        return cmd.split()[0].removeprefix("VLLM::").lower()
+    return "tracker" if "resource_tracker" in cmd else f"child{pid}"
+
+
+def growth_pct_per_100(values: list[float]) -> float:
+    """Least-squares slope of `values` (one per step) in % of their mean per 100 steps."""
+    if len(values) < 2:
+        return 0.0
+    xs = range(len(values))
+    mx, my = (len(values) - 1) / 2, statistics.fmean(values)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
+    return 100.0 * slope * 100 / my if my else 0.0
+
+
+def summarize(records: list[SoakStep], warmup: int) -> dict[str, Any]:
+    """Slopes after `warmup` steps, store/index maxima against budgets, latency figures."""
+    tail = records[warmup:] if len(records) > warmup + 1 else records
+    names = sorted({n for r in tail for n in r.rss_kib}, key=_order)
+    slopes = {n: growth_pct_per_100([r.rss_kib[n] for r in tail if n in r.rss_kib])
+              for n in names}
+    half = records[len(records) // 2:]
+    late = {n: growth_pct_per_100([r.rss_kib[n] for r in half if n in r.rss_kib])
+            for n in names}
+    store_max = max((r.store.get("bytes", 0) for r in records), default=0)
+    store_budget = max((r.store.get("budget_bytes", 0) for r in records), default=0)
+    index = {}
+    for rank in sorted({k for r in records for k in r.index}):
+        rows = [r.index_peak.get(rank) or r.index[rank] for r in records if rank in r.index]
+        index[rank] = {"max_tokens": max(x.get("tokens", 0) for x in rows),
+                       "token_budget": max(x.get("token_budget", 0) for x in rows),
+                       "max_global_tokens": max(x.get("global_tokens", 0) for x in rows),
+                       "global_token_budget": max(x.get("global_token_budget", 0) for x in rows),
+                       "max_groups": max(x.get("groups", 0) for x in rows),
+                       "max_aligned": max(x.get("aligned", 0) for x in rows),
+                       "max_finished_stats": max(x.get("finished_stats", 0) for x in rows),
+                       "after_step_max_tokens": max(r.index[rank].get("tokens", 0)
+                                                    for r in records if rank in r.index)}
+    lat = [r.rollout_s for r in tail]
+    within = store_max <= store_budget and all(
+        v["max_tokens"] <= v["token_budget"] and v["max_global_tokens"]
+        <= v["global_token_budget"] for v in index.values())
+    return {"steps": len(records), "warmup": warmup,
+            "rss_growth_pct_per_100_steps": slopes,
+            "rss_growth_pct_per_100_steps_last_half": late,
+            "rss_mib_last": {n: round(records[-1].rss_kib.get(n, 0) / 1024, 1) for n in names},
+            "store": {"max_bytes": store_max, "budget_bytes": store_budget},
+            "index": index,
+            "latency_s": {"median": statistics.median(lat) if lat else 0.0,
+                          "growth_pct_per_100_steps": growth_pct_per_100(lat)},
+            "flat": all(abs(s) < FLAT_PCT_PER_100 for s in slopes.values()) and within}
+
+
+def final_lines(summary: dict[str, Any]) -> list[str]:
+    """The last lines of a soak run (machine-greppable `key: values`)."""
+    slopes = " ".join(f"{n}={v:+.2f}" for n, v in summary["rss_growth_pct_per_100_steps"].items())
+    st = summary["store"]
+    idx = " ".join(f"{r}={v['max_tokens']}/{v['token_budget']}tok "
+                   f"global={v['max_global_tokens']}/{v['global_token_budget']}tok"
+                   for r, v in summary["index"].items())
+    lat = summary["latency_s"]
+    late = " ".join(f"{n}={v:+.2f}"
+                    for n, v in summary["rss_growth_pct_per_100_steps_last_half"].items())
+    return [f"soak_rss_growth_pct_per_100_steps: {slopes}",
+            f"soak_rss_growth_pct_per_100_steps_last_half: {late}",
+            f"soak_store_max_vs_budget: {st['max_bytes']}/{st['budget_bytes']} bytes",
+            f"soak_index_max_vs_budget: {idx}",
+            (f"soak_step_latency_s: median={lat['median']:.2f} "
+            f"growth_pct_per_100_steps={lat['growth_pct_per_100_steps']:+.2f}"),
+            (f"soak_flat: {'yes' if summary['flat'] else 'NO'} (after {summary['warmup']} "
+            f"warm-up steps of {summary['steps']}; flat = |RSS slope| < {FLAT_PCT_PER_100:g}% "
+            "per 100 steps, store and index within budget)")]
+
+
+def _order(name: str) -> tuple[int, str]:
+    return ({"sync": 0, "gateway": 1}.get(name, 2), name)
+
+
+def format_rows(records: list[SoakStep], header: bool) -> str:
+    """Table rows (RSS in MiB) for `records`, with the header line when `header`."""
+    names = sorted(records[0].rss_kib, key=_order) if records else []
+    ranks = sorted(records[0].index) if records else []
+    head = ["step", "rollout s", "weights s", "store KiB"] + [f"{r} idx peak" for r in ranks] + [
+        f"{n} MiB" for n in names]
+    rows = [[str(r.step), f"{r.rollout_s:.2f}", f"{r.weights_s:.2f}",
+             f"{r.store.get('bytes', 0) / 1024:.0f}"]
+            + [str(r.index_peak.get(k, {}).get("tokens", "-")) for k in ranks]
+            + [f"{r.rss_kib.get(n, 0) / 1024:.1f}" for n in names] for r in records]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    lines = ([" ".join(h.rjust(w) for h, w in zip(head, widths))] if header else []) + [
+        " ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def plot(records: list[SoakStep], summary: dict[str, Any], path: Path) -> None:
+    """RSS per process, store/index fill in % of budget, and step latency against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r.step for r in records]
+    fig, (a, b, c) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    ref = records[min(summary["warmup"], len(records) - 1)].rss_kib
+    for n in summary["rss_growth_pct_per_100_steps"]:
+        slope = summary["rss_growth_pct_per_100_steps"][n]
+        if not ref.get(n):
+            continue
+        a.plot(steps, [100 * (r.rss_kib.get(n, 0) / ref[n] - 1) for r in records],
+               label=f"{n} {ref[n] / 1024:.0f} MiB ({slope:+.2f}%/100 steps)")
+    a.set_ylabel("RSS change vs end of warm-up, %")
+    a.axvline(summary["warmup"], color="grey", ls=":")
+    a.legend(fontsize=6, ncol=2)
+    b.plot(steps, [100 * r.store.get("bytes", 0) / max(1, r.store.get("budget_bytes", 1))
+                   for r in records], label="draft store (bytes)")
+    for rank in sorted({k for r in records for k in r.index}):
+        peaks = [r.index_peak.get(rank) or r.index.get(rank, {}) for r in records]
+        b.plot(steps, [100 * x.get("tokens", 0) / max(1, x.get("token_budget", 1))
+                       for x in peaks], label=f"{rank} draft index peak (tokens)")
+    b.set_ylabel("% of budget")
+    b.legend(fontsize=7)
+    c.plot(steps, [r.rollout_s for r in records], label="rollout")
+    c.plot(steps, [r.weights_s for r in records], label="weight push")
+    c.set_ylabel("seconds")
+    c.set_xlabel("step")
+    c.legend(fontsize=7)
+    fig.suptitle(f"soak: {len(records)} steps, weight push every step")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+async def _index(cluster: LocalCluster, http: httpx.AsyncClient) -> dict[str, dict[str, int]]:
+    return {r: (await http.get(url + "/v1/draft_index")).raise_for_status().json()
+            for r, url in cluster.rank_urls.items()}
+
+
+async def _poll_peak(cluster: LocalCluster, http: httpx.AsyncClient,
+                     peak: dict[str, dict[str, int]], period_s: float = 1.0) -> None:
+    """Until cancelled: fold each rank's index figures into `peak` (maxima)."""
+    while True:
+        for rank, stats in (await _index(cluster, http)).items():
+            mine = peak.setdefault(rank, {})
+            for k, v in stats.items():
+                mine[k] = max(mine.get(k, 0), v)
+        await asyncio.sleep(period_s)
+
+
+async def soak_steps(cluster: LocalCluster, cfg: SoakConfig, model_dirs: tuple[Path, Path],
+                     log: Callable[[str], None] = print
+                     ) -> tuple[list[SoakStep], dict[str, str]]:
+    """Run `cfg.steps` steps against a started cluster: one `SoakStep` per step, and the
+    command line of each named process."""
+    from bubblespec.tasks import default_task
+
+    task = default_task()
+    sampling = {"temperature": cfg.temperature,
+                "max_new_tokens": cfg.max_new_tokens or task.max_new_tokens}
+    roots = {"sync": cluster.children["sync"], "gateway": cluster.children["gateway"],
+             **{r: cluster.children[r] for r in cluster.rank_ids}}
+    procs = ProcessTable({n: c.proc.pid for n, c in roots.items() if c.proc is not None})
+    for name, cmd in procs.commands.items():
+        log(f"  {name}: pid {procs.pids[name]}: {cmd}")
+    records: list[SoakStep] = []
+    nxt = task.make_prompts(cfg.prompts, cfg.seed)
+    async with AsyncBubbleSpecClient(cluster.gateway_url, timeout_s=600) as client, \
+            SyncClient(cluster.sync_address) as sync, httpx.AsyncClient(timeout=30) as http:
+        await client.wait_ready(timeout_s=120)
+        for k in range(cfg.steps):
+            prompts, nxt = nxt, task.make_prompts(cfg.prompts, cfg.seed + k + 1)
+            peak: dict[str, dict[str, int]] = {}
+            poll = asyncio.create_task(_poll_peak(cluster, http, peak))
+            t0 = time.monotonic()
+            try:
+                res = await client.rollout(prompts, n=cfg.n, sampling_params=sampling,
+                                           next_prompts=nxt)
+            finally:
+                poll.cancel()
+            t1 = time.monotonic()
+            store = asdict((await sync.get_state(timeout_s=10)).store)  # before the push
+            w = await client.update_weights(str(model_dirs[k % 2]), version=k + 1)
+            t2 = time.monotonic()
+            records.append(SoakStep(res.step, t1 - t0, t2 - t1, w.weight_version,
+                                    res.counters.completion_tokens, procs.rss_kib(), store,
+                                    await _index(cluster, http), peak))
+            if (k + 1) % cfg.every == 0 or k + 1 == cfg.steps:
+                log(format_rows(records[-cfg.every:], header=k < cfg.every))
+    return records, procs.commands
+
+
+def run_soak(cfg: SoakConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Start a 2-rank LocalCluster, soak it, write `<out>/soak.json` (and the plot); return
+    the summary (its `final_lines` are printed last)."""
+    from bubblespec.tasks import default_model_dir
+
+    src = Path(cfg.model) if cfg.model else default_model_dir()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bubblespec-soak-") as tmp:
+        dirs = (Path(tmp) / "ckpt-a", Path(tmp) / "ckpt-b")
+        for d in dirs:  # identical tensors, two paths: every push is a real reload
+            shutil.copytree(src, d)
+        log(f"starting a local cluster (2 ranks, model {src}); {cfg.steps} steps of "
+            f"{cfg.prompts} prompts x n={cfg.n}, a weight push after each")
+        with LocalCluster(ranks=2, model=str(src), log_dir=out / "logs") as cluster:
+            records, commands = asyncio.run(soak_steps(cluster, cfg, dirs, log))
+    summary = summarize(records, cfg.warmup)
+    doc = {"config": asdict(cfg), "summary": summary, "processes": commands,
+           "steps": [asdict(r) for r in records]}
+    (out / "soak.json").write_text(json.dumps(doc, indent=1))
+    plot_path = Path(cfg.plot) if cfg.plot else out / "soak.png"
+    plot(records, summary, plot_path)
+    log(f"wrote {out / 'soak.json'} and {plot_path}")
+    for line in final_lines(summary):
+        log(line)
+    return summary
