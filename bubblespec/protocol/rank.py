@@ -124,3 +124,5 @@ class DraftIndexBody(_Body):
     bytes: int = Field(0, description="Approximate bytes held by the index.")
     aligned: int = Field(0, description="Pre-generated responses kept for aligned drafting.")
     finished_stats: int = Field(0, description="Per-request counters not yet collected.")
+    drafts_dropped: int = Field(0, description="Drafts dropped for token ids outside the "
+                                               "vocabulary.")

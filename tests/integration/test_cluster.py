@@ -155,6 +155,9 @@ def test_ranks_health_and_metrics(client: BubbleSpecClient, cluster: LocalCluste
     assert "bubblespec_gateway_rollout_duration_seconds_count" in text
     assert "bubblespec_gateway_pregen_fetched_tokens_total" in text
     assert "bubblespec_step_bubble_seconds_bucket" in text
+    for url in cluster.rank_urls.values():  # each rank's draft index against its budget
+        idx = httpx.get(url + "/v1/draft_index", timeout=10).raise_for_status().json()
+        assert 0 <= idx["tokens"] <= idx["token_budget"] and idx["drafts_dropped"] >= 0, idx
 
 
 def test_weight_update_fans_out(client: BubbleSpecClient, task: Any) -> None:
