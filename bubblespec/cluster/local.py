@@ -35,8 +35,10 @@ from typing_extensions import Self
 from bubblespec.cluster.base import Cluster, ClusterError
 
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-             "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-"""Defaults for children's environment (the caller's environment wins)."""
+             "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "MALLOC_ARENA_MAX": "2"}
+"""Defaults for children's environment (the caller's environment wins). MALLOC_ARENA_MAX=2
+caps glibc's per-thread malloc arenas: vLLM's worker runs many threads, and with the default
+(8 per core) its RSS crept up over long runs in the soak benchmark (fragmentation)."""
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
