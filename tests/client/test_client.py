@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import uvicorn
 
 from bubblespec.client import (
     AsyncBubbleSpecClient,
@@ -32,6 +29,7 @@ from bubblespec.protocol.gateway import (
     RolloutSample,
 )
 from bubblespec.protocol.sampling import SamplingParams
+from tests.serving import serve_app
 
 TOKEN = "tok"
 
@@ -42,17 +40,8 @@ def url() -> Iterator[str]:
     (dead,) = free_ports(1)
     cfg = GatewayConfig(port=port, token=TOKEN, sync_address=f"127.0.0.1:{dead}",
                         sync_timeout_s=0.3, probe_timeout_s=0.5)
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_app(create_app(cfg), port=port) as live:
+        yield live
 
 
 def test_errors_carry_status_and_field(url: str) -> None:

@@ -4,16 +4,11 @@ on its own switched off."""
 
 from __future__ import annotations
 
-import contextlib
 import html.parser
 import shutil
 import subprocess
 import tempfile
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from tests.deploy.helpers import REPO, ensure_tool
 
@@ -80,27 +75,3 @@ class Dom(html.parser.HTMLParser):
 
     def body(self) -> dict[str, str]:
         return self.find("body")[0]
-
-
-@contextlib.contextmanager
-def serve_app(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
-    """Run an ASGI app with uvicorn on a free loopback port in a thread; yields its URL."""
-    import uvicorn
-
-    from bubblespec.cluster import free_ports
-
-    (port,) = free_ports(1, host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)

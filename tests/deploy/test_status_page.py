@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from bubblespec.gateway.bubbles import step_bubbles
 from bubblespec.gateway.status_page import install_status_page, render_page
 from bubblespec.protocol.domain import ShardAssignment, Span, SpanKind, StepTimeline
-from tests.deploy.browser import OUT, Dom, capture, chromium, serve_app
+from tests.deploy.browser import OUT, Dom, capture, chromium
+from tests.serving import serve_app
 
 T0 = 1_700_000_000.0
 EVIL = '<script>document.body.dataset.pwned="1"</script>'

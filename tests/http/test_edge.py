@@ -10,21 +10,18 @@ that fails unexpectedly, so that check serves a small app of its own through the
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
-from bubblespec.cluster import free_ports
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.server import create_app as gateway_app
 from bubblespec.http.edge import UNAUTHORIZED, build_app, protected_router
 from bubblespec.rank.config import RankConfig
 from bubblespec.rank.server import create_app as rank_app
+from tests.serving import serve_app
 
 TOKEN = "s3cret"
 LIMIT = 4096
@@ -146,18 +143,9 @@ def _exchange(sock: socket.socket, request: bytes) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def live_url() -> Iterator[tuple[str, int]]:
-    (port,) = free_ports(1)
-    server = uvicorn.Server(uvicorn.Config(_crashing_app(), host="127.0.0.1", port=port,
-                                           log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.05)
-    yield "127.0.0.1", port
-    server.should_exit = True
-    thread.join(10)
+    with serve_app(_crashing_app(), log_level="critical") as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
 
 
 def test_a_500_is_json_and_keeps_the_connection(live_url: tuple[str, int]) -> None:

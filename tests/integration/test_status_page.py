@@ -20,7 +20,8 @@ import pytest
 from bubblespec.client import BubbleSpecClient
 from bubblespec.cluster import LocalCluster
 from tests.cluster.helpers import local_cluster
-from tests.deploy.browser import OUT, Dom, capture, chromium, serve_app
+from tests.deploy.browser import OUT, Dom, capture, chromium
+from tests.serving import serve_app
 
 pytestmark = pytest.mark.engine
 
