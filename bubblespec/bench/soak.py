@@ -31,6 +31,7 @@ import httpx
 from bubblespec.client import AsyncBubbleSpecClient
 from bubblespec.cluster import LocalCluster
 from bubblespec.synchronizer.client import SyncClient
+from bubblespec.synchronizer.errors import SyncUnavailable
 
 FLAT_PCT_PER_100 = 1.0
 """A process whose RSS grows by less than this (% per 100 steps, after warm-up) is flat."""
@@ -275,6 +276,17 @@ async def _poll_peak(cluster: LocalCluster, http: httpx.AsyncClient,
         await asyncio.sleep(period_s)
 
 
+async def _state(sync: SyncClient, tries: int = 3) -> Any:
+    """The synchronizer's state; a monitoring read that fails once on a loaded machine is
+    tried again rather than ending a long run."""
+    for _ in range(tries - 1):
+        try:
+            return await sync.get_state(timeout_s=10)
+        except SyncUnavailable:
+            await asyncio.sleep(1.0)
+    return await sync.get_state(timeout_s=10)
+
+
 async def soak_steps(cluster: LocalCluster, cfg: SoakConfig, model_dirs: tuple[Path, Path],
                      log: Callable[[str], None] = print
                      ) -> tuple[list[SoakStep], dict[str, str]]:
@@ -306,7 +318,7 @@ async def soak_steps(cluster: LocalCluster, cfg: SoakConfig, model_dirs: tuple[P
             finally:
                 poll.cancel()
             t1 = time.monotonic()
-            store = asdict((await sync.get_state(timeout_s=10)).store)  # before the push
+            store = asdict((await _state(sync)).store)  # before the push
             w = await client.update_weights(str(model_dirs[k % 2]), version=k + 1)
             t2 = time.monotonic()
             records.append(SoakStep(res.step, t1 - t0, t2 - t1, w.weight_version,
