@@ -9,6 +9,7 @@ mid-step, then the last rank killed). Set BUBBLESPEC_TEST_MODEL to use another m
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -228,23 +229,30 @@ def _step_now(cluster: LocalCluster) -> int:
     return -1 if step is None else step
 
 
-def _wait_decoding(cluster: LocalCluster, rank: str, after_step: int,
-                   timeout_s: float = 60) -> None:
-    """Wait until a step newer than `after_step` is open with `rank` still owing its shard,
-    then a little longer so it is decoding. Asked of the synchronizer, not the rank: on 2
-    cores a decoding rank's event loop can leave HTTP requests unanswered for seconds."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            s = _sync_state(cluster)
-        except SyncError:
-            s = None
-        if (s is not None and s.current_step is not None and s.current_step > after_step
-                and s.step_open and rank in s.pending_rank_ids):
-            time.sleep(0.5)
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{rank} never started decoding")
+def _owes_shard(state: Any, rank: str, after_step: int) -> bool:
+    return (state.current_step is not None and state.current_step > after_step
+            and state.step_open and rank in state.pending_rank_ids)
+
+
+def _wait_decoding(cluster: LocalCluster, rank: str, after_step: int, rollout: threading.Thread,
+                   timeout_s: float = 60) -> bool:
+    """Poll the synchronizer (one channel, no pause) until a step newer than `after_step` is
+    open with `rank` still owing its shard; False if the rollout ended first. Asked of the
+    synchronizer, not the rank: on 2 cores a decoding rank's event loop can leave HTTP
+    requests unanswered for seconds."""
+    async def poll() -> bool:
+        deadline = time.monotonic() + timeout_s
+        async with SyncClient(cluster.sync_address, timeout_s=2.0) as c:
+            while time.monotonic() < deadline and rollout.is_alive():
+                try:
+                    if _owes_shard(await c.get_state(), rank, after_step):
+                        return True
+                except SyncError:
+                    pass
+                await asyncio.sleep(0.01)
+        return False
+
+    return asyncio.run(poll())
 
 
 def _rollout_in_thread(client: BubbleSpecClient, **kw: Any) -> tuple[threading.Thread, dict]:
@@ -266,8 +274,33 @@ def _rollout_mid_step(client: BubbleSpecClient, cluster: LocalCluster, rank: str
     """Start a rollout in a thread and return once `rank` is mid-step in it."""
     before = _step_now(cluster)
     t, out = _rollout_in_thread(client, **kw)
-    _wait_decoding(cluster, rank, before)
+    assert _wait_decoding(cluster, rank, before, t), f"{rank} never started decoding: {out}"
+    time.sleep(0.5)
     return t, out
+
+
+def _kill_rank_mid_step(client: BubbleSpecClient, cluster: LocalCluster, rank: str,
+                        attempts: int = 3, **kw: Any) -> dict:
+    """SIGKILL `rank` while it provably owes its shard, and return the rollout's outcome.
+
+    The rank is frozen (SIGSTOP to its process group) the moment the synchronizer lists it
+    as owing the open step, and killed only if the synchronizer still lists it once frozen:
+    a frozen rank cannot finish, so the kill lands mid-step. Drafts can make a shard finish
+    within the poll's window; then the rank is resumed, the rollout ends normally, and the
+    drill is tried again on the next step (at most `attempts` times)."""
+    for _ in range(attempts):
+        before = _step_now(cluster)
+        t, out = _rollout_in_thread(client, **kw)
+        if _wait_decoding(cluster, rank, before, t):
+            cluster.children[rank].signal(signal.SIGSTOP, group=True)
+            if _owes_shard(_sync_state(cluster), rank, before):
+                cluster.kill(rank)
+                t.join(300)
+                return out
+            cluster.children[rank].signal(signal.SIGCONT, group=True)
+        t.join(300)
+        assert "result" in out, out.get("error")
+    raise AssertionError(f"{rank} finished its shard before the kill in {attempts} tries")
 
 
 def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: LocalCluster,
@@ -297,10 +330,8 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
 def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalCluster,
                                        task: Any) -> None:
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(6)]
-    t, out = _rollout_mid_step(client, cluster, "r1", prompts=prompts, n=2,
-                               sampling_params=LONG)
-    cluster.kill("r1")
-    t.join(300)
+    out = _kill_rank_mid_step(client, cluster, "r1", prompts=prompts, n=2,
+                              sampling_params=LONG)
     assert "result" in out, out.get("error")
     res: RolloutResponse = out["result"]
     check_result(res, prompts, 2)
@@ -315,10 +346,8 @@ def test_rank_killed_mid_step_is_rerun(client: BubbleSpecClient, cluster: LocalC
 def test_last_rank_lost_is_503_naming_it(client: BubbleSpecClient, cluster: LocalCluster,
                                          task: Any) -> None:
     prompts = [task.make_prompt(i, 3, MAX_STEPS) for i in range(4)]
-    t, out = _rollout_mid_step(client, cluster, "r0", prompts=prompts, n=2,
-                               sampling_params=LONG)
-    cluster.kill("r0")
-    t.join(120)
+    out = _kill_rank_mid_step(client, cluster, "r0", prompts=prompts, n=2,
+                              sampling_params=LONG)
     err = out.get("error")
     assert isinstance(err, BubbleSpecUnavailable), out
     assert err.status == 503 and "r0" in err.detail
