@@ -1,7 +1,8 @@
 """Per-request view of the keyed GRPO schedule: which response sets each step's critical
 path, and how far it followed its pre-generated draft.
 
-    bubblespec bench per-request [--steps 5] [--window training] [--out FILE]
+    bubblespec bench per-request [--steps 5] [--window training] [--seed-mode keyed]
+                                 [--out FILE]
 
 Runs the `bubblespec bench service` schedule (its greedy check, then 8 prompts x n=8, T=1.0,
 keyed sampling, lr 1e-4, prompt batches repeating every 3 steps) on a fresh 2-rank local
@@ -16,11 +17,12 @@ import json
 from typing import Any
 
 
-def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out: str = ""
-                    ) -> list[dict[str, Any]]:
-    """Run the keyed schedule for `steps` steps with pre-generation in `window` ("bubble" or
-    "training"); print the `top` requests with the most forward passes per step, write every
-    request's figures to `out` (JSON) when given, and return them."""
+def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out: str = "",
+                    seed_mode: str = "keyed") -> list[dict[str, Any]]:
+    """Run the keyed schedule (`seed_mode` "keyed" or "keyed_context") for `steps` steps
+    with pre-generation in `window` ("bubble" or "training"); print the `top` requests with
+    the most forward passes per step, write every request's figures to `out` (JSON) when
+    given, and return them."""
     from bubblespec.client import BubbleSpecClient
     from bubblespec.cluster import LocalCluster
     from bubblespec.tasks import default_model_dir, default_task
@@ -46,7 +48,7 @@ def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out:
 
         client.rollout = keep  # type: ignore[method-assign]
         sampling = {"temperature": 1.0, "max_new_tokens": task.max_new_tokens,
-                    "seed_mode": "keyed"}
+                    "seed_mode": seed_mode}
         run_grpo(client, task, model, steps, 8, 8, sampling, seed=0, lr=1e-4,
                  pregen=True, epoch_steps=3, pregen_window=window, log=print)
     rows = [{"step": k, "prompt_key": p.prompt_key, "sample_index": s.sample_index,
@@ -54,6 +56,13 @@ def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out:
              "accepted": s.num_accepted_tokens,
              "accepted_pregen": s.num_accepted_pregen_tokens or 0}
             for k, r in enumerate(results) for p in r.prompts for s in p.samples]
+    for k in range(len(results)):
+        mine = [r for r in rows if r["step"] == k]
+        crit = max(r["decode_steps"] for r in mine)
+        longest = max(r["tokens"] for r in mine)
+        print(f"step {k}: critical path {crit} forwards, longest {longest} tokens, "
+              f"crit/longest {crit / max(1, longest):.2f}, tokens/forward "
+              f"{sum(r['tokens'] for r in mine) / max(1, sum(r['decode_steps'] for r in mine)):.2f}")
     print("\nstep  prompt            sample  tokens  fwd  accepted  accepted from pre-gen")
     for k in range(len(results)):
         longest = sorted((r for r in rows if r["step"] == k), key=lambda r: -r["decode_steps"])

@@ -80,6 +80,8 @@ def _per_request(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", choices=["bubble", "training"], default="training")
     p.add_argument("--top", type=int, default=4, help="requests shown per step")
     p.add_argument("--out", default="", help="also write every request's figures (JSON)")
+    p.add_argument("--seed-mode", choices=["keyed", "keyed_context"], default="keyed",
+                   help="position keys (keyed) or context keys (keyed_context)")
 
 
 def _sync(sub: argparse._SubParsersAction) -> None:
@@ -162,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.bench == "per-request":
         from bubblespec.bench.per_request import run_per_request
 
-        run_per_request(args.steps, args.window, args.top, args.out)
+        run_per_request(args.steps, args.window, args.top, args.out, args.seed_mode)
     else:
         from bubblespec.bench import sync_latency
 

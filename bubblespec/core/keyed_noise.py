@@ -8,6 +8,8 @@ is sampled whether or not speculation is on, whatever the batch, and a response
 pre-generated with the same seed by slightly older weights is a coupled prediction of the
 new one. Each position uses fresh, independent noise, so every token is an exact sample
 of the target distribution. The engine's torch version must match this bit for bit.
+Context-keyed sampling (`seed_mode: keyed_context`) draws the same way from the uniforms of
+a key derived from the preceding tokens instead of the position (`context_keys`).
 """
 
 from __future__ import annotations
@@ -36,12 +38,17 @@ def position_key(seed: int, position: int) -> np.uint64:
     return splitmix64(np.array([seed % (1 << 64)], dtype=np.uint64) ^ pos)[0]
 
 
-def uniforms(seed: int, position: int, vocab: int) -> np.ndarray:
-    """u(s, t, v) in (0, 1) for v in [0, vocab), float64 (53 random bits)."""
-    key = position_key(seed, position)
+def uniforms_of_key(key: int | np.uint64, vocab: int) -> np.ndarray:
+    """u(key, v) in (0, 1) for v in [0, vocab), float64 (53 random bits)."""
+    k = np.uint64(int(key) % (1 << 64))
     with np.errstate(over="ignore"):
-        z = splitmix64(key + np.arange(vocab, dtype=np.uint64) * np.uint64(VOCAB_STRIDE))
+        z = splitmix64(k + np.arange(vocab, dtype=np.uint64) * np.uint64(VOCAB_STRIDE))
     return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * (2.0 ** -53)
+
+
+def uniforms(seed: int, position: int, vocab: int) -> np.ndarray:
+    """u(s, t, v): the uniforms of the position key of (s, t)."""
+    return uniforms_of_key(position_key(seed, position), vocab)
 
 
 def gumbel(seed: int, position: int, vocab: int) -> np.ndarray:
@@ -52,6 +59,13 @@ def gumbel(seed: int, position: int, vocab: int) -> np.ndarray:
 def keyed_sample(logits: np.ndarray, seed: int, position: int, temperature: float = 1.0,
                  top_k: int = -1, top_p: float = 1.0) -> int:
     """Reference keyed sample of one position (temperature 0: argmax)."""
+    return keyed_sample_of_key(logits, position_key(seed, position), temperature, top_k, top_p)
+
+
+def keyed_sample_of_key(logits: np.ndarray, key: int | np.uint64, temperature: float = 1.0,
+                        top_k: int = -1, top_p: float = 1.0) -> int:
+    """Reference keyed sample with the noise of `key` (a position key, or a context key of
+    `context_keys`); temperature 0: argmax."""
     x = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
         return int(np.argmax(x))
@@ -67,4 +81,4 @@ def keyed_sample(logits: np.ndarray, seed: int, position: int, temperature: floa
         mask = np.full(x.size, True)
         mask[order[keep]] = False
         x = np.where(mask, -np.inf, x)
-    return int(np.argmax(x + gumbel(seed, position, x.size)))
+    return int(np.argmax(x - np.log(-np.log(uniforms_of_key(key, x.size)))))

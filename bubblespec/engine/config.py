@@ -57,5 +57,8 @@ class EngineConfig(BaseModel):
     """Skip torch.compile/CUDA graphs (fast start)."""
     fault_biased_verifier: float = Field(0.0, ge=0)
     """Fault injection for tests only: accept drafts with probability boost*p (0: off)."""
+    fault_context_only_keys: bool = False
+    """Fault injection for tests only: context keys without the occurrence index (reuses
+    noise on repeated contexts; the negative control of the context-keyed exactness tests)."""
     seed: int = 0
     """Engine seed for requests without their own seed."""

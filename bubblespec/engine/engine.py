@@ -104,7 +104,7 @@ class RolloutEngine:
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
-        await llm.collective_rpc("bubblespec_install_keyed")
+        await llm.collective_rpc("bubblespec_install_keyed", args=(cfg.fault_context_only_keys,))
         if spec is not None:
             await llm.collective_rpc("bubblespec_configure", args=(eng.proposer_options(),))
         log.info("engine started in %.1f s (model %s, spec %s)", time.monotonic() - t0,

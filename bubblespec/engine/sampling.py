@@ -3,7 +3,7 @@
 
 Keyed sampling (`seed_mode: keyed`, temperature > 0) does not seed vLLM's sampler: the seed
 travels in `extra_args` to the keyed sampler (`engine/keyed.py`), which draws keyed Gumbel
-noise per (seed, position).
+noise per (seed, position), or per context key with `seed_mode: keyed_context`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from bubblespec.protocol.sampling import SamplingParams
 
 #: `extra_args` key carrying a keyed sample's seed to the keyed sampler (`engine/keyed.py`).
 KEY_ARG = "bubblespec_keyed_seed"
+#: `extra_args` key set (True) when the keys are context keys (`seed_mode: keyed_context`).
+CONTEXT_ARG = "bubblespec_keyed_context"
 
 
 def vllm_sampling(sp: SamplingParams, seed: int | None) -> Any:
@@ -31,4 +33,10 @@ def vllm_sampling(sp: SamplingParams, seed: int | None) -> Any:
         max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
         ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=0,
         detokenize=False, output_kind=RequestOutputKind.DELTA,
-        extra_args={KEY_ARG: seed} if sp.keyed else None)
+        extra_args=_keyed_args(sp, seed))
+
+
+def _keyed_args(sp: SamplingParams, seed: int | None) -> dict | None:
+    if not sp.keyed:
+        return None
+    return {KEY_ARG: seed, CONTEXT_ARG: True} if sp.keyed_by_context else {KEY_ARG: seed}

@@ -46,7 +46,8 @@ def validate_request(req: GenRequest, vocab_size: int, max_model_len: int) -> No
         raise InvalidRequest(f"sampling_params.stop_token_ids[{i}]",
                              f"token id {s.stop_token_ids[i]!r} outside [0, {vocab_size})")
     if s.keyed and req.seeds is None:
-        raise InvalidRequest("seeds", "seed_mode 'keyed' needs one seed per sample")
+        raise InvalidRequest("seeds", f"seed_mode '{s.seed_mode.value}' needs one seed per "
+                                      "sample")
     if req.seeds is not None:
         if len(req.seeds) != req.n:
             raise InvalidRequest("seeds", f"needs one seed per sample ({req.n}), got "

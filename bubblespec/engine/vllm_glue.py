@@ -92,12 +92,14 @@ class BatchView(NamedTuple):
     req_ids: list[str]
     num_prompt_tokens: Any
     num_tokens_no_spec: Any
+    token_ids: Any  # [rows, max_model_len]: prompt + committed output of each row
 
 
 def batch_view(runner: Any) -> BatchView:
-    """Request ids in batch order, prompt lengths and token counts (without drafts)."""
+    """Request ids in batch order, prompt lengths, token counts (without drafts), tokens."""
     batch = runner.input_batch
-    return BatchView(batch.req_ids, batch.num_prompt_tokens, batch.num_tokens_no_spec)
+    return BatchView(batch.req_ids, batch.num_prompt_tokens, batch.num_tokens_no_spec,
+                     batch.token_ids_cpu)
 
 
 def request_extra_args(runner: Any, req_id: str) -> dict | None:
@@ -159,9 +161,13 @@ def wrap_top_k_top_p_sampler(runner: Any, wrap: Callable[[SampleFn], SampleFn]) 
     sampler.forward = wrap(sampler.forward)
 
 
-def on_spec_step(runner: Any, set_num_draft: Callable[[list[int] | None], None]) -> None:
+SpecStep = tuple[list[int], list[list[int]]]
+"""Of one verification step: drafted tokens per batch row, and the drafted token ids."""
+
+
+def on_spec_step(runner: Any, set_spec: Callable[[SpecStep | None], None]) -> None:
     """Around each verification step of the runner's rejection sampler, call
-    `set_num_draft(drafted tokens per batch row)` before and `set_num_draft(None)` after
+    `set_spec((drafted tokens per batch row, their ids))` before and `set_spec(None)` after
     (nothing if the runner does not speculate)."""
     rsampler = getattr(runner, "rejection_sampler", None)
     if rsampler is None:
@@ -169,11 +175,16 @@ def on_spec_step(runner: Any, set_num_draft: Callable[[list[int] | None], None])
     orig_forward = rsampler.forward
 
     def forward(metadata: Any, *args: Any, **kwargs: Any) -> Any:
-        set_num_draft(list(metadata.num_draft_tokens))
+        counts = list(metadata.num_draft_tokens)
+        flat, ids, at = metadata.draft_token_ids.tolist(), [], 0
+        for n in counts:
+            ids.append(flat[at:at + n])
+            at += n
+        set_spec((counts, ids))
         try:
             return orig_forward(metadata, *args, **kwargs)
         finally:
-            set_num_draft(None)
+            set_spec(None)
 
     rsampler.forward = forward
 
@@ -279,13 +290,14 @@ class WorkerExtension:
         drafter.runner = self.model_runner  # type: ignore[attr-defined]
         return drafter.bubblespec_configure(options)
 
-    def bubblespec_install_keyed(self) -> bool:
-        """Install keyed-noise sampling for requests that opt in (any spec mode)."""
+    def bubblespec_install_keyed(self, fault_context_only: bool = False) -> bool:
+        """Install keyed-noise sampling for requests that opt in (any spec mode);
+        `fault_context_only` is the exactness tests' negative control."""
         from bubblespec.engine.keyed import KeyedSampling
 
         runner = self.model_runner  # type: ignore[attr-defined]
         if getattr(runner, "_bubblespec_keyed", None) is None:
-            runner._bubblespec_keyed = KeyedSampling(runner)
+            runner._bubblespec_keyed = KeyedSampling(runner, fault_context_only)
             runner._bubblespec_keyed.install()
         return True
 

@@ -25,6 +25,11 @@ class SeedMode(str, enum.Enum):
     """Keyed Gumbel noise per (seed, position): bit-reproducible with speculation on or off,
     and pre-generation with the same seeds is coupled to the rollout (needs one seed per
     sample when sampling)."""
+    KEYED_CONTEXT = "keyed_context"
+    """Keyed Gumbel noise per (seed, preceding 4 tokens, occurrence of that context in the
+    response): as exact and reproducible as `keyed`, and a response that leaves its
+    pre-generated draft by an inserted or deleted token is coupled to it again once its
+    context re-joins the draft's."""
 
 
 class PregenWindow(str, enum.Enum):
@@ -57,7 +62,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     seed_mode: SeedMode = Field(SeedMode.DEFAULT, description=(
         "keyed: keyed Gumbel noise per (seed, position); bit-reproducible with speculation "
-        "on or off, and pre-generation with the same seeds is coupled to the rollout."))
+        "on or off, and pre-generation with the same seeds is coupled to the rollout. "
+        "keyed_context: the same, keyed per (seed, last 4 tokens, occurrence), so the "
+        "coupling survives an inserted or deleted token."))
 
     @field_validator("top_k")
     @classmethod
@@ -67,4 +74,9 @@ class SamplingParams(BaseModel):
     @property
     def keyed(self) -> bool:
         """Keyed-noise sampling is in effect (keyed seed mode, temperature > 0)."""
-        return self.seed_mode is SeedMode.KEYED and self.temperature > 0
+        return self.seed_mode in (SeedMode.KEYED, SeedMode.KEYED_CONTEXT) and self.temperature > 0
+
+    @property
+    def keyed_by_context(self) -> bool:
+        """Keyed sampling with context keys (`keyed_context`)."""
+        return self.seed_mode is SeedMode.KEYED_CONTEXT and self.temperature > 0
