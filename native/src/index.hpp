@@ -40,7 +40,7 @@ struct Group {
   throw nb::value_error(msg.c_str());
 }
 
-inline std::string repr_of(nb::handle h) { return nb::cast<std::string>(nb::repr(h)); }
+inline std::string repr_of(nb::handle h) { return std::string(nb::repr(h).c_str()); }
 
 inline void kill(Sam& s) {
   s.dead = true;

@@ -94,11 +94,11 @@ NB_MODULE(bubblespec_native, mod) {
       .def("extend", [](Matcher& m, nb::handle t) {
         std::vector<int32_t> v = tokens_of(t);
         m.extend(v.data(), v.size());
-      }, nb::arg("tokens"))
+      }, nb::arg("tokens").none())
       .def("advance", [](Matcher& m, nb::handle t) {
         int32_t c = token_of(t.ptr());
         m.extend(&c, 1);
-      }, nb::arg("token"))
+      }, nb::arg("token").none())
       .def_prop_ro("match_len", [](Matcher& m) { m.sync(); return m.l; })
       .def_prop_ro("global_match_len", [](Matcher& m) { m.sync(); return m.gl; })
       .def("continuations", [](Matcher& m, bool use_global) {
@@ -113,19 +113,19 @@ NB_MODULE(bubblespec_native, mod) {
         Draft d;
         m.draft(params_of(params), d);
         return d;
-      }, nb::arg("params") = nb::none())
+      }, nb::arg("params").none() = nb::none())
       .def("speculate", [](Matcher& m, nb::handle t, nb::handle params) {
         std::vector<int32_t> v = tokens_of(t);
         m.extend(v.data(), v.size());
         Draft d;
         m.draft(params_of(params), d);
         return d;
-      }, nb::arg("new_tokens"), nb::arg("params") = nb::none());
+      }, nb::arg("new_tokens").none(), nb::arg("params").none() = nb::none());
 
   nb::class_<Index>(mod, "SuffixIndex", "Per-group suffix automata with a global group.")
       .def("__init__", &new_index, nb::arg("max_depth") = 64,
-           nb::arg("token_budget") = nb::none(), nb::arg("global_token_budget") = nb::none(),
-           nb::arg("low_water") = 0.75, nb::arg("compact") = false)
+           nb::arg("token_budget").none() = nb::none(), nb::arg("global_token_budget").none() = nb::none(),
+           nb::arg("low_water").none() = 0.75, nb::arg("compact").none() = false)
       .def_ro("max_depth", &Index::max_depth)
       .def_prop_ro("token_budget", [](const Index& i) { return budget_obj(i.token_budget); })
       .def_prop_ro("global_token_budget",
@@ -140,7 +140,7 @@ NB_MODULE(bubblespec_native, mod) {
         if (group.is_none() && !to_global)
           value_error("group=None stores only in the global group: pass to_global=True");
         i.add_sequence(sid, group, tokens_of(toks), live, to_global);
-      }, nb::arg("seq_id"), nb::arg("group"), nb::arg("tokens") = nb::tuple(), nb::kw_only(),
+      }, nb::arg("seq_id").none(), nb::arg("group").none(), nb::arg("tokens").none() = nb::tuple(), nb::kw_only(),
          nb::arg("live") = false, nb::arg("to_global") = false)
       .def("extend_sequence", [](Index& i, nb::handle sid, nb::handle toks) {
         Seq& r = i.seq_of(sid);
@@ -148,29 +148,29 @@ NB_MODULE(bubblespec_native, mod) {
           value_error("sequence " + repr_of(sid) + " is finished; only live ones can be extended");
         std::vector<int32_t> v = tokens_of(toks);
         i.extend_sequence(i.find_seq(sid), v.data(), v.size());
-      }, nb::arg("seq_id"), nb::arg("tokens"))
+      }, nb::arg("seq_id").none(), nb::arg("tokens").none())
       .def("finish_sequence", [](Index& i, nb::handle sid) { i.finish_sequence(sid); },
-           nb::arg("seq_id"))
+           nb::arg("seq_id").none())
       .def("remove_sequence", [](Index& i, nb::handle sid) {
         i.remove_sequences({nb::borrow(sid)});
-      }, nb::arg("seq_id"))
+      }, nb::arg("seq_id").none())
       .def("remove_sequences", [](Index& i, nb::handle ids) {
         std::vector<nb::object> v;
         for (nb::handle h : nb::iter(ids)) v.push_back(nb::borrow(h));
         i.remove_sequences(v);
-      }, nb::arg("seq_ids"))
-      .def("remove_group", [](Index& i, nb::handle g) { i.remove_group(g); }, nb::arg("group"))
-      .def("matcher", &make_matcher, nb::arg("group"), nb::arg("context") = nb::tuple(),
+      }, nb::arg("seq_ids").none())
+      .def("remove_group", [](Index& i, nb::handle g) { i.remove_group(g); }, nb::arg("group").none())
+      .def("matcher", &make_matcher, nb::arg("group").none(), nb::arg("context").none() = nb::tuple(),
            nb::kw_only(), nb::arg("use_global") = true)
-      .def("draft", &one_off, nb::arg("group"), nb::arg("context"),
-           nb::arg("params") = nb::none(), nb::kw_only(), nb::arg("use_global") = true)
+      .def("draft", &one_off, nb::arg("group").none(), nb::arg("context").none(),
+           nb::arg("params").none() = nb::none(), nb::kw_only(), nb::arg("use_global") = true)
       .def("longest_match", [](Index& i, nb::handle group, nb::handle context) {
         SamPtr s = read_sam(i, group);
         std::vector<int32_t> ctx = tokens_of(context);
         int32_t v, l;
         rematch(*s, ctx, i.max_depth, v, l);
         return l;
-      }, nb::arg("group"), nb::arg("context"))
+      }, nb::arg("group").none(), nb::arg("context").none())
       .def("count", [](Index& i, nb::handle group, nb::handle tokens) {
         SamPtr s = read_sam(i, group);
         std::vector<int32_t> t = tokens_of(tokens);
@@ -180,7 +180,7 @@ NB_MODULE(bubblespec_native, mod) {
                       std::to_string(t.size()));
         int32_t v = s->walk(t.data(), t.size());
         return v < 0 ? 0 : s->occ[v];
-      }, nb::arg("group"), nb::arg("tokens"))
+      }, nb::arg("group").none(), nb::arg("tokens").none())
       .def("groups", [](const Index& i) {
         nb::list out;
         for (int32_t g : i.lru_order()) out.append(i.groups[g].key);
@@ -190,9 +190,9 @@ NB_MODULE(bubblespec_native, mod) {
         if (group.is_none()) return keys_of(i, i.global.seqs);
         int32_t g = i.find_group(group);
         return g < 0 ? nb::list() : keys_of(i, i.groups[g].seqs);
-      }, nb::arg("group"))
+      }, nb::arg("group").none())
       .def("sequence_tokens", [](Index& i, nb::handle sid) { return to_list(i.seq_of(sid).tokens); },
-           nb::arg("seq_id"))
+           nb::arg("seq_id").none())
       .def_ro("num_tokens", &Index::ntokens)
       .def_prop_ro("num_global_tokens", [](const Index& i) { return i.global.ntokens; })
       .def("nbytes", &Index::nbytes);
@@ -212,9 +212,9 @@ NB_MODULE(bubblespec_native, mod) {
         r->tail = tokens_of(tail);
         r->n_out = n_out;
         if (!out.is_none()) r->out = tokens_of(out);
-      }, nb::arg("group"), nb::arg("seq_id"), nb::arg("matcher"), nb::kw_only(),
-         nb::arg("aligned") = nb::none(), nb::arg("aligned_on") = true,
-         nb::arg("tail") = nb::tuple(), nb::arg("n_out") = 0, nb::arg("out") = nb::none())
+      }, nb::arg("group").none(), nb::arg("seq_id").none(), nb::arg("matcher").none(), nb::kw_only(),
+         nb::arg("aligned").none() = nb::none(), nb::arg("aligned_on") = true,
+         nb::arg("tail").none() = nb::tuple(), nb::arg("n_out") = 0, nb::arg("out").none() = nb::none())
       .def_ro("group", &Request::group)
       .def_ro("seq_id", &Request::seq_id)
       .def_ro("matcher", &Request::matcher_obj)
@@ -238,8 +238,8 @@ NB_MODULE(bubblespec_native, mod) {
                      bool keep_out) {
     return step(idx, reqs, sampled, num_tokens, k, max_model_len, params, extend_index,
                 keep_out);
-  }, nb::arg("index"), nb::arg("reqs"), nb::arg("sampled"), nb::arg("num_tokens"),
-     nb::arg("k"), nb::arg("max_model_len"), nb::arg("params") = nb::none(), nb::kw_only(),
+  }, nb::arg("index").none(), nb::arg("reqs").none(), nb::arg("sampled").none(), nb::arg("num_tokens").none(),
+     nb::arg("k"), nb::arg("max_model_len"), nb::arg("params").none() = nb::none(), nb::kw_only(),
      nb::arg("extend_index") = true, nb::arg("keep_out") = false,
      "One proposer engine step for a whole batch (bubblespec.core.batch.step).");
 }
