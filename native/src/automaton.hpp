@@ -14,7 +14,7 @@ namespace bsn {
 
 constexpr int32_t ROOT = 0;
 constexpr int32_t NONE = -1;   // ftok: no out-transition
-constexpr int32_t MULTI = -2;  // ftok: two or more, in kids[fto[v]]
+constexpr int32_t MULTI = -2;  // ftok: two or more, in kids[st[v].fto]
 
 // Out-transitions of a branching state. Linear scan while small, a hash index once large
 // (the root and frequent tokens have thousands).
@@ -67,6 +67,12 @@ struct Cursor {
   int32_t last = ROOT, cu = ROOT, cl = 0;
 };
 
+// One automaton state: the columns of automaton.py in one row (one cache line fetch for
+// the suffix-link walks that read and write several of them).
+struct State {
+  int32_t len, link, occ, ftok, fto, touched;
+};
+
 struct Best {  // memoised most frequent child of a high-fanout state
   int64_t version;
   int32_t tok, to, cnt;
@@ -74,7 +80,7 @@ struct Best {  // memoised most frequent child of a high-fanout state
 
 struct Sam {
   int32_t max_depth;
-  std::vector<int32_t> length{0}, link{-1}, occ{0}, ftok{NONE}, fto{0}, touched{0};
+  std::vector<State> st{State{0, -1, 0, NONE, 0, 0}};
   std::vector<Kids> kids;
   std::unordered_map<int32_t, Best> best;
   int64_t version = 0;
@@ -82,23 +88,23 @@ struct Sam {
 
   explicit Sam(int32_t depth) : max_depth(depth) {}
 
-  int32_t num_states() const { return static_cast<int32_t>(length.size()); }
+  int32_t num_states() const { return static_cast<int32_t>(st.size()); }
 
   int32_t go(int32_t v, int32_t c) const {
-    int32_t f = ftok[v];
-    if (f == c) return fto[v];
-    if (f == MULTI) return kids[fto[v]].get(c);
+    int32_t f = st[v].ftok;
+    if (f == c) return st[v].fto;
+    if (f == MULTI) return kids[st[v].fto].get(c);
     return -1;
   }
 
   template <class F>
   void for_children(int32_t v, F&& fn) const {
-    int32_t f = ftok[v];
+    int32_t f = st[v].ftok;
     if (f == MULTI) {
-      const Kids& k = kids[fto[v]];
+      const Kids& k = kids[st[v].fto];
       for (size_t i = 0; i < k.tok.size(); ++i) fn(k.tok[i], k.to[i]);
     } else if (f != NONE) {
-      fn(f, fto[v]);
+      fn(f, st[v].fto);
     }
   }
 
@@ -109,7 +115,7 @@ struct Sam {
   }
 
   size_t nbytes() const {
-    size_t b = sizeof(Sam) + 6 * length.capacity() * sizeof(int32_t) +
+    size_t b = sizeof(Sam) + st.capacity() * sizeof(State) +
                kids.capacity() * sizeof(Kids) + best.size() * 48;
     for (const Kids& k : kids) b += k.nbytes() - sizeof(Kids);
     return b;
@@ -117,52 +123,47 @@ struct Sam {
 
   // Redirect the transition on c of p from q to t (p is known to have one on c).
   void set_go(int32_t p, int32_t c, int32_t t) {
-    if (ftok[p] == c) {
-      fto[p] = t;
+    if (st[p].ftok == c) {
+      st[p].fto = t;
     } else {
-      Kids& k = kids[fto[p]];
+      Kids& k = kids[st[p].fto];
       k.to[k.slot(c)] = t;
     }
   }
 
   int32_t clone(int32_t q, int32_t p, int32_t c, int32_t new_len, int32_t ver) {
     int32_t k = num_states();
-    length.push_back(new_len);
-    link.push_back(link[q]);
-    occ.push_back(occ[q]);
-    int32_t f = ftok[q];
-    ftok.push_back(f);
-    if (f == MULTI) {
-      Kids copy(kids[fto[q]]);
+    const State& o = st[q];
+    State cl{new_len, o.link, o.occ, o.ftok, o.fto, ver};
+    if (o.ftok == MULTI) {
+      Kids copy(kids[o.fto]);
       kids.push_back(std::move(copy));
-      fto.push_back(static_cast<int32_t>(kids.size() - 1));
-    } else {
-      fto.push_back(fto[q]);
+      cl.fto = static_cast<int32_t>(kids.size() - 1);
     }
-    touched.push_back(ver);
-    link[q] = k;
+    st.push_back(cl);
+    st[q].link = k;
     while (p >= 0) {  // every suffix link of p has a transition on c
       if (go(p, c) != q) break;
       set_go(p, c, k);
-      p = link[p];
+      p = st[p].link;
     }
     return k;
   }
 
   void add_go(int32_t p, int32_t c, int32_t t) {
-    int32_t f = ftok[p];
+    int32_t f = st[p].ftok;
     if (f == NONE) {
-      ftok[p] = c;
-      fto[p] = t;
+      st[p].ftok = c;
+      st[p].fto = t;
     } else if (f == MULTI) {
-      kids[fto[p]].add(c, t);
+      kids[st[p].fto].add(c, t);
     } else {
       Kids k;
-      k.add(f, fto[p]);
+      k.add(f, st[p].fto);
       k.add(c, t);
       kids.push_back(std::move(k));
-      ftok[p] = MULTI;
-      fto[p] = static_cast<int32_t>(kids.size() - 1);
+      st[p].ftok = MULTI;
+      st[p].fto = static_cast<int32_t>(kids.size() - 1);
     }
   }
 
@@ -177,43 +178,38 @@ struct Sam {
       const int32_t v32 = static_cast<int32_t>(ver);
       int32_t q = go(last, c);
       if (q >= 0) {
-        if (length[q] != length[last] + 1) q = clone(q, last, c, length[last] + 1, v32);
+        if (st[q].len != st[last].len + 1) q = clone(q, last, c, st[last].len + 1, v32);
         last = q;
       } else {
         const int32_t nw = num_states();
-        length.push_back(length[last] + 1);
-        link.push_back(ROOT);
-        occ.push_back(0);
-        ftok.push_back(NONE);
-        fto.push_back(0);
-        touched.push_back(v32);
+        st.push_back(State{st[last].len + 1, ROOT, 0, NONE, 0, v32});
         int32_t p = last;
         while (p >= 0) {
           q = go(p, c);
           if (q >= 0) break;
           add_go(p, c, nw);
-          p = link[p];
+          p = st[p].link;
         }
         if (p >= 0) {
-          if (length[p] + 1 == length[q]) {
-            link[nw] = q;
+          if (st[p].len + 1 == st[q].len) {
+            st[nw].link = q;
           } else {
-            link[nw] = clone(q, p, c, length[p] + 1, v32);
+            st[nw].link = clone(q, p, c, st[p].len + 1, v32);
           }
         }
         last = nw;
       }
       if (cl) {
-        while (length[link[cu]] >= cl) cu = link[cu];
+        while (st[st[cu].link].len >= cl) cu = st[cu].link;
       }
       cu = go(cu, c);
       if (++cl > d1) {
         cl = d1;
-        while (length[link[cu]] >= d1) cu = link[cu];
+        while (st[st[cu].link].len >= d1) cu = st[cu].link;
       }
-      for (int32_t x = cu; x >= 0; x = link[x]) {
-        ++occ[x];
-        touched[x] = v32;
+      for (int32_t x = cu; x >= 0; x = st[x].link) {
+        ++st[x].occ;
+        st[x].touched = v32;
       }
     }
     version = ver;

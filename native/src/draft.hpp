@@ -40,7 +40,7 @@ inline int32_t budget_of(int32_t l, const Params& p) {
 // (token, target, count) of the most frequent transition of a branching state, ties by
 // lowest token id; memoised per automaton version for high-fanout states.
 inline void best_child(Sam& s, int32_t v, int32_t& bc, int32_t& bt, int32_t& bk) {
-  const Kids& k = s.kids[s.fto[v]];
+  const Kids& k = s.kids[s.st[v].fto];
   const size_t n = k.tok.size();
   Best* memo = nullptr;
   if (n > 8) {
@@ -52,7 +52,7 @@ inline void best_child(Sam& s, int32_t v, int32_t& bc, int32_t& bt, int32_t& bk)
   }
   bc = -1, bt = -1, bk = -1;
   for (size_t i = 0; i < n; ++i) {
-    int32_t c = k.tok[i], cnt = s.occ[k.to[i]];
+    int32_t c = k.tok[i], cnt = s.st[k.to[i]].occ;
     if (cnt > bk || (cnt == bk && c < bc)) bc = c, bt = k.to[i], bk = cnt;
   }
   if (memo) *memo = Best{s.version, bc, bt, bk};
@@ -73,13 +73,13 @@ inline bool path_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
   if (max_tokens > 0) {
     const int32_t depth = s.max_depth;
     double prob = 1.0, sum = 0.0;
-    int32_t tot = s.occ[v];
+    int32_t tot = s.st[v].occ;
     const int32_t room = depth - l;
     for (int32_t i = 0; i < max_tokens; ++i) {
-      int32_t c = s.ftok[v], t, cnt;
+      int32_t c = s.st[v].ftok, t, cnt;
       if (c >= 0) {
-        t = s.fto[v];
-        cnt = s.occ[t];
+        t = s.st[v].fto;
+        cnt = s.st[t].occ;
       } else if (c == NONE) {
         break;
       } else {
@@ -94,9 +94,9 @@ inline bool path_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
       d.token_ids.push_back(c);
       d.probs.push_back(prob);
       sum += prob;
-      if (i >= room && s.length[s.link[t]] >= depth) {
-        t = s.link[t];
-        tot = s.occ[t];
+      if (i >= room && s.st[s.st[t].link].len >= depth) {
+        t = s.st[t].link;
+        tot = s.st[t].occ;
       } else {
         tot = cnt;
       }
@@ -119,9 +119,9 @@ inline void tree_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
   const int32_t depth = s.max_depth;
   std::vector<std::tuple<int32_t, int32_t, int32_t>> kids;  // (count, token, target)
   auto expand = [&](int32_t v, int32_t l, double prob, int32_t parent) {
-    int32_t total = s.occ[v];
+    int32_t total = s.st[v].occ;
     kids.clear();
-    s.for_children(v, [&](int32_t c, int32_t t) { kids.emplace_back(s.occ[t], c, t); });
+    s.for_children(v, [&](int32_t c, int32_t t) { kids.emplace_back(s.st[t].occ, c, t); });
     if (kids.size() > 8 && minp > 0.0) {
       double floor = minp * static_cast<double>(total) / prob * (1.0 - 1e-9);
       size_t w = 0;
@@ -152,7 +152,7 @@ inline void tree_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
     d.probs.push_back(-negp);
     if (tl > depth) {
       tl = depth;
-      while (s.length[s.link[t]] >= depth) t = s.link[t];
+      while (s.st[s.st[t].link].len >= depth) t = s.st[t].link;
     }
     if (idx + 1 < max_tokens) expand(t, tl, -negp, idx);
   }
@@ -175,21 +175,21 @@ inline void best_draft(Sam& s, int32_t v, int32_t l, const Params& p,
   best.match_len = l;
   if (!p.shorter) return;
   Draft d;
-  for (int32_t u = s.link[v]; u > 0; u = s.link[u]) {
-    int32_t lu = s.length[u];
+  for (int32_t u = s.st[v].link; u > 0; u = s.st[u].link) {
+    int32_t lu = s.st[u].len;
     n = budget_of(lu, p);
     double score = best.score;
     if (static_cast<double>(n) <= score) break;
-    int32_t f = s.ftok[u], first;
+    int32_t f = s.st[u].ftok, first;
     if (f >= 0) {
-      first = s.occ[s.fto[u]];
+      first = s.st[s.st[u].fto].occ;
     } else if (f == NONE) {
       first = 0;
     } else {
       int32_t bc, bt;
       best_child(s, u, bc, bt, first);
     }
-    double ou = static_cast<double>(s.occ[u]);
+    double ou = static_cast<double>(s.st[u].occ);
     if (static_cast<double>(first) / ou >= p.minp &&
         static_cast<double>(first) * n > score * ou * (1.0 - 1e-9)) {
       bool ok;

@@ -40,13 +40,13 @@ inline void advance(const Sam& s, int32_t& v, int32_t& l, const int32_t* toks, s
         l = -1;
         break;
       }
-      v = s.link[v];
-      l = s.length[v];
+      v = s.st[v].link;
+      l = s.st[v].len;
     }
     if (l < depth) {
       ++l;
-    } else if (s.length[s.link[v]] >= depth) {
-      v = s.link[v];
+    } else if (s.st[s.st[v].link].len >= depth) {
+      v = s.st[v].link;
     }
   }
 }
@@ -63,10 +63,10 @@ inline void rematch(const Sam& s, const std::vector<int32_t>& ctx, int32_t depth
 inline void refresh(const Sam& s, int32_t& v, int32_t& l, const std::vector<int32_t>& ctx,
                     int32_t depth, int64_t since) {
   if (l) {
-    while (s.length[s.link[v]] >= l) v = s.link[v];
+    while (s.st[s.st[v].link].len >= l) v = s.st[v].link;
   }
   const int32_t n = static_cast<int32_t>(ctx.size());
-  if (l < depth && l < n && s.length[v] == l && s.touched[v] > since &&
+  if (l < depth && l < n && s.st[v].len == l && s.st[v].touched > since &&
       s.walk(ctx.data() + (n - l - 1), static_cast<size_t>(l + 1)) >= 0)
     rematch(s, ctx, depth, v, l);
 }
@@ -127,7 +127,7 @@ class Matcher {
     if (s->version != ver || gs->version != gver) sync();
     advance(*s, v, l, toks, n, depth, &ptoks, &pstates);
     ptoks.clear();
-    if (gs->occ[ROOT]) advance(*gs, gv, gl, toks, n, depth, &gptoks, &gpstates);
+    if (gs->st[ROOT].occ) advance(*gs, gv, gl, toks, n, depth, &gptoks, &gpstates);
     gptoks.clear();
     ctx.insert(ctx.end(), toks, toks + n);
     if (ctx.size() > static_cast<size_t>(4 * depth))
@@ -139,7 +139,7 @@ class Matcher {
     ptoks.clear();
     pstates.clear();
     best_draft(*s, v, l, p, &ptoks, &pstates, best);
-    if (use_global && gs->occ[ROOT]) {
+    if (use_global && gs->st[ROOT].occ) {
       gptoks.clear();
       gpstates.clear();
       Draft other;

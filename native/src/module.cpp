@@ -106,8 +106,8 @@ NB_MODULE(bubblespec_native, mod) {
         const Sam& s = use_global ? *m.gs : *m.s;
         int32_t v = use_global ? m.gv : m.v;
         nb::dict d;
-        s.for_children(v, [&](int32_t c, int32_t t) { d[nb::int_(c)] = s.occ[t]; });
-        return nb::make_tuple(s.occ[v], d);
+        s.for_children(v, [&](int32_t c, int32_t t) { d[nb::int_(c)] = s.st[t].occ; });
+        return nb::make_tuple(s.st[v].occ, d);
       }, nb::arg("use_global") = false)
       .def("draft", [](Matcher& m, nb::handle params) {
         Draft d;
@@ -179,7 +179,7 @@ NB_MODULE(bubblespec_native, mod) {
                       std::to_string(s->max_depth + 1) + " tokens, got " +
                       std::to_string(t.size()));
         int32_t v = s->walk(t.data(), t.size());
-        return v < 0 ? 0 : s->occ[v];
+        return v < 0 ? 0 : s->st[v].occ;
       }, nb::arg("group").none(), nb::arg("tokens").none())
       .def("groups", [](const Index& i) {
         nb::list out;
