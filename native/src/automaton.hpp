@@ -16,24 +16,24 @@ constexpr int32_t ROOT = 0;
 constexpr int32_t NONE = -1;   // ftok: no out-transition
 constexpr int32_t MULTI = -2;  // ftok: two or more, in kids[st[v].fto]
 
-// Out-transitions of a branching state. Linear scan while small, a hash index once large
-// (the root and frequent tokens have thousands).
+// Out-transitions of a branching state. Linear scan while small; once large (the root and
+// frequent tokens have thousands) also an open-addressing table of slots, which copies with
+// the state when it is cloned as cheaply as the two columns.
 struct Kids {
   std::vector<int32_t> tok, to;
-  std::unique_ptr<std::unordered_map<int32_t, int32_t>> pos;  // token -> slot, when large
-  static constexpr size_t kLarge = 24;
+  std::vector<int32_t> table;  // power-of-two size; slot + 1 per entry, 0: empty
+  static constexpr size_t kLarge = 16;
 
-  Kids() = default;
-  Kids(const Kids& o) : tok(o.tok), to(o.to) {
-    if (o.pos) pos = std::make_unique<std::unordered_map<int32_t, int32_t>>(*o.pos);
-  }
-  Kids(Kids&&) = default;
-  Kids& operator=(Kids&&) = default;
+  static uint32_t hash(int32_t c) { return static_cast<uint32_t>(c) * 2654435761u; }
 
   int32_t slot(int32_t c) const {
-    if (pos) {
-      auto it = pos->find(c);
-      return it == pos->end() ? -1 : it->second;
+    if (!table.empty()) {
+      const uint32_t mask = static_cast<uint32_t>(table.size() - 1);
+      for (uint32_t h = hash(c) & mask;; h = (h + 1) & mask) {
+        int32_t e = table[h];
+        if (e == 0) return -1;
+        if (tok[e - 1] == c) return e - 1;
+      }
     }
     const size_t n = tok.size();
     for (size_t i = 0; i < n; ++i)
@@ -44,21 +44,26 @@ struct Kids {
     int32_t s = slot(c);
     return s < 0 ? -1 : to[s];
   }
+  void put(int32_t i) {
+    const uint32_t mask = static_cast<uint32_t>(table.size() - 1);
+    uint32_t h = hash(tok[i]) & mask;
+    while (table[h]) h = (h + 1) & mask;
+    table[h] = i + 1;
+  }
   void add(int32_t c, int32_t t) {
     tok.push_back(c);
     to.push_back(t);
-    if (pos) {
-      (*pos)[c] = static_cast<int32_t>(tok.size() - 1);
-    } else if (tok.size() > kLarge) {
-      pos = std::make_unique<std::unordered_map<int32_t, int32_t>>();
-      pos->reserve(tok.size() * 2);
-      for (size_t i = 0; i < tok.size(); ++i) (*pos)[tok[i]] = static_cast<int32_t>(i);
+    const size_t n = tok.size();
+    if (n <= kLarge) return;
+    if (table.size() < 2 * n) {  // load factor <= 1/2
+      table.assign(table.empty() ? 64 : 2 * table.size(), 0);
+      for (size_t i = 0; i < n; ++i) put(static_cast<int32_t>(i));
+    } else {
+      put(static_cast<int32_t>(n - 1));
     }
   }
   size_t nbytes() const {
-    size_t b = sizeof(Kids) + (tok.capacity() + to.capacity()) * sizeof(int32_t);
-    if (pos) b += sizeof(*pos) + pos->bucket_count() * sizeof(void*) + pos->size() * 24;
-    return b;
+    return sizeof(Kids) + (tok.capacity() + to.capacity() + table.capacity()) * 4;
   }
 };
 

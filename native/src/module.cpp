@@ -16,7 +16,10 @@ int64_t budget_arg(nb::handle v, const char* name) {
   return nb::cast<int64_t>(v);
 }
 
-nb::object budget_obj(int64_t b) { return b < 0 ? nb::none() : nb::int_(b); }
+nb::object budget_obj(int64_t b) {
+  if (b < 0) return nb::none();
+  return nb::int_(b);
+}
 
 void new_index(Index* self, nb::handle max_depth, nb::handle token_budget,
                  nb::handle global_token_budget, nb::handle low_water, nb::handle compact) {
@@ -226,7 +229,8 @@ NB_MODULE(bubblespec_native, mod) {
       .def_ro("last_draft", &Request::last_draft)
       .def_ro("last_aligned", &Request::last_aligned)
       .def_prop_ro("aligned", [](const Request& r) {
-        return r.has_aligned ? nb::object(to_list(r.aligned)) : nb::none();
+        if (!r.has_aligned) return nb::object(nb::none());
+        return nb::object(to_list(r.aligned));
       })
       .def_ro("aligned_on", &Request::aligned_on)
       .def_prop_ro("tail", [](const Request& r) { return to_list(r.tail); })

@@ -186,3 +186,31 @@ def test_native_module_built():
     out with BUBBLESPEC_ALLOW_NO_NATIVE=1 and runs on the pure-Python fallback."""
     if os.environ.get("BUBBLESPEC_ALLOW_NO_NATIVE", "") in ("", "0"):
         assert NATIVE is not None
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), params_strategy, st.integers(1, 6))
+def test_high_fanout_agrees(seed, params, depth):
+    """Hundreds of distinct tokens: branching states with many children (the native side's
+    hashed transition tables, clones of them) answer as the reference does."""
+    import random
+
+    rnd = random.Random(seed)
+    seqs = [[rnd.randrange(300) for _ in range(rnd.randrange(50, 400))] for _ in range(4)]
+    logs = []
+    for impl in implementations().values():
+        idx = impl["SuffixIndex"](max_depth=depth)
+        for i, s in enumerate(seqs[:3]):
+            idx.add_sequence(i, "g", s)
+        idx.add_sequence("live", "g", [], live=True)
+        m = idx.matcher("g")
+        log = []
+        for j in range(0, len(seqs[3]), 2):
+            idx.extend_sequence("live", seqs[3][j:j + 2])
+            log.append(draft_tuple(m.speculate(seqs[3][j:j + 2], params)))
+        occ, kids = m.continuations()
+        log.append((occ, sorted(kids.items()), idx.count("g", seqs[0][:1]), len(idx.draft(
+            "g", seqs[1][:5], params))))
+        logs.append(log)
+    assert logs[0] == logs[1]
