@@ -1,9 +1,12 @@
 // Path and tree drafters over an automaton: the C++ twin of bubblespec/core/draft.py.
 // Probabilities are computed with the same double operations in the same order (the build
 // disables FMA contraction), so drafts, probabilities and scores equal the Python ones bit
-// for bit; scores are sequential sums, as CPython 3.11's sum() of floats.
+// for bit; scores are summed as the CPython built against sums a list of floats.
 #pragma once
 
+#include <Python.h>
+
+#include <cmath>
 #include <cstdint>
 #include <queue>
 #include <tuple>
@@ -26,10 +29,30 @@ struct Params {  // DraftParams._fast
   bool tree = false, shorter = true;
 };
 
+// sum() of a list of floats as the CPython this module is built for computes it: sequential
+// up to 3.11, Neumaier-compensated from 3.12 (the first item is added to the int 0 exactly).
+struct PySum {
+  double f = 0.0, c = 0.0;
+  void add(double x) {
+#if PY_VERSION_HEX >= 0x030C0000
+    double t = f + x;
+    if (std::fabs(f) >= std::fabs(x)) {
+      c += (f - t) + x;
+    } else {
+      c += (x - t) + f;
+    }
+    f = t;
+#else
+    f += x;
+#endif
+  }
+  double value() const { return (c != 0.0 && std::isfinite(c)) ? f + c : f; }
+};
+
 inline double seq_sum(const std::vector<double>& v) {
-  double s = 0.0;
-  for (double x : v) s += x;
-  return s;
+  PySum s;
+  for (double x : v) s.add(x);
+  return s.value();
 }
 
 inline int32_t budget_of(int32_t l, const Params& p) {
@@ -72,7 +95,8 @@ inline bool path_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
   d.score = 0.0;
   if (max_tokens > 0) {
     const int32_t depth = s.max_depth;
-    double prob = 1.0, sum = 0.0;
+    double prob = 1.0;
+    PySum sum;
     int32_t tot = s.st[v].occ;
     const int32_t room = depth - l;
     for (int32_t i = 0; i < max_tokens; ++i) {
@@ -88,12 +112,13 @@ inline bool path_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
       if (cnt != tot) {
         prob = prob * (static_cast<double>(cnt) / static_cast<double>(tot));
         if (prob < minp) break;
-        if (beat >= 0.0 && sum + prob * static_cast<double>(max_tokens - i) < beat - 1e-9)
+        if (beat >= 0.0 &&
+            sum.value() + prob * static_cast<double>(max_tokens - i) < beat - 1e-9)
           return false;
       }
       d.token_ids.push_back(c);
       d.probs.push_back(prob);
-      sum += prob;
+      sum.add(prob);
       if (i >= room && s.st[s.st[t].link].len >= depth) {
         t = s.st[t].link;
         tot = s.st[t].occ;
@@ -103,7 +128,7 @@ inline bool path_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
       v = t;
       if (states) states->push_back(t);
     }
-    d.score = sum;
+    d.score = sum.value();
   }
   set_path_parents(d);
   return true;
