@@ -147,14 +147,14 @@ class NgramDriver:
     does before calling the proposer)."""
 
     def __init__(self, n: int) -> None:
-        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+        from bubblespec.engine.vllm_glue import VllmProposer
         ns = types.SimpleNamespace
         cfg = ns(speculative_config=ns(prompt_lookup_min=2, prompt_lookup_max=5,
                                        num_speculative_tokens=K),
                  model_config=ns(max_model_len=MAX_LEN),
                  scheduler_config=ns(max_num_seqs=max(n, 1024)),
                  parallel_config=ns(tensor_parallel_size=1))
-        self.impl = NgramProposer(cfg)
+        self.impl = VllmProposer(cfg, "ngram", 2, 5)
         self.table = np.zeros((n, MAX_LEN), dtype=np.int32)
         self.ntok = np.zeros(n, dtype=np.int32)
 
@@ -164,7 +164,7 @@ class NgramDriver:
             self.ntok[i] = b.pos[i]
 
     def __call__(self, b: Batch, new: list[list[int]]) -> list[list[int]]:
-        return self.impl.propose(K, new, self.ntok, self.table)
+        return self.impl.propose(K, new, self.ntok, self.table, None)
 
 
 def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool) -> dict[str, dict]:
@@ -214,7 +214,7 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
     arctic = arctic and sb.arctic_available()
     if ngram:
         try:
-            import vllm.v1.spec_decode.ngram_proposer  # noqa: F401
+            import vllm  # noqa: F401
         except ImportError:
             ngram = False
     print(f"affinity: cores {sorted(os.sched_getaffinity(0))}; load average "
