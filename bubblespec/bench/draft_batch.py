@@ -1,0 +1,244 @@
+"""Per-engine-step drafting cost at GPU batch sizes: native vs pure Python vs arctic vs n-gram.
+
+``bubblespec bench draft-batch`` (``make bench-draft-batch``; ``--quick`` for a smoke run).
+One process; run it pinned to one core (``taskset -c 1``), the machine as idle as possible.
+
+Workload: the suffix bench's seeded RL-like groups (:func:`bubblespec.bench.suffix.
+make_workload`, responses of 1-4k tokens). A batch of B running requests is B/8 prompt
+groups x 8 sibling requests; each group also holds 4 finished responses (pushed
+pre-generated drafts, none aligned to a request: every request drafts from its matcher, the
+costlier path). Each engine step every request emits its accepted draft prefix plus one token
+of its own response; the step's drafting call for all B requests is timed in CPU time of the
+process (``process_time_ns``: on a shared machine wall clock counts other processes' bursts;
+numba's worker threads are counted too):
+
+- ``native step``: ``bubblespec_native.step``, the proposer's per-request loop in one call
+  (counters, append to the request's live sequence, aligned-draft check, extend + draft);
+- ``python step``: the same loop in pure Python (:func:`bubblespec.core.batch.step`);
+- ``native classes, Python loop``: the pure-Python loop over the native index and matchers
+  (what the proposer gets from the one-line import change alone);
+- ``arctic tree``: arctic-inference's C++ ``SuffixTree`` per group, called per request from
+  Python as vLLM's suffix proposer does (append the emitted tokens, speculate on the last 64);
+- ``vLLM ngram``: vLLM's ``NgramProposer.propose`` (numba, one thread) on the batch's
+  token table.
+
+Implementations are interleaved step by step so machine noise hits all alike. Before the
+table, the suffix bench's static rows are run with the native matcher added, ending with
+its ``ratios vs arctic:`` line for the native matcher. The last line:
+``draft_cost_per_step_us: b64=X b256=Y b1024=Z arctic_b256=A`` (native step, medians).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import types
+from collections.abc import Callable
+
+import numpy as np
+
+from bubblespec.bench import suffix as sb
+from bubblespec.core import batch as pybatch
+from bubblespec.core import suffix_index as pyindex
+from bubblespec.core.backend import load_native
+
+STORED = 4  # finished responses per group (pushed drafts)
+SIBS = 8  # running requests per group
+K = sb.MAX_SPEC
+MAX_LEN = 8192
+
+
+class NativeOurs(sb.Ours):
+    """The suffix bench's bubblespec row on the native index (memory: its nbytes())."""
+
+    name = "bubblespec native Matcher.speculate"
+
+    def __init__(self) -> None:
+        self.idx = load_native().SuffixIndex(max_depth=sb.DEPTH)
+
+
+def suffix_rows(groups: int, seed: int, arctic: bool) -> None:
+    """The suffix bench's static rows (native, pure Python, arctic tree), its table and the
+    ``ratios vs arctic:`` line for the native matcher."""
+    work = sb.make_workload(groups, seed=seed)
+    ntok = sum(len(r) for g in work for r in g[:-1])
+    classes = [NativeOurs, sb.Ours] + ([sb.ArcticTree] if arctic else [])
+    mems = {c.name: sb.memory_of(c, work, ntok) for c in classes}
+    res = sb.run([c() for c in classes], work)
+    notes = {NativeOurs.name: "nbytes() (C++ capacities)", sb.Ours.name: "tracemalloc",
+             sb.ArcticTree.name: "estimate_memory()"}
+    rows = [sb.row(c.name, res[c.name], ntok, mems[c.name], notes[c.name]) for c in classes]
+    print(f"suffix bench rows: {groups} groups x 8 responses, {ntok} stored tokens")
+    sb.print_table(rows)
+    print(f"native / pure Python: {sb.ratios(rows[0], rows[1])}")
+    if arctic:
+        print(f"ratios vs arctic: {sb.ratios(rows[0], rows[2])}")
+
+
+# ---------------------------------------------------------------------- batch drivers
+class Batch:
+    """B running requests over B/8 groups; ``drafts``/``pos`` track each request."""
+
+    def __init__(self, work: sb.Work) -> None:
+        self.truth = [r for g in work for r in g[STORED:STORED + SIBS]]
+        self.lists = [t.tolist() for t in self.truth]
+        self.group = [gi for gi, _ in enumerate(work) for _ in range(SIBS)]
+        self.pos = [1] * len(self.truth)  # the first token is the prompt's last
+        self.drafts: list[list[int]] = [[] for _ in self.truth]
+        self.acc = 0
+
+    def emitted(self) -> list[list[int]]:
+        """Accepted prefix of each request's last draft plus one token."""
+        out = []
+        for i, tl in enumerate(self.lists):
+            p, d, a = self.pos[i], self.drafts[i], 0
+            while a < len(d) and p + a < len(tl) and d[a] == tl[p + a]:
+                a += 1
+            self.acc += a
+            new = tl[p:p + a + 1]
+            self.pos[i] = p + len(new)
+            out.append(new)
+        return out
+
+
+def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Work,
+                 ) -> Callable[[Batch, list[list[int]]], list[list[int]]]:
+    idx = index_cls(max_depth=sb.DEPTH)
+    for gi, g in enumerate(work):
+        for ri, r in enumerate(g[:STORED]):
+            idx.add_sequence(("pre", gi, ri), gi, r)
+    reqs = []
+    for i in range(len(work) * SIBS):
+        gi, sid = i // SIBS, ("out", i)
+        first = work[gi][STORED + i % SIBS][:1].tolist()
+        idx.add_sequence(sid, gi, first, live=True)
+        reqs.append(request_cls(gi, sid, idx.matcher(gi, first), aligned=None,
+                                aligned_on=False, tail=first, n_out=1, out=[]))
+    params = sb.PARAMS
+    return lambda b, new: step(idx, reqs, new, b.pos, K, MAX_LEN, params)
+
+
+def arctic_driver(work: sb.Work) -> Callable[[Batch, list[list[int]]], list[list[int]]]:
+    from arctic_inference.suffix_decoding._C import SuffixTree
+    trees = []
+    for g in work:
+        t = SuffixTree(sb.DEPTH)
+        for ri, r in enumerate(g[:STORED]):
+            t.extend_ndarray(ri, r)
+        trees.append(t)
+    p = sb.PARAMS
+
+    def step(b: Batch, new: list[list[int]]) -> list[list[int]]:
+        out = []
+        for i, toks in enumerate(new):
+            t, pos = trees[b.group[i]], b.pos[i]
+            t.extend(1000 + i, toks)
+            ctx = b.truth[i][max(0, pos - sb.DEPTH):pos]
+            out.append(t.speculate_ndarray(ctx, p.max_spec_tokens, p.max_spec_factor,
+                                           p.max_spec_offset, p.min_token_prob,
+                                           False).token_ids)
+        return out
+    return step
+
+
+class NgramDriver:
+    """vLLM's n-gram proposer on the batch's token table (updated untimed, as the runner
+    does before calling the proposer)."""
+
+    def __init__(self, n: int) -> None:
+        from bubblespec.engine.vllm_glue import VllmProposer
+        ns = types.SimpleNamespace
+        cfg = ns(speculative_config=ns(prompt_lookup_min=2, prompt_lookup_max=5,
+                                       num_speculative_tokens=K),
+                 model_config=ns(max_model_len=MAX_LEN),
+                 scheduler_config=ns(max_num_seqs=max(n, 1024)),
+                 parallel_config=ns(tensor_parallel_size=1))
+        self.impl = VllmProposer(cfg, "ngram", 2, 5)
+        self.table = np.zeros((n, MAX_LEN), dtype=np.int32)
+        self.ntok = np.zeros(n, dtype=np.int32)
+
+    def prepare(self, b: Batch) -> None:
+        for i, t in enumerate(b.truth):
+            self.table[i, :b.pos[i]] = t[:b.pos[i]]
+            self.ntok[i] = b.pos[i]
+
+    def __call__(self, b: Batch, new: list[list[int]]) -> list[list[int]]:
+        return self.impl.propose(K, new, self.ntok, self.table, None)
+
+
+def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool) -> dict[str, dict]:
+    """Median/p99 per-step cost (us) and accepted tokens per request-step of each driver."""
+    work = sb.make_workload(size // SIBS, responses=STORED + SIBS, seed=seed)
+    nat = load_native()
+    drivers: dict[str, tuple[Callable, Batch]] = {}
+    if nat is not None:
+        drivers["native step"] = (
+            index_driver(nat.SuffixIndex, nat.Request, nat.step, work), Batch(work))
+        drivers["native classes, Python loop"] = (
+            index_driver(nat.SuffixIndex, pybatch.Request, pybatch.step, work), Batch(work))
+    drivers["python step"] = (
+        index_driver(pyindex.SuffixIndex, pybatch.Request, pybatch.step, work), Batch(work))
+    if arctic:
+        drivers["arctic tree (Python loop)"] = (arctic_driver(work), Batch(work))
+    ng = NgramDriver(size) if ngram else None
+    if ng is not None:
+        drivers["vLLM ngram (numba)"] = (ng, Batch(work))
+    lat: dict[str, list[int]] = {k: [] for k in drivers}
+    clock = time.process_time_ns
+    for _ in range(steps):
+        for name, (fn, b) in drivers.items():
+            new = b.emitted()
+            if fn is ng:
+                ng.prepare(b)
+            t0 = clock()
+            b.drafts = fn(b, new)
+            lat[name].append(clock() - t0)
+    out = {}
+    for name, (_, b) in drivers.items():
+        xs = sorted(x / 1000.0 for x in lat[name][2:])  # the first steps warm caches up
+        out[name] = {"median": statistics.median(xs), "p99": xs[int(0.99 * (len(xs) - 1))],
+                     "acc": b.acc / (size * steps)}
+    if nat is not None:  # identical drafts: same accepted tokens, step by step
+        same = drivers["native step"][1].acc == drivers["python step"][1].acc
+        out["native step"]["same_as_python"] = same
+    return out
+
+
+def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: int = 0,
+              suffix_groups: int = 64, arctic: bool = True, ngram: bool = True) -> None:
+    """Print the suffix rows with the native matcher, the per-step table and the last line."""
+    if load_native() is None:
+        print("bubblespec_native is not installed (make install builds it): native rows "
+              "missing")
+    arctic = arctic and sb.arctic_available()
+    if ngram:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            ngram = False
+    print(f"affinity: cores {sorted(os.sched_getaffinity(0))}; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    if suffix_groups and load_native() is not None:
+        suffix_rows(suffix_groups, seed, arctic)
+    print(f"\nper-engine-step drafting cost (process CPU time), {steps} steps (first 2 left out), "
+          f"{STORED} finished + {SIBS} running responses per group, k={K}, depth {sb.DEPTH}")
+    hdr = f"{'batch':>6}  {'implementation':<30}{'median us':>11}{'p99 us':>11}{'acc/req-step':>13}"
+    print(hdr)
+    print("-" * len(hdr))
+    res = {}
+    for size in sizes:
+        res[size] = measure(size, steps, seed, arctic, ngram)
+        for name, r in res[size].items():
+            same = {True: "  drafts = python", False: "  DRAFTS DIFFER"}.get(
+                r.get("same_as_python"), "")
+            print(f"{size:>6}  {name:<30}{r['median']:>11.1f}{r['p99']:>11.1f}"
+                  f"{r['acc']:>13.3f}{same}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+    def fig(size: int, name: str) -> str:
+        r = res.get(size, {}).get(name)
+        return "n/a" if r is None else f"{r['median']:.1f}"
+    main = "native step" if load_native() is not None else "python step"
+    print("draft_cost_per_step_us: " + " ".join(f"b{s}={fig(s, main)}" for s in sizes)
+          + f" arctic_b256={fig(256, 'arctic tree (Python loop)')}")

@@ -1,0 +1,229 @@
+// Generalized suffix automaton with bounded-depth occurrence counts: the C++ twin of
+// bubblespec/core/automaton.py. Same states, same numbering, same counts and versions, so
+// every draft computed from it equals the pure-Python one; only the storage differs
+// (int32 columns, branching states' transitions in a small side table).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace bsn {
+
+constexpr int32_t ROOT = 0;
+constexpr int32_t NONE = -1;   // ftok: no out-transition
+constexpr int32_t MULTI = -2;  // ftok: two or more, in kids[st[v].fto]
+
+// Out-transitions of a branching state. Linear scan while small; once large (the root and
+// frequent tokens have thousands) also an open-addressing table of slots, which copies with
+// the state when it is cloned as cheaply as the two columns.
+struct Kids {
+  std::vector<int32_t> tok, to;
+  std::vector<int32_t> table;  // power-of-two size; slot + 1 per entry, 0: empty
+  static constexpr size_t kLarge = 16;
+
+  static uint32_t hash(int32_t c) { return static_cast<uint32_t>(c) * 2654435761u; }
+
+  int32_t slot(int32_t c) const {
+    if (!table.empty()) {
+      const uint32_t mask = static_cast<uint32_t>(table.size() - 1);
+      for (uint32_t h = hash(c) & mask;; h = (h + 1) & mask) {
+        int32_t e = table[h];
+        if (e == 0) return -1;
+        if (tok[e - 1] == c) return e - 1;
+      }
+    }
+    const size_t n = tok.size();
+    for (size_t i = 0; i < n; ++i)
+      if (tok[i] == c) return static_cast<int32_t>(i);
+    return -1;
+  }
+  int32_t get(int32_t c) const {
+    int32_t s = slot(c);
+    return s < 0 ? -1 : to[s];
+  }
+  void put(int32_t i) {
+    const uint32_t mask = static_cast<uint32_t>(table.size() - 1);
+    uint32_t h = hash(tok[i]) & mask;
+    while (table[h]) h = (h + 1) & mask;
+    table[h] = i + 1;
+  }
+  void add(int32_t c, int32_t t) {
+    tok.push_back(c);
+    to.push_back(t);
+    const size_t n = tok.size();
+    if (n <= kLarge) return;
+    if (table.size() < 2 * n) {  // load factor <= 1/2
+      table.assign(table.empty() ? 64 : 2 * table.size(), 0);
+      for (size_t i = 0; i < n; ++i) put(static_cast<int32_t>(i));
+    } else {
+      put(static_cast<int32_t>(n - 1));
+    }
+  }
+  size_t nbytes() const {
+    return sizeof(Kids) + (tok.capacity() + to.capacity() + table.capacity()) * 4;
+  }
+};
+
+// Append position of one sequence in one automaton (see SeqCursor in automaton.py).
+struct Cursor {
+  int32_t last = ROOT, cu = ROOT, cl = 0;
+};
+
+// One automaton state: the columns of automaton.py in one row (one cache line fetch for
+// the suffix-link walks that read and write several of them).
+struct State {
+  int32_t len, link, occ, ftok, fto, touched;
+};
+
+struct Best {  // memoised most frequent child of a high-fanout state
+  int64_t version;
+  int32_t tok, to, cnt;
+};
+
+struct Sam {
+  int32_t max_depth;
+  std::vector<State> st{State{0, -1, 0, NONE, 0, 0}};
+  std::vector<Kids> kids;
+  std::unordered_map<int32_t, Best> best;
+  int64_t version = 0;
+  bool dead = false;
+
+  explicit Sam(int32_t depth) : max_depth(depth) {}
+
+  int32_t num_states() const { return static_cast<int32_t>(st.size()); }
+
+  int32_t go(int32_t v, int32_t c) const {
+    int32_t f = st[v].ftok;
+    if (f == c) return st[v].fto;
+    if (f == MULTI) return kids[st[v].fto].get(c);
+    return -1;
+  }
+
+  template <class F>
+  void for_children(int32_t v, F&& fn) const {
+    int32_t f = st[v].ftok;
+    if (f == MULTI) {
+      const Kids& k = kids[st[v].fto];
+      for (size_t i = 0; i < k.tok.size(); ++i) fn(k.tok[i], k.to[i]);
+    } else if (f != NONE) {
+      fn(f, st[v].fto);
+    }
+  }
+
+  int32_t walk(const int32_t* t, size_t n) const {
+    int32_t v = ROOT;
+    for (size_t i = 0; i < n && v >= 0; ++i) v = go(v, t[i]);
+    return v;
+  }
+
+  size_t nbytes() const {
+    size_t b = sizeof(Sam) + st.capacity() * sizeof(State) +
+               kids.capacity() * sizeof(Kids) + best.size() * 48;
+    for (const Kids& k : kids) b += k.nbytes() - sizeof(Kids);
+    return b;
+  }
+
+  // Redirect the transition on c of p from q to t (p is known to have one on c).
+  void set_go(int32_t p, int32_t c, int32_t t) {
+    if (st[p].ftok == c) {
+      st[p].fto = t;
+    } else {
+      Kids& k = kids[st[p].fto];
+      k.to[k.slot(c)] = t;
+    }
+  }
+
+  int32_t clone(int32_t q, int32_t p, int32_t c, int32_t new_len, int32_t ver) {
+    int32_t k = num_states();
+    const State& o = st[q];
+    State cl{new_len, o.link, o.occ, o.ftok, o.fto, ver};
+    if (o.ftok == MULTI) {
+      Kids copy(kids[o.fto]);
+      kids.push_back(std::move(copy));
+      cl.fto = static_cast<int32_t>(kids.size() - 1);
+    }
+    st.push_back(cl);
+    st[q].link = k;
+    while (p >= 0) {  // every suffix link of p has a transition on c
+      if (go(p, c) != q) break;
+      set_go(p, c, k);
+      p = st[p].link;
+    }
+    return k;
+  }
+
+  void add_go(int32_t p, int32_t c, int32_t t) {
+    int32_t f = st[p].ftok;
+    if (f == NONE) {
+      st[p].ftok = c;
+      st[p].fto = t;
+    } else if (f == MULTI) {
+      kids[st[p].fto].add(c, t);
+    } else {
+      Kids k;
+      k.add(f, st[p].fto);
+      k.add(c, t);
+      kids.push_back(std::move(k));
+      st[p].ftok = MULTI;
+      st[p].fto = static_cast<int32_t>(kids.size() - 1);
+    }
+  }
+
+  // Append tokens to the sequence whose append position is cur (automaton.py: extend).
+  void extend(Cursor& cur, const int32_t* toks, size_t n) {
+    const int32_t d1 = max_depth + 1;
+    int32_t last = cur.last, cu = cur.cu, cl = cur.cl;
+    int64_t ver = version;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t c = toks[i];
+      ++ver;
+      const int32_t v32 = static_cast<int32_t>(ver);
+      int32_t q = go(last, c);
+      if (q >= 0) {
+        if (st[q].len != st[last].len + 1) q = clone(q, last, c, st[last].len + 1, v32);
+        last = q;
+      } else {
+        const int32_t nw = num_states();
+        st.push_back(State{st[last].len + 1, ROOT, 0, NONE, 0, v32});
+        int32_t p = last;
+        while (p >= 0) {
+          q = go(p, c);
+          if (q >= 0) break;
+          add_go(p, c, nw);
+          p = st[p].link;
+        }
+        if (p >= 0) {
+          if (st[p].len + 1 == st[q].len) {
+            st[nw].link = q;
+          } else {
+            st[nw].link = clone(q, p, c, st[p].len + 1, v32);
+          }
+        }
+        last = nw;
+      }
+      if (cl) {
+        while (st[st[cu].link].len >= cl) cu = st[cu].link;
+      }
+      cu = go(cu, c);
+      if (++cl > d1) {
+        cl = d1;
+        while (st[st[cu].link].len >= d1) cu = st[cu].link;
+      }
+      for (int32_t x = cu; x >= 0; x = st[x].link) {
+        ++st[x].occ;
+        st[x].touched = v32;
+      }
+    }
+    version = ver;
+    cur.last = last;
+    cur.cu = cu;
+    cur.cl = cl;
+  }
+};
+
+using SamPtr = std::shared_ptr<Sam>;
+
+}  // namespace bsn

@@ -1,0 +1,26 @@
+"""Smoke test of the batch drafting benchmark: it runs, the native step drafts what the
+pure-Python step drafts, and the last line has the agreed format."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAST = re.compile(r"^draft_cost_per_step_us: b8=\d+\.\d b16=\d+\.\d arctic_b256=n/a$")
+
+
+def test_bench_draft_batch_smoke():
+    out = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "bench", "draft-batch",
+                          "--sizes", "8,16", "--steps", "4", "--suffix-groups", "1",
+                          "--no-arctic", "--no-ngram"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert LAST.match(lines[-1]), lines[-1]
+    if any(line.startswith("bubblespec_native is not installed") for line in lines):
+        return
+    assert "DRAFTS DIFFER" not in out.stdout
+    assert sum("drafts = python" in line for line in lines) == 2
