@@ -168,7 +168,11 @@ class RayCluster(Cluster):
         kw: dict[str, Any] = {"namespace": self.namespace, "log_to_driver": False}
         if self.address is None:
             kw.update(num_cpus=self.num_cpus, include_dashboard=self.include_dashboard)
-        ray.init(address=self.address, **kw)
+        try:
+            ray.init(address=self.address, **kw)
+        except Exception as e:  # Ray raises a bare Exception, ConnectionError, ...
+            where = self.address or "a new local instance"
+            raise ClusterError(f"Ray ({where}) did not start or answer: {e}") from e
         self._own_ray = True
 
     def _spec(self, role: str, name: str, args: Sequence[str], ports: tuple[int, ...] = (),
