@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gpus", action=argparse.BooleanOptionalAction, default=None,
                     help="GPU bundles [when the Ray cluster has GPUs]")
     up.add_argument("--num-cpus", type=int, default=None,
-                    help="logical CPUs of a local Ray (no --address) [the host's cores]")
+                    help="logical CPUs of a local Ray (no --address) [enough for every bundle "
+                         "and the synchronizer and gateway, at least the host's cores]")
     up.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=True,
                     help="start the Ray dashboard with a local Ray [on]")
     up.add_argument("--rank-arg", action="append", default=[], metavar="ARG",
@@ -114,6 +115,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         print(f"bubblespec ray up: starting {args.ranks} rank(s) on {where}", flush=True)
         cluster.start()
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
         print("bubblespec ray up: ready")
         for k, v in cluster.addresses().items():
             print(f"  {k:<13} {v}")

@@ -23,6 +23,7 @@ comes back on the same node and ports and re-registers (`ray_actors.py`). With
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import uuid
@@ -166,8 +167,10 @@ class RayCluster(Cluster):
         if ray.is_initialized():
             return
         kw: dict[str, Any] = {"namespace": self.namespace, "log_to_driver": False}
-        if self.address is None:
-            kw.update(num_cpus=self.num_cpus, include_dashboard=self.include_dashboard)
+        if self.address is None:  # logical CPUs: enough for every bundle and both roles
+            need = math.ceil(self.ranks * self.tp * self.cpus_per_bundle + 2 * self.role_cpus)
+            kw.update(num_cpus=self.num_cpus or max(need, os.cpu_count() or 1),
+                      include_dashboard=self.include_dashboard)
         try:
             ray.init(address=self.address, **kw)
         except Exception as e:  # Ray raises a bare Exception, ConnectionError, ...
@@ -277,20 +280,22 @@ class RayCluster(Cluster):
 
         pending = list(names)
         while pending:
+            started = []
             for n in pending:
                 try:
-                    self.refresh(n, timeout_s=max(1.0, deadline - time.monotonic()))
+                    self.refresh(n, timeout_s=5.0)
+                    started.append(n)
                 except ray.exceptions.RayActorError as e:
                     raise ClusterError(f"{n}: actor died during start: {e}") from None
                 except ray.exceptions.GetTimeoutError:
-                    raise ClusterError(f"{n}: actor not scheduled in {self.start_timeout_s:g} "
-                                       f"s (cluster has {ray.available_resources()})") from None
-            pending = [n for n in pending if not ready(n)]
+                    pass  # not scheduled or still starting its worker
+            pending = [n for n in pending if n not in started or not ready(n)]
             if not pending:
                 return
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- {n} ({self.info[n]['log']}):\n{self.log_tail(n, 15)}"
-                                  for n in pending)
+                                  if n in self.info else f"--- {n}: actor not started "
+                                  f"(free: {ray.available_resources()})" for n in pending)
                 raise ClusterError(f"not ready after {self.start_timeout_s:g} s: "
                                    f"{', '.join(pending)}\n{tails}")
             time.sleep(0.25)
