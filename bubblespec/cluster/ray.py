@@ -183,7 +183,8 @@ class RayCluster(Cluster):
         return RoleSpec(role=role, name=name, run_id=self.run_id, args=tuple(args),
                         ports=ports, env={**self.env, **(env or {})},
                         sync_actor="" if role == "sync" else self.actor_names()["sync"],
-                        namespace=self.namespace, state_dir=self.log_dir or "")
+                        namespace=self.namespace, grace_s=self.grace_s,
+                        state_dir=self.log_dir or "")
 
     def _actor(self, name: str, spec: RoleSpec, strategy: Any, **resources: float) -> Any:
         import ray

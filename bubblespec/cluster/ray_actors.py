@@ -4,9 +4,10 @@ A `RoleActor` (subclassed per role so that the Ray dashboard lists `SyncActor`, 
 and `GatewayActor` by class) starts `python -m bubblespec.cli.main <role> ...`, the same
 command `LocalCluster` and the containers run, and supervises it:
 
-- the child is started with `PR_SET_PDEATHSIG` = SIGKILL and in its own process group, so a
-  `ray.kill(actor)` (Ray SIGKILLs the worker) kills the server at once: a real crash of the
-  role, which the gateway's shard re-run and the synchronizer's recovery must handle;
+- the child is a reaper (`reaper.py`) leading its own process group, with a death signal:
+  a `ray.kill(actor)` (Ray SIGKILLs the worker) makes it SIGKILL the server and its engine
+  processes at once, a real crash of the role, which the gateway's shard re-run and the
+  synchronizer's recovery must handle;
 - a watcher thread ends the actor's process when the child exits on its own (a rank whose
   engine restarts are spent exits non-zero for its supervisor to replace it), so Ray's
   `max_restarts` replaces the role either way;
@@ -42,9 +43,9 @@ from bubblespec.cluster.local import CHILD_ENV, free_ports
 PDEATHSIG = 1  # prctl option PR_SET_PDEATHSIG
 
 
-def _die_with_actor() -> None:  # runs in the child between fork and exec
+def _die_with_actor() -> None:  # runs in the reaper between fork and exec
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class RoleSpec:
     sync_actor: str = ""
     """Name of the synchronizer's actor, for the roles that call it."""
     namespace: str = "bubblespec"
+    grace_s: float = 10.0
+    """SIGTERM -> SIGKILL grace period of a graceful stop."""
     state_dir: str = ""
     """Where state and logs go on the node [a temp dir per run id]."""
 
@@ -150,8 +153,11 @@ class RoleActor:
         with open(self.log_path, "ab") as log:
             log.write(f"--- incarnation {self.incarnation}: {' '.join(self._argv())}\n".encode())
             log.flush()
+            reaper = [sys.executable, "-m", "bubblespec.cluster.reaper", str(self.spec.grace_s),
+                      "--"]
             return subprocess.Popen(
-                self._argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [*reaper, *self._argv()], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True, preexec_fn=_die_with_actor)  # noqa: PLW1509
 
     def _watch(self) -> None:
@@ -187,12 +193,13 @@ class RoleActor:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM the server, SIGKILL its process group after `grace_s`; its exit code."""
+        """SIGTERM the server (through the reaper), SIGKILL its process group after
+        `grace_s`; its exit code."""
         self._stopping = True
         with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGINT)  # the reaper's "stop gracefully"
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=grace_s)
+            self.proc.wait(timeout=grace_s + 5)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
