@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("bubblespec.gateway.server", "run the HTTP gateway in front of the rank servers"),
     "rank": ("bubblespec.rank.server", "run a rank server (FastAPI + vLLM engine)"),
     "up": ("bubblespec.cli.up", "start a local cluster: synchronizer, N ranks and a gateway"),
+    "ray": ("bubblespec.cli.ray", "run the cluster as Ray actors: ray up|status|down"),
     "health": ("bubblespec.cli.health", "probe a process: gRPC health or HTTP /health_generate"),
     "run": ("bubblespec.cli.run", "rollout steps with pre-generation on a local cluster"),
     "train-demo": ("bubblespec.cli.train_demo", "a real GRPO loop through a local cluster"),

@@ -2,7 +2,8 @@
 
 `base.Cluster` is the interface callers rely on (addresses and lifetime); `local.LocalCluster`
 runs every member as a child process on this host (`bubblespec up`, `bubblespec run`, the
-benchmarks, the tests).
+benchmarks, the tests); `ray.RayCluster` runs them as Ray actors (`bubblespec ray up`; import
+it from `bubblespec.cluster.ray`, which needs the `ray` extra).
 """
 
 from bubblespec.cluster.base import Cluster, ClusterError

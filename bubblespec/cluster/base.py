@@ -3,9 +3,8 @@
 A cluster is one synchronizer, N rank servers and one gateway, started together and
 stopped together. Callers (the `bubblespec up` and `bubblespec run` commands, the
 benchmarks, the tests) only need its addresses and its lifetime, so they are written
-against `Cluster`; `LocalCluster` (child processes on this host) is the one implementation
-today, and another (Ray actors, a Kubernetes namespace) can be added beside it with the same
-interface.
+against `Cluster`; `LocalCluster` (child processes on this host) and `RayCluster` (Ray
+actors, `cluster/ray.py`) implement it.
 """
 
 from __future__ import annotations

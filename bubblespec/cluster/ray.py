@@ -1,0 +1,399 @@
+"""`RayCluster`: the synchronizer, N rank servers and the gateway as Ray actors.
+
+The same `Cluster` interface as `LocalCluster`, so the run driver, the benchmarks and the
+tests take either. On `start()`:
+
+1. joins a Ray cluster (`address="auto"`, `"ray://head:10001"`, ...) or starts a local one
+   (`address=None`);
+2. reserves one placement group of N x tp bundles, `{"GPU": 1, "CPU": c}` where the cluster
+   has GPUs and `{"CPU": c}` otherwise, PACK by default (SPREAD as an option);
+3. starts the named synchronizer actor on the driver's node and waits for its gRPC health;
+4. starts one rank actor per data-parallel rank, pinned with
+   `PlacementGroupSchedulingStrategy` to its first bundle; each finds the synchronizer by
+   its actor name;
+5. starts the gateway actor on the driver's node with the ranks' addresses and waits until
+   it sees every rank ready and registered.
+
+Every actor has `max_restarts`: Ray restarts a dead rank or synchronizer actor, whose server
+comes back on the same node and ports and re-registers (`ray_actors.py`). With
+`detached=True` the actors outlive the driver (`bubblespec ray up --detach`), and
+`ray_status` / `ray_down` find them again by name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from typing_extensions import Self
+
+from bubblespec.cluster.base import Cluster, ClusterError
+from bubblespec.cluster.ray_actors import ACTOR_CLASSES, RoleSpec
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def plan_bundles(ranks: int, tp: int, gpus: bool, cpus_per_bundle: float) -> list[dict]:
+    """The placement group's bundles: `ranks * tp`, one GPU each where there are GPUs.
+    Rank i owns bundles i*tp .. i*tp+tp-1 and its actor sits on the first of them."""
+    if ranks < 1 or tp < 1:
+        raise ValueError("ranks and tp must be >= 1")
+    bundle: dict[str, float] = {"CPU": cpus_per_bundle}
+    if gpus:
+        bundle["GPU"] = 1
+    return [dict(bundle) for _ in range(ranks * tp)]
+
+
+def node_slots(nodes: Sequence[str]) -> list[int]:
+    """Each rank's index among the ranks on its node (rank i serves on base + slot): with
+    one rank per node (a 1-GPU pod) every rank serves on the same port, which one scrape
+    target per pod can name."""
+    seen: dict[str, int] = {}
+    out = []
+    for node in nodes:
+        out.append(seen.get(node, 0))
+        seen[node] = out[-1] + 1
+    return out
+
+
+def cpu_binding(index: int, ranks: int, cores: int) -> dict[str, str]:
+    """Rank `index`'s own cores when each rank gets at least one (what `LocalCluster` does)."""
+    per = cores // ranks if ranks else 0
+    if per < 1:
+        return {}
+    lo, hi = index * per, (index + 1) * per - 1
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"{lo}-{hi}" if hi > lo else str(lo)}
+
+
+def grpc_serving(address: str) -> bool:
+    """True when the gRPC health service at `address` says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as ch:
+        try:
+            r = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        except grpc.RpcError:
+            return False
+        return r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class RayCluster(Cluster):
+    """A synchronizer, `ranks` rank servers and a gateway as Ray actors (module docstring)."""
+
+    ranks: int = 2
+    model: str | None = None
+    rank_args: Sequence[str] = ()
+    gateway_args: Sequence[str] = ()
+    sync_args: Sequence[str] = ()
+    address: str | None = None
+    """Ray cluster to join (`auto`, `ray://host:10001`); None starts a local one."""
+    num_cpus: int | None = None
+    """Logical CPUs of a local Ray (None: Ray's default, the host's cores)."""
+    include_dashboard: bool = False
+    """Start the Ray dashboard with a local Ray."""
+    name: str = "bubblespec"
+    """Prefix of the actors' and placement group's names."""
+    namespace: str = "bubblespec"
+    tp: int = 1
+    strategy: str = "PACK"
+    gpus: bool | None = None
+    """GPU bundles; None: when the Ray cluster has GPUs."""
+    cpus_per_bundle: float = 1.0
+    role_cpus: float = 0.5
+    """CPUs the synchronizer and gateway actors each reserve."""
+    gateway_port: int = 0
+    sync_port: int = 0
+    sync_metrics_port: int = 0
+    rank_port_base: int = 0
+    """A rank serves on base + its index among the ranks of its node (`node_slots`);
+    0: a free port chosen by the rank's actor."""
+    token: str | None = None
+    max_restarts: int = 4
+    detached: bool = False
+    log_dir: str | None = None
+    """Per-node directory of logs and actor state [/tmp/bubblespec-ray/<run id>]."""
+    start_timeout_s: float = 600.0
+    grace_s: float = 10.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    bind_cores: bool = True
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    actors: dict[str, Any] = field(default_factory=dict, init=False)
+    info: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
+    _pg: Any = field(default=None, init=False, repr=False)
+    _own_ray: bool = field(default=False, init=False, repr=False)
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def gateway_url(self) -> str:
+        return str(self.info["gateway"]["url"])
+
+    @property
+    def sync_address(self) -> str:
+        return str(self.info["sync"]["address"])
+
+    @property
+    def rank_ids(self) -> list[str]:
+        return [f"r{i}" for i in range(self.ranks)]
+
+    @property
+    def rank_urls(self) -> dict[str, str]:
+        return {r: str(self.info[r]["url"]) for r in self.rank_ids if r in self.info}
+
+    def addresses(self) -> dict[str, Any]:
+        return {"gateway": self.gateway_url, "synchronizer": self.sync_address,
+                "sync_metrics": self.info["sync"]["metrics"], "ranks": self.rank_urls,
+                "ray_namespace": self.namespace, "actors": self.actor_names(),
+                "log_dir": self.info["sync"]["log"].rsplit("/", 1)[0] + " (on each node)"}
+
+    def actor_names(self) -> dict[str, str]:
+        return {n: f"{self.name}-{n}" for n in ["sync", *self.rank_ids, "gateway"]}
+
+    # ------------------------------------------------------------------ start / stop
+
+    def _connect(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        kw: dict[str, Any] = {"namespace": self.namespace, "log_to_driver": False}
+        if self.address is None:  # logical CPUs: enough for every bundle and both roles
+            need = math.ceil(self.ranks * self.tp * self.cpus_per_bundle + 2 * self.role_cpus)
+            kw.update(num_cpus=self.num_cpus or max(need, os.cpu_count() or 1),
+                      include_dashboard=self.include_dashboard)
+        try:
+            ray.init(address=self.address, **kw)
+        except Exception as e:  # Ray raises a bare Exception, ConnectionError, ...
+            where = self.address or "a new local instance"
+            raise ClusterError(f"Ray ({where}) did not start or answer: {e}") from e
+        self._own_ray = True
+
+    def _spec(self, role: str, name: str, args: Sequence[str], ports: tuple[int, ...] = (),
+              env: Mapping[str, str] | None = None) -> RoleSpec:
+        return RoleSpec(role=role, name=name, run_id=self.run_id, args=tuple(args),
+                        ports=ports, env={**self.env, **(env or {})},
+                        sync_actor="" if role == "sync" else self.actor_names()["sync"],
+                        namespace=self.namespace, grace_s=self.grace_s,
+                        state_dir=self.log_dir or "")
+
+    def _actor(self, name: str, spec: RoleSpec, strategy: Any, **resources: float) -> Any:
+        import ray
+
+        cls = ray.remote(ACTOR_CLASSES[spec.role])
+        opts: dict[str, Any] = {"name": self.actor_names()[name], "namespace": self.namespace,
+                                "max_restarts": self.max_restarts,
+                                "scheduling_strategy": strategy, **resources}
+        if self.detached:
+            opts["lifetime"] = "detached"
+        actor = cls.options(**opts).remote(spec)
+        self.actors[name] = actor
+        return actor
+
+    def start(self) -> Self:
+        """Reserve the bundles, start every actor, wait until all are ready; `ClusterError`
+        (everything stopped) if not."""
+        if self.tp != 1:
+            raise ClusterError("tp > 1: the rank's engine has no tensor-parallel setting yet "
+                               "(bundles for it are planned by plan_bundles)")
+        if self.strategy not in STRATEGIES:
+            raise ClusterError(f"strategy must be one of {STRATEGIES}, not {self.strategy!r}")
+        if not self.model and not any(a.startswith("--model") for a in self.rank_args):
+            from bubblespec.tasks import default_model_dir
+
+            try:
+                self.model = str(default_model_dir())
+            except FileNotFoundError as e:
+                raise ClusterError(f"no model for the ranks: {e} (or pass --model DIR)") from None
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            self._connect()
+            self._start_actors(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_actors(self, deadline: float) -> None:
+        import ray
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
+
+        gpus = self.gpus if self.gpus is not None else ray.cluster_resources().get("GPU", 0) > 0
+        bundles = plan_bundles(self.ranks, self.tp, gpus, self.cpus_per_bundle)
+        self._pg = ray.util.placement_group(
+            bundles, strategy=self.strategy, name=f"{self.name}-pg",
+            lifetime="detached" if self.detached else None)
+        try:
+            ray.get(self._pg.ready(), timeout=max(1.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            raise ClusterError(f"placement group of {len(bundles)} x {bundles[0]} not placed "
+                               f"(cluster has {ray.available_resources()})") from None
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        tok = ["--token", self.token] if self.token else []
+        sync_ports = (self.sync_port, self.sync_metrics_port) if self.sync_port else ()
+        self._actor("sync", self._spec("sync", "sync", [*tok, *self.sync_args], sync_ports),
+                    here, num_cpus=self.role_cpus)
+        self._wait(["sync"], deadline, lambda _n: grpc_serving(self.info["sync"]["address"]))
+        model = ["--model", self.model] if self.model else []
+        tok = ["--token", self.token, "--sync-token", self.token] if self.token else []
+        cores = (os.cpu_count() or 1) if self.address is None else 0  # local Ray: this host
+        nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
+        slots = node_slots([nodes[i * self.tp] for i in range(self.ranks)])
+        for i, rank in enumerate(self.rank_ids):
+            env = cpu_binding(i, self.ranks, cores) if self.bind_cores and not gpus else {}
+            ports = (self.rank_port_base + slots[i],) if self.rank_port_base else ()
+            strategy = PlacementGroupSchedulingStrategy(self._pg, i * self.tp)
+            spec = self._spec("rank", rank, [*model, *tok, *self.rank_args], ports, env)
+            self._actor(rank, spec, strategy, num_cpus=self.cpus_per_bundle,
+                        num_gpus=1 if gpus else 0)
+        self._wait(self.rank_ids, deadline, self._rank_ready)
+        ranks = json.dumps([self.info[r]["address"] for r in self.rank_ids])
+        args = ["--ranks", ranks, *(["--tokenizer", self.model] if self.model else [])]
+        if self.token:
+            args += ["--token", self.token, "--rank-token", self.token, "--sync-token",
+                     self.token]
+        ports = (self.gateway_port,) if self.gateway_port else ()
+        self._actor("gateway", self._spec("gateway", "gateway", [*args, *self.gateway_args],
+                                          ports), here, num_cpus=self.role_cpus)
+        self._wait(["gateway"], deadline, lambda _n: self._gateway_sees_all())
+
+    def refresh(self, name: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Ask actor `name` for its addresses and child pid (again after a restart)."""
+        import ray
+
+        self.info[name] = ray.get(self.actors[name].info.remote(), timeout=timeout_s)
+        return self.info[name]
+
+    def _wait(self, names: list[str], deadline: float, ready: Any) -> None:
+        import ray
+
+        pending = list(names)
+        while pending:
+            started = []
+            for n in pending:
+                try:
+                    self.refresh(n, timeout_s=5.0)
+                    started.append(n)
+                except ray.exceptions.RayActorError as e:
+                    raise ClusterError(f"{n}: actor died during start: {e}") from None
+                except ray.exceptions.GetTimeoutError:
+                    pass  # not scheduled or still starting its worker
+            pending = [n for n in pending if n not in started or not ready(n)]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {n} ({self.info[n]['log']}):\n{self.log_tail(n, 15)}"
+                                  if n in self.info else f"--- {n}: actor not started "
+                                  f"(free: {ray.available_resources()})" for n in pending)
+                raise ClusterError(f"not ready after {self.start_timeout_s:g} s: "
+                                   f"{', '.join(pending)}\n{tails}")
+            time.sleep(0.25)
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        import ray
+
+        try:
+            return str(ray.get(self.actors[name].log_tail.remote(lines), timeout=10))
+        except ray.exceptions.RayError as e:
+            return f"(no log: {e})"
+
+    def _rank_ready(self, name: str) -> bool:
+        """Ready once /health_generate says 200; ClusterError when the engine failed."""
+        try:
+            r = httpx.get(self.info[name]["url"] + "/health_generate", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        if r.status_code == 200:
+            return True
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = None
+        if isinstance(detail, str) and "fail" in detail:
+            raise ClusterError(f"{name}: {detail}; last lines:\n{self.log_tail(name)}")
+        return False
+
+    def _gateway_sees_all(self) -> bool:
+        try:
+            if httpx.get(self.gateway_url + "/health_generate", timeout=2.0).status_code != 200:
+                return False
+            r = httpx.get(self.gateway_url + "/v1/ranks", timeout=5.0).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        ready = {x["rank_id"] for x in r.get("ranks", []) if x.get("ready")
+                 and x.get("registered")}
+        return ready >= set(self.rank_ids) if r.get("sync_ok") else False
+
+    def stop(self) -> None:
+        """Stop every server (gateway, ranks, synchronizer), kill the actors, free the
+        bundles, and shut down a Ray this cluster started. Safe to call twice."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        names = [n for n in ["gateway", *self.rank_ids, "sync"] if n in self.actors]
+        _stop_actors([self.actors[n] for n in names], self.grace_s)
+        self.actors.clear()
+        if self._pg is not None:
+            ray.util.remove_placement_group(self._pg)
+            self._pg = None
+        if self._own_ray:
+            ray.shutdown()
+            self._own_ray = False
+
+
+def _stop_actors(actors: list[Any], grace_s: float) -> None:
+    """Ask each actor to stop its server gracefully (all at once), then kill the actors."""
+    import ray
+
+    refs = [a.stop.remote(grace_s) for a in actors]
+    for ref in refs:
+        try:
+            ray.get(ref, timeout=grace_s + 10)
+        except ray.exceptions.RayError:
+            pass
+    for a in actors:
+        ray.kill(a, no_restart=True)
+
+
+def ray_status(name: str = "bubblespec", namespace: str = "bubblespec") -> dict[str, Any]:
+    """{actor name: its info() or the error asking it} for a cluster's named actors."""
+    import ray
+
+    out: dict[str, Any] = {}
+    for actor_name in sorted(ray.util.list_named_actors()):
+        if not actor_name.startswith(f"{name}-"):
+            continue
+        try:
+            actor = ray.get_actor(actor_name, namespace=namespace)
+            out[actor_name] = ray.get(actor.info.remote(), timeout=10)
+        except ray.exceptions.RayError as e:
+            out[actor_name] = {"error": str(e).splitlines()[0]}
+    return out
+
+
+def ray_down(name: str = "bubblespec", namespace: str = "bubblespec",
+             grace_s: float = 10.0) -> list[str]:
+    """Stop a (detached) cluster's actors and free its placement group; the names stopped."""
+    import ray
+
+    names = sorted(n for n in ray.util.list_named_actors() if n.startswith(f"{name}-"))
+    order = sorted(names, key=lambda n: (n.endswith("-sync"), not n.endswith("-gateway")))
+    _stop_actors([ray.get_actor(n, namespace=namespace) for n in order], grace_s)
+    try:
+        ray.util.remove_placement_group(ray.util.get_placement_group(f"{name}-pg"))
+    except ValueError:
+        pass
+    return order

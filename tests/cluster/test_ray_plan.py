@@ -1,0 +1,52 @@
+"""RayCluster's plan without Ray running: bundles (N x tp, GPU or CPU-only), rank ports per
+node, core binding, and the `bubblespec ray` command line."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubblespec.cli.ray import parse_args
+from bubblespec.cluster import ClusterError
+from bubblespec.cluster.ray import RayCluster, cpu_binding, node_slots, plan_bundles
+
+
+def test_bundles_are_ranks_times_tp_with_a_gpu_each_where_there_are_gpus() -> None:
+    assert plan_bundles(2, 1, gpus=False, cpus_per_bundle=1) == [{"CPU": 1}, {"CPU": 1}]
+    gpu = plan_bundles(3, 2, gpus=True, cpus_per_bundle=4)
+    assert gpu == [{"CPU": 4, "GPU": 1}] * 6
+    gpu[0]["GPU"] = 0  # bundles are distinct dicts
+    assert gpu[1]["GPU"] == 1
+    with pytest.raises(ValueError):
+        plan_bundles(0, 1, gpus=False, cpus_per_bundle=1)
+
+
+def test_rank_ports_count_per_node() -> None:
+    assert node_slots(["a", "b", "c"]) == [0, 0, 0]  # one rank per pod: all on the base port
+    assert node_slots(["a", "a", "b", "a", "b"]) == [0, 1, 0, 2, 1]
+
+
+def test_core_binding_like_local_cluster() -> None:
+    assert cpu_binding(0, 2, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert cpu_binding(1, 2, 8) == {"VLLM_CPU_OMP_THREADS_BIND": "4-7"}
+    assert cpu_binding(0, 4, 2) == {}  # fewer cores than ranks: vLLM's own choice
+
+
+def test_tp_and_strategy_are_checked_before_ray_starts() -> None:
+    with pytest.raises(ClusterError, match="tensor-parallel"):
+        RayCluster(tp=2).start()
+    with pytest.raises(ClusterError, match="strategy"):
+        RayCluster(strategy="SIDEWAYS").start()
+
+
+def test_ray_command_line() -> None:
+    up = parse_args(["up", "--address", "auto", "--ranks", "4", "--strategy", "SPREAD",
+                     "--gpus", "--detach"])
+    assert (up.action, up.address, up.ranks, up.strategy, up.gpus, up.detach) == (
+        "up", "auto", 4, "SPREAD", True, True)
+    local = parse_args(["up"])
+    assert local.address is None and local.gpus is None and local.gateway_port == 8000
+    assert parse_args(["status"]).action == "status"
+    assert parse_args(["down", "--name", "x"]).name == "x"
+    for bad in (["up", "--detach"], ["up", "--ranks", "0"], ["up", "--strategy", "X"], []):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
