@@ -82,7 +82,10 @@ class RolloutEngine:
     async def start(cls, cfg: EngineConfig) -> RolloutEngine:
         """Start vLLM (about 15 s on CPU with eager mode) and configure the proposer."""
         vllm_glue.check_vllm_version()
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
+        if cfg.kv_cache_mib:  # the env var would override the finer setting
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        else:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -98,13 +101,16 @@ class RolloutEngine:
             max_num_seqs=cfg.max_num_seqs, speculative_config=spec,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             worker_extension_cls="bubblespec.engine.vllm_glue.WorkerExtension",
-            enable_prefix_caching=True)
+            enable_prefix_caching=True,
+            kv_cache_memory_bytes=cfg.kv_cache_mib * 2**20 if cfg.kv_cache_mib else None)
         t0 = time.monotonic()
         # in a thread: starting takes seconds, and a rank keeps answering its health probes
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
         await llm.collective_rpc("bubblespec_install_keyed")
+        if cfg.pace != "off":
+            await llm.collective_rpc("bubblespec_install_pace", args=(cfg.pace, cfg.pace_scale))
         if spec is not None:
             await llm.collective_rpc("bubblespec_configure", args=(eng.proposer_options(),))
         log.info("engine started in %.1f s (model %s, spec %s)", time.monotonic() - t0,
@@ -176,6 +182,12 @@ class RolloutEngine:
         if not self.speculative:
             return {}
         return dict((await self.llm.collective_rpc("bubblespec_index_stats"))[0])
+
+    async def pace_stats(self) -> dict[str, Any]:
+        """The paced forwards' counters (`pace.PaceStats`; empty when not paced)."""
+        if self.cfg.pace == "off":
+            return {}
+        return dict((await self.llm.collective_rpc("bubblespec_pace_stats"))[0])
 
     # ------------------------------------------------------------------ weights
     def _check_version(self, version: int | None, force: bool) -> int:
