@@ -29,7 +29,7 @@ import importlib.util
 import json
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,9 +65,12 @@ class ServiceBenchConfig:
     timeline_step: int
 
 
-def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any
+def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any,
+             collect: Callable[[Any], dict[str, Any]] | None = None, min_train_s: float = 0.0
              ) -> dict[str, Any]:
-    """One mode on its own fresh cluster: the greedy check, then the GRPO schedule."""
+    """One mode on its own fresh cluster: the greedy check, then the GRPO schedule.
+    `collect(cluster)` runs after the schedule, its dict is kept under "cluster";
+    `min_train_s`: each training window lasts at least this long (`run_grpo`)."""
     from bubblespec.client import BubbleSpecClient
     from bubblespec.cluster import LocalCluster
     from bubblespec.train.schedule import HEADER, run_grpo
@@ -95,8 +98,10 @@ def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any
                              sampling, seed=args.seed, lr=args.lr, pregen=mode.pregen,
                              epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
                              work_dir=str(Path(args.out) / "weights" / mode.name),
-                             log=lambda s: print(f"[{mode.name}] {s}", flush=True))
-    return {"rank_args": rank_args, "pregen": mode.pregen,
+                             log=lambda s: print(f"[{mode.name}] {s}", flush=True),
+                             min_train_s=min_train_s)
+            extra = {"cluster": collect(cluster)} if collect is not None else {}
+    return {**extra, "rank_args": rank_args, "pregen": mode.pregen,
             "seed_mode": mode.seed_mode, "pregen_window": mode.pregen_window,
             "cluster_start_s": start_s,
             "mode_wall_s": time.monotonic() - t0, "greedy_output_ids": greedy,

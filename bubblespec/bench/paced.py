@@ -1,0 +1,248 @@
+"""`bubblespec bench paced` (`make bench-paced`): the GRPO schedule on paced ranks.
+
+    bubblespec bench paced [--ranks 8] [--pace h100] [--pace-scale 20] [--steps 4]
+                           [--prompts 16] [--n 8] [--seeds 0] [--modes ...] [--out ...]
+
+Every rank runs a paced engine (`bubblespec.engine.pace`): each forward lasts the simulator's
+engine-time model of an 8B model on the named GPU x scale, so wall seconds / scale are
+modelled GPU seconds whatever the contention on this machine's CPU cores. Each mode runs the
+`bench service` schedule (`service.run_mode`: greedy check, then rollout -> reward -> train
+-> push weights per step) on its own fresh cluster; afterwards each rank's paced-forward
+counters (GET /v1/pace) are collected, and the RSS of every process of the bench (ranks,
+engines, synchronizer, gateway; the trainer separately) is sampled throughout.
+
+Plain-sampling modes run once per seed of `--seeds` (their responses differ between modes,
+so their crit/longest gets a confidence interval over steps and seeds); keyed modes run on
+the first seed only (their tokens are those of keyed sampling without speculation, bit for
+bit, so one run compares them on identical outputs). Figures: `paced_figures`. Writes
+`<out>/paced.json`, `<out>/lengths.json`, `<out>/speedup.png`, `<out>/timeline.png`; prints
+the per-mode table and per-step data, then the critical-path line, then last
+`paced_rollout_speedup_vs_nospec: ...`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from typing_extensions import Self
+
+from bubblespec.bench.modes import (
+    BASELINE,
+    final_line,
+    greedy_agreement,
+    keyed_agreement,
+    lengths_doc,
+    mode_by_name,
+    reductions,
+)
+from bubblespec.bench.paced_figures import (
+    format_paced_table,
+    mode_summary,
+    paced_final_line,
+    per_step_lines,
+    speedups,
+)
+from bubblespec.bench.service import ServiceBenchConfig, plot_timeline, run_mode
+from bubblespec.bench.soak import descendants, read_rss_kib
+from bubblespec.engine.pace import merge_stats
+from bubblespec.protocol.sampling import PregenWindow, SeedMode
+
+HEADLINE_MODES = ("nospec,nospec-keyed,suffix,suffix-keyed,bubblespec,bubblespec-keyed,"
+                  "bubblespec-keyed-window,ngram,ngram-keyed")
+"""Modes of the headline (fresh prompts) run; history modes need epoch repeats."""
+REPEATS_MODES = ("nospec,nospec-keyed,history,history-keyed,bubblespec-history,"
+                 "bubblespec-keyed-history")
+"""Modes of the second run, with epoch repeats (`--epoch-steps`)."""
+
+
+@dataclass(frozen=True)
+class PacedBenchConfig:
+    """What `bubblespec bench paced` runs (its flags; help in `bubblespec bench paced -h`)."""
+
+    steps: int
+    prompts: int
+    n: int
+    seeds: str
+    epoch_steps: int
+    lr: float
+    temperature: float
+    greedy_prompts: int
+    modes: str
+    ranks: int
+    pace: str
+    pace_scale: float
+    kv_cache_mib: int
+    train_window_s: float
+    extra_rank_args: str
+    model: str | None
+    out: str
+    timeline_step: int
+
+    def seed_list(self) -> list[int]:
+        return [int(s) for s in self.seeds.split(",") if s.strip()]
+
+    def service_config(self, seed: int) -> ServiceBenchConfig:
+        pace = (f"--pace={self.pace} --pace-scale={self.pace_scale} "
+                f"--kv-cache-mib={self.kv_cache_mib} {self.extra_rank_args}")
+        return ServiceBenchConfig(
+            steps=self.steps, prompts=self.prompts, n=self.n, seed=seed,
+            epoch_steps=self.epoch_steps, lr=self.lr, temperature=self.temperature,
+            greedy_prompts=self.greedy_prompts, modes=self.modes, ranks=self.ranks,
+            extra_rank_args=pace.strip(), model=self.model, out=self.out,
+            timeline_step=self.timeline_step)
+
+
+class MemoryWatch:
+    """Samples the RSS of this process's descendants (the cluster) and of this process (the
+    trainer) every `every_s` seconds on a thread; keeps the peaks."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s = every_s
+        self.peak_cluster_kib = 0
+        self.peak_self_kib = 0
+        self.peak_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            kids = descendants(me)
+            total = sum(read_rss_kib(p) or 0 for p in kids)
+            self.peak_cluster_kib = max(self.peak_cluster_kib, total)
+            self.peak_self_kib = max(self.peak_self_kib, read_rss_kib(me) or 0)
+            self.peak_processes = max(self.peak_processes, len(kids))
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def figures(self, ranks: int) -> dict[str, float]:
+        cluster = self.peak_cluster_kib / 1024
+        return {"peak_cluster_mib": cluster, "peak_trainer_mib": self.peak_self_kib / 1024,
+                "peak_total_mib": cluster + self.peak_self_kib / 1024,
+                "peak_per_rank_mib": cluster / max(1, ranks),
+                "peak_processes": self.peak_processes}
+
+
+def collect_pace(cluster: Any) -> dict[str, Any]:
+    """Every rank's GET /v1/pace, and their sum."""
+    per_rank = {}
+    for rid, url in cluster.rank_urls.items():
+        per_rank[rid] = httpx.get(url + "/v1/pace", timeout=10.0).json()
+    return {"pace": merge_stats(per_rank.values()), "pace_per_rank": per_rank}
+
+
+def _run_one(mode: Any, cfg: PacedBenchConfig, seed: int, model_dir: str, task: Any
+             ) -> dict[str, Any]:
+    window = cfg.train_window_s * cfg.pace_scale if (
+        mode.pregen_window == PregenWindow.TRAINING) else 0.0
+    with MemoryWatch() as mem:
+        res = run_mode(mode, cfg.service_config(seed), model_dir, task, collect=collect_pace,
+                       min_train_s=window)
+    res["cluster"]["memory"] = mem.figures(cfg.ranks)
+    return res
+
+
+def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
+    """Bar chart of each mode's paced rollout speed-up."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n, v in sp.items() if v is not None]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bars = ax.bar(range(len(names)), [sp[n] for n in names],
+                  color=["tab:orange" if n.startswith("bubblespec") else "tab:blue"
+                         for n in names])
+    ax.bar_label(bars, fmt="%.2fx", fontsize=8)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("rollout throughput vs no speculation")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
+    """Every mode (plain ones once per seed), then the figures, files and final lines."""
+    from bubblespec.tasks import default_task
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = default_task()
+    modes = mode_by_name([m for m in cfg.modes.split(",") if m])
+    seeds = cfg.seed_list()
+    by_seed: dict[int, dict[str, dict[str, Any]]] = {s: {} for s in seeds}
+    doc: dict[str, Any] = {"schema": "bubblespec.bench.paced/v1", "config": asdict(cfg)}
+    t_all = time.monotonic()
+    for seed in seeds:
+        for mode in modes:
+            if seed != seeds[0] and mode.seed_mode == SeedMode.KEYED:
+                continue
+            if mode.needs and importlib.util.find_spec(mode.needs) is None:
+                by_seed[seed][mode.name] = {"skipped": f"{mode.needs} not importable"}
+                continue
+            try:
+                by_seed[seed][mode.name] = _run_one(mode, cfg, seed, model_dir, task)
+            except Exception as e:  # noqa: BLE001 (one failed mode must not lose the others)
+                traceback.print_exc()
+                by_seed[seed][mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
+            doc["runs"] = {str(k): v for k, v in by_seed.items()}
+            (out / "paced.json").write_text(json.dumps(doc, indent=1))
+    first = by_seed[seeds[0]]
+    summaries = {m.name: mode_summary([r[m.name] for r in by_seed.values()
+                                       if (r.get(m.name) or {}).get("steps")], cfg.pace_scale)
+                 for m in modes if (first.get(m.name) or {}).get("steps")}
+    sp = speedups(summaries, first)
+    doc.update(summaries=summaries, speedups=sp, final_line=paced_final_line(sp),
+               keyed_check=keyed_agreement(first),
+               greedy_check=greedy_agreement({k: v.get("greedy_output_ids")
+                                              for k, v in first.items()}),
+               critical_path_line=final_line(reductions(first)))
+    (out / "paced.json").write_text(json.dumps(doc, indent=1))
+    if (first.get(BASELINE) or {}).get("steps"):
+        (out / "lengths.json").write_text(json.dumps(lengths_doc(
+            first[BASELINE]["steps"], "bubblespec bench paced, nospec mode, response tokens")))
+    title = (f"Paced rollout speed-up, {cfg.ranks} ranks, {cfg.pace} x {cfg.pace_scale:g} "
+             f"(modelled GPU time), {cfg.prompts} prompts x n={cfg.n}, "
+             f"{'epoch repeats' if cfg.epoch_steps else 'fresh prompts'}")
+    try:
+        plot_speedups(sp, out / "speedup.png", title)
+        shown = {k: v for k, v in first.items()
+                 if k in ("nospec", "suffix", "bubblespec", "bubblespec-keyed")}
+        plot_timeline(shown, cfg.timeline_step, out / "timeline.png")
+    except ImportError:
+        print("no plots (matplotlib missing)")
+    print()
+    print(format_paced_table(summaries, sp))
+    print()
+    print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
+    print(f"\nwrote {out}/paced.json in {time.monotonic() - t_all:.0f} s; figures after step 0, "
+          f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
+    g = doc["greedy_check"]
+    print(f"greedy check (T=0, vs {g.get('reference')}): " + ", ".join(
+        f"{k}: {'identical' if v['identical'] else 'DIFFERS'}"
+        for k, v in g.get("modes", {}).items()))
+    print("keyed check (T=1 token ids vs keyed without speculation): " + ", ".join(
+        f"{k}: {v['identical_steps']}/{v['steps']} steps identical"
+        for k, v in doc["keyed_check"].items()))
+    print(doc["critical_path_line"])
+    print(doc["final_line"], flush=True)
+    return doc
