@@ -6,10 +6,13 @@
 Every rank runs a paced engine (`bubblespec.engine.pace`): each forward lasts the simulator's
 engine-time model of an 8B model on the named GPU x scale, so wall seconds / scale are
 modelled GPU seconds whatever the contention on this machine's CPU cores. Each mode runs the
-`bench service` schedule (`service.run_mode`: greedy check, then rollout -> reward -> train
--> push weights per step) on its own fresh cluster; afterwards each rank's paced-forward
-counters (GET /v1/pace) are collected, and the RSS of every process of the bench (ranks,
-engines, synchronizer, gateway; the trainer separately) is sampled throughout.
+`bench service` schedule (`service.run_schedule`: greedy check, then rollout -> reward ->
+train -> push weights per step). A cluster start takes minutes at 8 ranks, so modes with the
+same rank arguments whose engines keep nothing across steps share one cluster
+(`cluster_groups`; the weights are loaded back between them); suffix decoding and history
+modes get their own. Each mode's paced-forward counters (GET /v1/pace of every rank, before
+and after) and the peak RSS of every process of the bench (ranks, engines, synchronizer,
+gateway; the trainer separately) are recorded.
 
 Plain-sampling modes run once per seed of `--seeds` (their responses differ between modes,
 so their crit/longest gets a confidence interval over steps and seeds); keyed modes run on
@@ -28,6 +31,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ from typing_extensions import Self
 
 from bubblespec.bench.modes import (
     BASELINE,
+    Mode,
     final_line,
     greedy_agreement,
     keyed_agreement,
@@ -51,9 +56,9 @@ from bubblespec.bench.paced_figures import (
     per_step_lines,
     speedups,
 )
-from bubblespec.bench.service import ServiceBenchConfig, plot_timeline, run_mode
+from bubblespec.bench.service import ServiceBenchConfig, plot_timeline, run_schedule
 from bubblespec.bench.soak import descendants, read_rss_kib
-from bubblespec.engine.pace import merge_stats
+from bubblespec.engine.pace import merge_stats, stats_delta
 from bubblespec.protocol.sampling import PregenWindow, SeedMode
 
 HEADLINE_MODES = ("nospec,nospec-keyed,suffix,suffix-keyed,bubblespec,bubblespec-keyed,"
@@ -139,23 +144,78 @@ class MemoryWatch:
                 "peak_processes": self.peak_processes}
 
 
-def collect_pace(cluster: Any) -> dict[str, Any]:
-    """Every rank's GET /v1/pace, and their sum."""
-    per_rank = {}
-    for rid, url in cluster.rank_urls.items():
-        per_rank[rid] = httpx.get(url + "/v1/pace", timeout=10.0).json()
-    return {"pace": merge_stats(per_rank.values()), "pace_per_rank": per_rank}
+def rank_pace(cluster: Any) -> dict[str, dict[str, Any]]:
+    """Every rank's GET /v1/pace (counters since its engine started)."""
+    return {rid: httpx.get(url + "/v1/pace", timeout=10.0).json()
+            for rid, url in cluster.rank_urls.items()}
 
 
-def _run_one(mode: Any, cfg: PacedBenchConfig, seed: int, model_dir: str, task: Any
-             ) -> dict[str, Any]:
-    window = cfg.train_window_s * cfg.pace_scale if (
-        mode.pregen_window == PregenWindow.TRAINING) else 0.0
-    with MemoryWatch() as mem:
-        res = run_mode(mode, cfg.service_config(seed), model_dir, task, collect=collect_pace,
-                       min_train_s=window)
-    res["cluster"]["memory"] = mem.figures(cfg.ranks)
-    return res
+def shareable(mode: Mode) -> bool:
+    """Whether a mode may run on a cluster a previous mode used: its engines keep nothing
+    across steps (no speculation, vLLM's n-gram, bubblespec without history or global
+    pool). vLLM's suffix decoding keeps a global tree of past responses, and history keeps
+    earlier steps' responses: those would draft from the previous mode's outputs."""
+    a = " ".join(mode.rank_args)
+    return (mode.needs == "" and "--src-history" not in a and "--src-global" not in a)
+
+
+def cluster_groups(modes: Sequence[Mode]) -> list[list[Mode]]:
+    """Modes in groups that share one cluster (same rank arguments, `shareable`), in the
+    order of their first mode; a cluster start costs minutes at 8 ranks."""
+    groups: list[list[Mode]] = []
+    by_args: dict[tuple[str, ...], list[Mode]] = {}
+    for m in modes:
+        if shareable(m) and m.rank_args in by_args:
+            by_args[m.rank_args].append(m)
+            continue
+        groups.append([m])
+        if shareable(m):
+            by_args[m.rank_args] = groups[-1]
+    return groups
+
+
+def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir: str,
+              task: Any) -> dict[str, dict[str, Any]]:
+    """The modes of one group on one fresh cluster, one after the other (weights loaded back
+    between modes); per mode its schedule's result plus its paced counters and the
+    cluster's peak memory."""
+    from bubblespec.cluster import LocalCluster
+
+    args = cfg.service_config(seed)
+    name = "+".join(m.name for m in group)
+    log_dir = Path(cfg.out) / "logs" / f"seed{seed}" / name
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rank_args = [*group[0].rank_args, *args.extra_rank_args.split()]
+    out: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    with MemoryWatch() as mem, LocalCluster(ranks=cfg.ranks, model=model_dir,
+                                            rank_args=rank_args, log_dir=log_dir) as cluster:
+        start_s = time.monotonic() - t0
+        print(f"[{name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args)})",
+              flush=True)
+        for i, mode in enumerate(group):
+            t1 = time.monotonic()
+            window = cfg.train_window_s * cfg.pace_scale if (
+                mode.pregen_window == PregenWindow.TRAINING) else 0.0
+            before = rank_pace(cluster)
+            try:
+                res = run_schedule(cluster.gateway_url, mode, args, model_dir, task,
+                                   min_train_s=window, reset_weights=i > 0)
+            except Exception as e:  # noqa: BLE001 (one failed mode must not lose the others)
+                traceback.print_exc()
+                out[mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
+                continue
+            after = rank_pace(cluster)
+            per_rank = {r: stats_delta(after[r], before[r]) for r in after}
+            res.update(rank_args=rank_args, cluster_start_s=start_s,
+                       mode_wall_s=time.monotonic() - t1, shared_cluster=name,
+                       cluster={"pace": merge_stats(per_rank.values()),
+                                "pace_per_rank": per_rank})
+            out[mode.name] = res
+    for res in out.values():
+        if "cluster" in res:
+            res["cluster"]["memory"] = mem.figures(cfg.ranks)
+    return out
 
 
 def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
@@ -193,17 +253,17 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
     doc: dict[str, Any] = {"schema": "bubblespec.bench.paced/v1", "config": asdict(cfg)}
     t_all = time.monotonic()
     for seed in seeds:
-        for mode in modes:
-            if seed != seeds[0] and mode.seed_mode == SeedMode.KEYED:
-                continue
-            if mode.needs and importlib.util.find_spec(mode.needs) is None:
-                by_seed[seed][mode.name] = {"skipped": f"{mode.needs} not importable"}
-                continue
+        todo = [m for m in modes if seed == seeds[0] or m.seed_mode != SeedMode.KEYED]
+        for m in todo:
+            if m.needs and importlib.util.find_spec(m.needs) is None:
+                by_seed[seed][m.name] = {"skipped": f"{m.needs} not importable"}
+        for group in cluster_groups([m for m in todo if m.name not in by_seed[seed]]):
             try:
-                by_seed[seed][mode.name] = _run_one(mode, cfg, seed, model_dir, task)
-            except Exception as e:  # noqa: BLE001 (one failed mode must not lose the others)
+                by_seed[seed].update(run_group(group, cfg, seed, model_dir, task))
+            except Exception as e:  # noqa: BLE001 (a failed cluster must not lose the others)
                 traceback.print_exc()
-                by_seed[seed][mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
+                for m in group:
+                    by_seed[seed][m.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
             doc["runs"] = {str(k): v for k, v in by_seed.items()}
             (out / "paced.json").write_text(json.dumps(doc, indent=1))
     first = by_seed[seeds[0]]

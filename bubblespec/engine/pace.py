@@ -125,19 +125,33 @@ class PaceStats:
         return d
 
 
-def merge_stats(stats: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counters of several paced engines (their `as_dict`) added up."""
-    keys = ("forwards", "overruns", "paced_s", "real_s", "overrun_s", "decode_tokens",
-            "draft_tokens", "prefill_tokens", "context_tokens", "modelled_s")
-    out: dict[str, Any] = {k: 0 for k in keys}
-    out["worst_ratio"] = 0.0
-    for s in stats:
-        for k in keys:
-            out[k] += s.get(k, 0)
-        out["worst_ratio"] = max(out["worst_ratio"], float(s.get("worst_ratio", 0.0)))
+_COUNTERS = ("forwards", "overruns", "paced_s", "real_s", "overrun_s", "decode_tokens",
+             "draft_tokens", "prefill_tokens", "context_tokens", "modelled_s")
+
+
+def _shares(out: dict[str, Any]) -> dict[str, Any]:
     out["overrun_share"] = out["overruns"] / out["forwards"] if out["forwards"] else 0.0
     out["valid"] = out["overrun_share"] < MAX_OVERRUN_SHARE
     return out
+
+
+def merge_stats(stats: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Counters of several paced engines (their `as_dict`) added up."""
+    out: dict[str, Any] = {k: 0 for k in _COUNTERS}
+    out["worst_ratio"] = 0.0
+    for s in stats:
+        for k in _COUNTERS:
+            out[k] += s.get(k, 0)
+        out["worst_ratio"] = max(out["worst_ratio"], float(s.get("worst_ratio", 0.0)))
+    return _shares(out)
+
+
+def stats_delta(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    """Counters between two readings of the same engines (`worst_ratio`: the later reading's,
+    a bound over both periods)."""
+    out: dict[str, Any] = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
+    out["worst_ratio"] = float(after.get("worst_ratio", 0.0))
+    return _shares(out)
 
 
 @dataclass

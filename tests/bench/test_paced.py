@@ -96,3 +96,15 @@ def test_cli_flags() -> None:
     assert (a.ranks, a.pace, a.epoch_steps, a.seeds) == (8, "h200", 0, "0,1,2")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["paced", "--pace", "a100"])
+
+
+def test_cluster_groups_share_only_stateless_engines() -> None:
+    from bubblespec.bench.paced import HEADLINE_MODES, REPEATS_MODES, cluster_groups
+
+    groups = [[m.name for m in g] for g in cluster_groups(mode_by_name(HEADLINE_MODES.split(",")))]
+    assert groups == [["nospec", "nospec-keyed"], ["suffix"], ["suffix-keyed"],
+                      ["bubblespec", "bubblespec-keyed", "bubblespec-keyed-window"],
+                      ["ngram", "ngram-keyed"]]
+    rep = [[m.name for m in g] for g in cluster_groups(mode_by_name(REPEATS_MODES.split(",")))]
+    assert rep == [["nospec", "nospec-keyed"], ["history"], ["history-keyed"],
+                   ["bubblespec-history"], ["bubblespec-keyed-history"]]

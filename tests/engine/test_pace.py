@@ -12,6 +12,7 @@ from bubblespec.engine.pace import (
     engine_time,
     forward_shape,
     merge_stats,
+    stats_delta,
 )
 from bubblespec.sim.engine_time import EngineTime
 
@@ -106,6 +107,8 @@ def test_validity_needs_under_one_percent_overruns() -> None:
     assert not pacer.stats.valid  # 1% is not under 1%
     merged = merge_stats([pacer.stats.as_dict(), {"forwards": 200}])
     assert merged["overruns"] == 2 and merged["forwards"] == 400 and merged["valid"]
+    delta = stats_delta(merged, {"forwards": 100, "overruns": 1})
+    assert (delta["forwards"], delta["overruns"], delta["valid"]) == (300, 1, True)
 
 
 def test_step_overhead_between_forwards_is_inside_the_paced_time() -> None:
