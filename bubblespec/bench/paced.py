@@ -97,7 +97,8 @@ class PacedBenchConfig:
 
     def service_config(self, seed: int) -> ServiceBenchConfig:
         pace = (f"--pace={self.pace} --pace-scale={self.pace_scale} "
-                f"--kv-cache-mib={self.kv_cache_mib} {self.extra_rank_args}")
+                f"--kv-cache-mib={self.kv_cache_mib} --engine-in-one-process "
+                f"{self.extra_rank_args}")
         return ServiceBenchConfig(
             steps=self.steps, prompts=self.prompts, n=self.n, seed=seed,
             epoch_steps=self.epoch_steps, lr=self.lr, temperature=self.temperature,

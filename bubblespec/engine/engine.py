@@ -43,6 +43,24 @@ def default_model_dir() -> str:
     return str(d())
 
 
+def _start_llm(cls: Any, args: Any, one_process: bool) -> Any:
+    """`cls.from_engine_args(args)`; `one_process`: with VLLM_ENABLE_V1_MULTIPROCESSING=0
+    while the engine is configured and its engine-core process spawned (the worker then runs
+    inside that process; AsyncLLM keeps the process), restored afterwards."""
+    if not one_process:
+        return cls.from_engine_args(args)
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    old = os.environ.get(key)
+    os.environ[key] = "0"
+    try:
+        return cls.from_engine_args(args)
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 @dataclass
 class _Sub:
     req_index: int
@@ -105,7 +123,7 @@ class RolloutEngine:
             kv_cache_memory_bytes=cfg.kv_cache_mib * 2**20 if cfg.kv_cache_mib else None)
         t0 = time.monotonic()
         # in a thread: starting takes seconds, and a rank keeps answering its health probes
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        llm = await asyncio.to_thread(_start_llm, AsyncLLM, args, cfg.engine_in_one_process)
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
         await llm.collective_rpc("bubblespec_install_keyed")

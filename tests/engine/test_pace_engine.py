@@ -1,5 +1,6 @@
 """A paced engine on a real vLLM engine: every forward (prefill, decode, verification of
-drafts) is counted and lasts at least its paced time, the KV cache sized in MiB starts, and
+drafts) is counted and lasts at least its paced time, the KV cache sized in MiB and the
+worker inside the engine-core process start, and
 pacing does not change the tokens (keyed sampling is bit-identical paced or not)."""
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def _requests(n_prompts: int, max_new: int) -> list[GenRequest]:
 
 def test_paced_engine_counts_and_paces_every_forward(loop_runner, spec_engine) -> None:
     eng = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
-                       pace="h100", pace_scale=4.0, kv_cache_mib=64)
+                       pace="h100", pace_scale=4.0, kv_cache_mib=64,
+                       engine_in_one_process=True)
     try:
         assert loop_runner.run(eng.pace_stats())["forwards"] == 0
         t0 = time.monotonic()
