@@ -18,7 +18,8 @@ Plain-sampling modes run once per seed of `--seeds` (their responses differ betw
 so their crit/longest gets a confidence interval over steps and seeds); keyed modes run on
 the first seed only (their tokens are those of keyed sampling without speculation, bit for
 bit, so one run compares them on identical outputs). Figures: `paced_figures`. Writes
-`<out>/paced.json`, `<out>/lengths.json`, `<out>/speedup.png`, `<out>/timeline.png`; prints
+`<out>/paced.json`, `<out>/lengths.json` and `<out>/accept.json` (the measured lengths and
+acceptance, for `bubblespec simulate`), `<out>/speedup.png`, `<out>/timeline.png`; prints
 the per-mode table and per-step data, then the critical-path line, then last
 `paced_rollout_speedup_vs_nospec: ...`.
 """
@@ -50,6 +51,7 @@ from bubblespec.bench.modes import (
     reductions,
 )
 from bubblespec.bench.paced_figures import (
+    accept_doc,
     format_paced_table,
     mode_summary,
     paced_final_line,
@@ -278,6 +280,7 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
                                               for k, v in first.items()}),
                critical_path_line=final_line(reductions(first)))
     (out / "paced.json").write_text(json.dumps(doc, indent=1))
+    (out / "accept.json").write_text(json.dumps(accept_doc(first), indent=1))
     if (first.get(BASELINE) or {}).get("steps"):
         (out / "lengths.json").write_text(json.dumps(lengths_doc(
             first[BASELINE]["steps"], "bubblespec bench paced, nospec mode, response tokens")))

@@ -163,3 +163,26 @@ def per_step_lines(results_by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]
                     cells.append(" " * 24)
             lines.append(f"{i:>4}  " + "  ".join(cells))
     return lines
+
+
+def accept_doc(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """What `bubblespec simulate --accept-json` reads, from the measured modes (steps after
+    step 0): accepted and drafted tokens per forward pass of a request, and for modes that
+    pre-generate the share of generated tokens that were accepted pre-generated draft tokens
+    (`pregen_coverage`, a lower bound of the covered share: covered positions whose draft
+    was rejected are not counted)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, r in results.items():
+        steps = (r.get("steps") or [])[1:]
+        tok = sum(s["completion_tokens"] for s in steps)
+        fwd = sum(s["completion_tokens"] / s["tokens_per_forward"] for s in steps
+                  if s["tokens_per_forward"] > 0)
+        if not tok or not fwd:
+            continue
+        row = {"accepted_per_forward": max(0.0, tok / fwd - 1.0),
+               "drafted_per_forward": sum(s["draft_tokens"] for s in steps) / fwd,
+               "uses_pregen": bool(r.get("pregen"))}
+        if r.get("pregen"):
+            row["pregen_coverage"] = sum(s["accepted_pregen_tokens"] for s in steps) / tok
+        out[name] = row
+    return out

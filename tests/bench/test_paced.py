@@ -24,7 +24,7 @@ def _step(i: int, tokens: int, wall: float, crit: int, longest: int) -> dict:
     return {"step": i, "completion_tokens": tokens, "wall_s": wall,
             "decode_steps_critical": crit, "max_len": longest, "bubble_fraction": 0.2,
             "pregen_tokens": 10, "window_pregen_tokens": 5, "accepted_pregen_tokens": 4,
-            "accepted_tokens": 30, "draft_tokens": 60}
+            "accepted_tokens": 30, "draft_tokens": 60, "tokens_per_forward": 1.0}
 
 
 def _run(seed_mode: str, walls: list[float], forwards: int = 1000, overruns: int = 0,
@@ -108,3 +108,18 @@ def test_cluster_groups_share_only_stateless_engines() -> None:
     rep = [[m.name for m in g] for g in cluster_groups(mode_by_name(REPEATS_MODES.split(",")))]
     assert rep == [["nospec", "nospec-keyed"], ["history"], ["history-keyed"],
                    ["bubblespec-history"], ["bubblespec-keyed-history"]]
+
+
+def test_accept_doc_for_the_simulator() -> None:
+    from bubblespec.bench.paced_figures import accept_doc
+
+    run = _run("keyed", [1, 1, 1])
+    for s in run["steps"]:
+        s["tokens_per_forward"] = 2.0
+    run["pregen"] = True
+    doc = accept_doc({"bubblespec-keyed": run, "suffix": {"skipped": "x"}})
+    row = doc["bubblespec-keyed"]
+    assert row["accepted_per_forward"] == pytest.approx(1.0)
+    assert row["drafted_per_forward"] == pytest.approx(120 / 1000)
+    assert row["pregen_coverage"] == pytest.approx(8 / 2000)
+    assert list(doc) == ["bubblespec-keyed"]
