@@ -1,6 +1,6 @@
 """`bubblespec bench paced` (`make bench-paced`): the GRPO schedule on paced ranks.
 
-    bubblespec bench paced [--ranks 8] [--pace h100] [--pace-scale 20] [--steps 4]
+    bubblespec bench paced [--ranks 8] [--pace h100] [--pace-scale 30] [--steps 3]
                            [--prompts 16] [--n 8] [--seeds 0] [--modes ...] [--out ...]
 
 Every rank runs a paced engine (`bubblespec.engine.pace`): each forward lasts the simulator's
@@ -63,9 +63,12 @@ from bubblespec.bench.soak import descendants, read_rss_kib
 from bubblespec.engine.pace import merge_stats, stats_delta
 from bubblespec.protocol.sampling import PregenWindow, SeedMode
 
-HEADLINE_MODES = ("nospec,nospec-keyed,suffix,suffix-keyed,bubblespec,bubblespec-keyed,"
-                  "bubblespec-keyed-window,ngram,ngram-keyed")
-"""Modes of the headline (fresh prompts) run; history modes need epoch repeats."""
+HEADLINE_MODES = ("nospec,nospec-keyed,bubblespec,bubblespec-keyed,bubblespec-keyed-window,"
+                  "suffix-keyed")
+"""Modes of `make bench-paced` (fresh prompts): three cluster starts, about 45 min here."""
+ALL_FRESH_MODES = HEADLINE_MODES + ",suffix,ngram,ngram-keyed"
+"""Every mode that fresh prompts can exercise (two more cluster starts; history modes need
+epoch repeats)."""
 REPEATS_MODES = ("nospec,nospec-keyed,history,history-keyed,bubblespec-history,"
                  "bubblespec-keyed-history")
 """Modes of the second run, with epoch repeats (`--epoch-steps`)."""

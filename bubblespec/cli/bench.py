@@ -59,7 +59,7 @@ def _paced(sub: argparse._SubParsersAction) -> None:
                        "overruns and peak memory (make bench-paced: about 45 min here).")
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--pace", choices=["h100", "h200"], default="h100")
-    p.add_argument("--pace-scale", type=float, default=20.0,
+    p.add_argument("--pace-scale", type=float, default=30.0,
                    help="wall seconds per modelled GPU second (large enough for < 1%% "
                         "overruns)")
     p.add_argument("--kv-cache-mib", type=int, default=256,
@@ -67,7 +67,7 @@ def _paced(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-window-s", type=float, default=2.0,
                    help="modelled seconds each training window lasts at least, for modes "
                         "that pre-generate through it")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--seeds", default="0",
@@ -76,8 +76,10 @@ def _paced(sub: argparse._SubParsersAction) -> None:
                    help="prompt batches repeat every K steps (0: fresh prompts every step)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--greedy-prompts", type=int, default=2)
-    p.add_argument("--modes", default=HEADLINE_MODES)
+    p.add_argument("--greedy-prompts", type=int, default=1)
+    p.add_argument("--modes", default=HEADLINE_MODES,
+                   help="comma-separated (bubblespec.bench.paced.ALL_FRESH_MODES adds suffix, "
+                        "ngram and ngram-keyed)")
     p.add_argument("--extra-rank-args", default="")
     p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
     p.add_argument("--out", default="out/bench-paced")

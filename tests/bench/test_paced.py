@@ -99,12 +99,13 @@ def test_cli_flags() -> None:
 
 
 def test_cluster_groups_share_only_stateless_engines() -> None:
-    from bubblespec.bench.paced import HEADLINE_MODES, REPEATS_MODES, cluster_groups
+    from bubblespec.bench.paced import ALL_FRESH_MODES, REPEATS_MODES, cluster_groups
 
-    groups = [[m.name for m in g] for g in cluster_groups(mode_by_name(HEADLINE_MODES.split(",")))]
-    assert groups == [["nospec", "nospec-keyed"], ["suffix"], ["suffix-keyed"],
+    modes = mode_by_name(ALL_FRESH_MODES.split(","))
+    groups = [[m.name for m in g] for g in cluster_groups(modes)]
+    assert groups == [["nospec", "nospec-keyed"],
                       ["bubblespec", "bubblespec-keyed", "bubblespec-keyed-window"],
-                      ["ngram", "ngram-keyed"]]
+                      ["suffix-keyed"], ["suffix"], ["ngram", "ngram-keyed"]]
     rep = [[m.name for m in g] for g in cluster_groups(mode_by_name(REPEATS_MODES.split(",")))]
     assert rep == [["nospec", "nospec-keyed"], ["history"], ["history-keyed"],
                    ["bubblespec-history"], ["bubblespec-keyed-history"]]
