@@ -112,13 +112,28 @@ class PacedBenchConfig:
             timeline_step=self.timeline_step)
 
 
+def read_pss_kib(pid: int) -> int:
+    """Proportional set size of `pid` in KiB (shared pages split between their users, so
+    the sum over processes is the memory they hold together; 0 once gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
 class MemoryWatch:
-    """Samples the RSS of this process's descendants (the cluster) and of this process (the
-    trainer) every `every_s` seconds on a thread; keeps the peaks."""
+    """Samples the RSS and PSS of this process's descendants (the cluster) and of this process
+    (the trainer) every `every_s` seconds on a thread; keeps the peaks. RSS sums count the
+    pages the processes share (torch, vLLM libraries) once per process; PSS sums do not."""
 
     def __init__(self, every_s: float = 2.0) -> None:
         self.every_s = every_s
         self.peak_cluster_kib = 0
+        self.peak_cluster_pss_kib = 0
         self.peak_self_kib = 0
         self.peak_processes = 0
         self._stop = threading.Event()
@@ -130,6 +145,8 @@ class MemoryWatch:
             kids = descendants(me)
             total = sum(read_rss_kib(p) or 0 for p in kids)
             self.peak_cluster_kib = max(self.peak_cluster_kib, total)
+            self.peak_cluster_pss_kib = max(self.peak_cluster_pss_kib,
+                                            sum(read_pss_kib(p) for p in kids))
             self.peak_self_kib = max(self.peak_self_kib, read_rss_kib(me) or 0)
             self.peak_processes = max(self.peak_processes, len(kids))
             self._stop.wait(self.every_s)
@@ -147,6 +164,7 @@ class MemoryWatch:
         return {"peak_cluster_mib": cluster, "peak_trainer_mib": self.peak_self_kib / 1024,
                 "peak_total_mib": cluster + self.peak_self_kib / 1024,
                 "peak_per_rank_mib": cluster / max(1, ranks),
+                "peak_cluster_pss_mib": self.peak_cluster_pss_kib / 1024,
                 "peak_processes": self.peak_processes}
 
 

@@ -14,6 +14,9 @@ Definitions (the paced bench's own; the rest are `bubblespec.bench.modes`'):
   response; with plain sampling, responses differ between modes, and this ratio is the
   comparison that survives the luck of the longest sample. Reported as the mean over the
   steps after step 0 of every seed with a 95% confidence interval (Student t).
+- **peak memory**: the largest sum seen (sampled every 2 s) of the RSS of every process of
+  the bench (cluster and trainer), and of the cluster's PSS (shared library pages counted
+  once); a mode sharing a cluster reports the cluster's peak.
 - **overruns**: paced forwards whose real CPU work exceeded their paced time, summed over
   the ranks; a mode's figures are valid only with under 1% overruns.
 """
@@ -88,6 +91,8 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
         "worst_ratio": max((p.get("worst_ratio", 0.0) for p in pace), default=0.0),
         "peak_rss_mib": max((m.get("peak_total_mib", 0.0) for m in mem), default=0.0),
         "peak_rank_rss_mib": max((m.get("peak_per_rank_mib", 0.0) for m in mem), default=0.0),
+        "peak_cluster_pss_mib": max((m.get("peak_cluster_pss_mib", 0.0) for m in mem),
+                                    default=0.0),
     }
 
 
@@ -121,7 +126,7 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
                        sp: Mapping[str, float | None]) -> str:
     """Per-mode rows of the paced bench."""
     head = ["mode", "tok/s (modelled)", "speed-up", "crit steps", "crit/longest (95% CI)",
-            "bubble %", "pregen tok", "pregen acc", "accept %", "overruns", "peak GiB"]
+            "bubble %", "pregen tok", "pregen acc", "accept %", "overruns", "peak GiB rss/pss"]
     rows = []
     for name, s in summaries.items():
         ci = s["crit_per_longest_ci95"]
@@ -133,7 +138,7 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
             str(s["pregen_tokens"]), str(s["accepted_pregen_tokens"]),
             _f(None if s["acceptance"] is None else 100 * s["acceptance"], ".0f"),
             f"{s['overruns']}/{s['forwards']}" + ("" if s["valid"] else " INVALID"),
-            f"{s['peak_rss_mib'] / 1024:.1f}"])
+            f"{s['peak_rss_mib'] / 1024:.1f}/{s['peak_cluster_pss_mib'] / 1024:.1f}"])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                   for i, (c, w) in enumerate(zip(cells, widths)))
