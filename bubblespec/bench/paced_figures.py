@@ -18,7 +18,9 @@ Definitions (the paced bench's own; the rest are `bubblespec.bench.modes`'):
   the bench (cluster and trainer), and of the cluster's PSS (shared library pages counted
   once); a mode sharing a cluster reports the cluster's peak.
 - **overruns**: paced forwards whose real CPU work exceeded their paced time, summed over
-  the ranks; a mode's figures are valid only with under 1% overruns.
+  the ranks; a mode's figures are valid only with under 1% overruns. "scale for <1%": the
+  pace scale x the 99th percentile of real / paced time per forward (the largest over the
+  seeds): the scale that would have made the run valid under the same load.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
         "overrun_share": overruns / forwards if forwards else 0.0,
         "valid": forwards > 0 and overruns < 0.01 * forwards,
         "worst_ratio": max((p.get("worst_ratio", 0.0) for p in pace), default=0.0),
+        "scale_for_valid": max((p.get("scale_for_valid", 0.0) for p in pace), default=0.0),
         "peak_rss_mib": max((m.get("peak_total_mib", 0.0) for m in mem), default=0.0),
         "peak_rank_rss_mib": max((m.get("peak_per_rank_mib", 0.0) for m in mem), default=0.0),
         "peak_cluster_pss_mib": max((m.get("peak_cluster_pss_mib", 0.0) for m in mem),
@@ -126,7 +129,8 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
                        sp: Mapping[str, float | None]) -> str:
     """Per-mode rows of the paced bench."""
     head = ["mode", "tok/s (modelled)", "speed-up", "crit steps", "crit/longest (95% CI)",
-            "bubble %", "pregen tok", "pregen acc", "accept %", "overruns", "peak GiB rss/pss"]
+            "bubble %", "pregen tok", "pregen acc", "accept %", "overruns", "scale for <1%",
+            "peak GiB rss/pss"]
     rows = []
     for name, s in summaries.items():
         ci = s["crit_per_longest_ci95"]
@@ -138,6 +142,7 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
             str(s["pregen_tokens"]), str(s["accepted_pregen_tokens"]),
             _f(None if s["acceptance"] is None else 100 * s["acceptance"], ".0f"),
             f"{s['overruns']}/{s['forwards']}" + ("" if s["valid"] else " INVALID"),
+            _f(s.get("scale_for_valid"), ".0f"),
             f"{s['peak_rss_mib'] / 1024:.1f}/{s['peak_cluster_pss_mib'] / 1024:.1f}"])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)

@@ -88,6 +88,33 @@ def engine_time(profile: str) -> EngineTime:
     return EngineTime.preset(profile)
 
 
+RATIO_EDGES = tuple(2.0 ** (k / 4) for k in range(-24, 25))
+"""Upper edges of the real / paced histogram buckets (1/64 ... 64, four per doubling; a
+last bucket holds what is above)."""
+
+
+def ratio_bucket(ratio: float) -> int:
+    """The histogram bucket of a real / paced ratio."""
+    for i, edge in enumerate(RATIO_EDGES):
+        if ratio <= edge:
+            return i
+    return len(RATIO_EDGES)
+
+
+def ratio_quantile(hist: Sequence[int], q: float) -> float:
+    """Upper bucket edge below which a share `q` of the forwards' ratios lie (inf if in the
+    last bucket, 0 without forwards)."""
+    total = sum(hist)
+    if total == 0:
+        return 0.0
+    seen = 0
+    for i, c in enumerate(hist):
+        seen += c
+        if seen >= q * total:
+            return RATIO_EDGES[i] if i < len(RATIO_EDGES) else float("inf")
+    return float("inf")
+
+
 @dataclass
 class PaceStats:
     """Counters of one paced engine since it started (seconds are wall seconds)."""
@@ -108,6 +135,8 @@ class PaceStats:
     draft_tokens: int = 0
     prefill_tokens: int = 0
     context_tokens: int = 0
+    ratio_hist: list[int] = field(default_factory=lambda: [0] * (len(RATIO_EDGES) + 1))
+    """Forwards per bucket of real / paced time (`RATIO_EDGES`)."""
 
     @property
     def overrun_share(self) -> float:
@@ -120,9 +149,8 @@ class PaceStats:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(overrun_share=self.overrun_share, valid=self.valid,
-                 modelled_s=self.paced_s / self.scale if self.scale else 0.0)
-        return d
+        d.update(modelled_s=self.paced_s / self.scale if self.scale else 0.0)
+        return _shares(d)
 
 
 _COUNTERS = ("forwards", "overruns", "paced_s", "real_s", "overrun_s", "decode_tokens",
@@ -130,19 +158,36 @@ _COUNTERS = ("forwards", "overruns", "paced_s", "real_s", "overrun_s", "decode_t
 
 
 def _shares(out: dict[str, Any]) -> dict[str, Any]:
+    """Add the derived figures: overrun share, validity, ratio quantiles and the scale that
+    would have kept the overruns under 1% (this scale x the ratios' 99th percentile)."""
     out["overrun_share"] = out["overruns"] / out["forwards"] if out["forwards"] else 0.0
     out["valid"] = out["overrun_share"] < MAX_OVERRUN_SHARE
+    hist = out.get("ratio_hist") or []
+    out["ratio_p50"] = ratio_quantile(hist, 0.5)
+    out["ratio_p99"] = ratio_quantile(hist, 1.0 - MAX_OVERRUN_SHARE)
+    out["scale_for_valid"] = out.get("scale", 0.0) * out["ratio_p99"]
+    return out
+
+
+def _hist_sum(hists: Iterable[Sequence[int]], sign: Iterable[int]) -> list[int]:
+    out = [0] * (len(RATIO_EDGES) + 1)
+    for h, sg in zip(hists, sign):
+        for i, c in enumerate(h or []):
+            out[i] += sg * c
     return out
 
 
 def merge_stats(stats: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Counters of several paced engines (their `as_dict`) added up."""
+    stats = list(stats)
     out: dict[str, Any] = {k: 0 for k in _COUNTERS}
     out["worst_ratio"] = 0.0
     for s in stats:
         for k in _COUNTERS:
             out[k] += s.get(k, 0)
         out["worst_ratio"] = max(out["worst_ratio"], float(s.get("worst_ratio", 0.0)))
+    out["scale"] = max((float(s.get("scale", 0.0)) for s in stats), default=0.0)
+    out["ratio_hist"] = _hist_sum((s.get("ratio_hist") for s in stats), [1] * len(stats))
     return _shares(out)
 
 
@@ -151,6 +196,8 @@ def stats_delta(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str
     a bound over both periods)."""
     out: dict[str, Any] = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
     out["worst_ratio"] = float(after.get("worst_ratio", 0.0))
+    out["scale"] = float(after.get("scale", 0.0))
+    out["ratio_hist"] = _hist_sum((after.get("ratio_hist"), before.get("ratio_hist")), (1, -1))
     return _shares(out)
 
 
@@ -202,7 +249,9 @@ class Pacer:
         s.forwards += 1
         s.paced_s += self._paced
         s.real_s += real
-        s.worst_ratio = max(s.worst_ratio, real / self._paced if self._paced > 0 else 0.0)
+        ratio = real / self._paced if self._paced > 0 else 0.0
+        s.worst_ratio = max(s.worst_ratio, ratio)
+        s.ratio_hist[ratio_bucket(ratio)] += 1
         if real > self._paced:
             s.overruns += 1
             s.overrun_s += real - self._paced

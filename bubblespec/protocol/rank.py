@@ -142,6 +142,12 @@ class PaceBody(_Body):
     real_s: float = 0.0
     overrun_s: float = 0.0
     worst_ratio: float = Field(0.0, description="Largest real / paced time of a forward.")
+    ratio_hist: list[int] = Field(default_factory=list,
+                                  description="Forwards per bucket of real / paced time.")
+    ratio_p50: float = 0.0
+    ratio_p99: float = 0.0
+    scale_for_valid: float = Field(0.0, description="Scale x ratio_p99: the pace scale that "
+                                   "would have kept the overruns under 1%.")
     modelled_s: float = 0.0
     decode_tokens: int = 0
     draft_tokens: int = 0

@@ -138,3 +138,23 @@ def test_end_without_begin_and_bad_settings() -> None:
         Pacer(engine_time("h200"), 0.0)
     with pytest.raises(ValueError, match="h100, h200"):
         engine_time("a100")
+
+
+def test_ratio_histogram_gives_the_scale_that_would_have_been_valid() -> None:
+    pacer, clk = _pacer(scale=10.0)
+    shape = ForwardShape(tokens=8, context=0, prefill=0)
+    paced = pacer.paced_seconds(shape)
+    for i in range(100):
+        pacer.begin(shape)
+        clk.work(paced * (3.0 if i < 5 else 0.5))  # 5% of the forwards take 3x their time
+        pacer.end()
+        clk.work(100.0)
+    d = pacer.stats.as_dict()
+    assert d["overruns"] == 5 and not d["valid"]
+    assert d["ratio_p50"] == pytest.approx(0.5)
+    assert 3.0 <= d["ratio_p99"] < 3.0 * 2 ** 0.25
+    assert d["scale_for_valid"] == pytest.approx(10.0 * d["ratio_p99"])
+    merged = merge_stats([d, d])
+    assert merged["ratio_p99"] == d["ratio_p99"] and sum(merged["ratio_hist"]) == 200
+    delta = stats_delta(merged, d)
+    assert delta["ratio_hist"] == d["ratio_hist"] and delta["scale"] == 10.0
