@@ -290,10 +290,21 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
                     by_seed[seed][m.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
             doc["runs"] = {str(k): v for k, v in by_seed.items()}
             (out / "paced.json").write_text(json.dumps(doc, indent=1))
-    first = by_seed[seeds[0]]
-    summaries = {m.name: mode_summary([r[m.name] for r in by_seed.values()
-                                       if (r.get(m.name) or {}).get("steps")], cfg.pace_scale)
-                 for m in modes if (first.get(m.name) or {}).get("steps")}
+    report(doc, cfg, time.monotonic() - t_all)
+    return doc
+
+
+def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
+    """Figures, files and printed lines of a paced run's `doc` (its "runs" per seed; also
+    for the document a cut run left behind: `bubblespec bench paced --report PATH`)."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    by_seed = {int(k): v for k, v in doc["runs"].items()}
+    first = by_seed[min(by_seed)] if by_seed else {}
+    names = [m.name for m in mode_by_name([m for m in cfg.modes.split(",") if m])]
+    summaries = {n: mode_summary([r[n] for r in by_seed.values()
+                                  if (r.get(n) or {}).get("steps")], cfg.pace_scale)
+                 for n in names if (first.get(n) or {}).get("steps")}
     sp = speedups(summaries, first)
     doc.update(summaries=summaries, speedups=sp, final_line=paced_final_line(sp),
                keyed_check=keyed_agreement(first),
@@ -319,7 +330,7 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
     print(format_paced_table(summaries, sp))
     print()
     print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
-    print(f"\nwrote {out}/paced.json in {time.monotonic() - t_all:.0f} s; figures after step 0, "
+    print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
           f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
     g = doc["greedy_check"]
     print(f"greedy check (T=0, vs {g.get('reference')}): " + ", ".join(
@@ -330,4 +341,3 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
         for k, v in doc["keyed_check"].items()))
     print(doc["critical_path_line"])
     print(doc["final_line"], flush=True)
-    return doc

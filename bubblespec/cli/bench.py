@@ -84,6 +84,9 @@ def _paced(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
     p.add_argument("--out", default="out/bench-paced")
     p.add_argument("--timeline-step", type=int, default=1)
+    p.add_argument("--report", default="", metavar="PATH",
+                   help="run nothing: print the figures of a saved paced.json (e.g. of a cut "
+                        "run) with its own configuration, writing files to --out")
 
 
 def _engine(sub: argparse._SubParsersAction) -> None:
@@ -176,7 +179,18 @@ def _run_paced(args: argparse.Namespace) -> int:
     from bubblespec.bench.paced import PacedBenchConfig, run_paced
     from bubblespec.train.demo import resolve_model
 
-    cfg = PacedBenchConfig(**{k: v for k, v in vars(args).items() if k != "bench"})
+    if args.report:
+        import json
+        from pathlib import Path
+
+        from bubblespec.bench.paced import report
+
+        doc = json.loads(Path(args.report).read_text())
+        saved = {**doc["config"], "out": args.out}
+        report(doc, PacedBenchConfig(**saved), 0.0)
+        return 0
+    cfg = PacedBenchConfig(**{k: v for k, v in vars(args).items()
+                              if k not in ("bench", "report")})
     try:
         model_dir = resolve_model(cfg.model)
         mode_by_name([m for m in cfg.modes.split(",") if m])
