@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -199,10 +199,10 @@ def cluster_groups(modes: Sequence[Mode]) -> list[list[Mode]]:
 
 
 def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir: str,
-              task: Any) -> dict[str, dict[str, Any]]:
+              task: Any, out: dict[str, dict[str, Any]], save: Callable[[], None]) -> None:
     """The modes of one group on one fresh cluster, one after the other (weights loaded back
-    between modes); per mode its schedule's result plus its paced counters and the
-    cluster's peak memory."""
+    between modes); into `out` per mode its schedule's result plus its paced counters and
+    the cluster's peak memory so far, calling `save` after each mode."""
     from bubblespec.cluster import LocalCluster
 
     args = cfg.service_config(seed)
@@ -210,7 +210,6 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
     log_dir = Path(cfg.out) / "logs" / f"seed{seed}" / name
     log_dir.mkdir(parents=True, exist_ok=True)
     rank_args = [*group[0].rank_args, *args.extra_rank_args.split()]
-    out: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
     with MemoryWatch() as mem, LocalCluster(ranks=cfg.ranks, model=model_dir,
                                             rank_args=rank_args, log_dir=log_dir) as cluster:
@@ -228,18 +227,16 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
             except Exception as e:  # noqa: BLE001 (one failed mode must not lose the others)
                 traceback.print_exc()
                 out[mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
+                save()
                 continue
             after = rank_pace(cluster)
             per_rank = {r: stats_delta(after[r], before[r]) for r in after}
             res.update(rank_args=rank_args, cluster_start_s=start_s,
                        mode_wall_s=time.monotonic() - t1, shared_cluster=name,
                        cluster={"pace": merge_stats(per_rank.values()),
-                                "pace_per_rank": per_rank})
+                                "pace_per_rank": per_rank, "memory": mem.figures(cfg.ranks)})
             out[mode.name] = res
-    for res in out.values():
-        if "cluster" in res:
-            res["cluster"]["memory"] = mem.figures(cfg.ranks)
-    return out
+            save()
 
 
 def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
@@ -276,6 +273,11 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
     by_seed: dict[int, dict[str, dict[str, Any]]] = {s: {} for s in seeds}
     doc: dict[str, Any] = {"schema": "bubblespec.bench.paced/v1", "config": asdict(cfg)}
     t_all = time.monotonic()
+
+    def save() -> None:  # after every mode: a cut run keeps what it measured (--report)
+        doc["runs"] = {str(k): v for k, v in by_seed.items()}
+        (out / "paced.json").write_text(json.dumps(doc, indent=1))
+
     for seed in seeds:
         todo = [m for m in modes if seed == seeds[0] or m.seed_mode != SeedMode.KEYED]
         for m in todo:
@@ -283,13 +285,13 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
                 by_seed[seed][m.name] = {"skipped": f"{m.needs} not importable"}
         for group in cluster_groups([m for m in todo if m.name not in by_seed[seed]]):
             try:
-                by_seed[seed].update(run_group(group, cfg, seed, model_dir, task))
+                run_group(group, cfg, seed, model_dir, task, by_seed[seed], save)
             except Exception as e:  # noqa: BLE001 (a failed cluster must not lose the others)
                 traceback.print_exc()
                 for m in group:
-                    by_seed[seed][m.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
-            doc["runs"] = {str(k): v for k, v in by_seed.items()}
-            (out / "paced.json").write_text(json.dumps(doc, indent=1))
+                    by_seed[seed].setdefault(
+                        m.name, {"skipped": f"failed: {type(e).__name__}: {e}"})
+            save()
     report(doc, cfg, time.monotonic() - t_all)
     return doc
 
