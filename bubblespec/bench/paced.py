@@ -42,6 +42,7 @@ from typing_extensions import Self
 
 from bubblespec.bench.modes import (
     BASELINE,
+    KEYED_BASELINE,
     Mode,
     final_line,
     greedy_agreement,
@@ -315,9 +316,11 @@ def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
                critical_path_line=final_line(reductions(first)))
     (out / "paced.json").write_text(json.dumps(doc, indent=1))
     (out / "accept.json").write_text(json.dumps(accept_doc(first), indent=1))
-    if (first.get(BASELINE) or {}).get("steps"):
+    base = next((b for b in (BASELINE, KEYED_BASELINE) if (first.get(b) or {}).get("steps")),
+                None)
+    if base is not None:
         (out / "lengths.json").write_text(json.dumps(lengths_doc(
-            first[BASELINE]["steps"], "bubblespec bench paced, nospec mode, response tokens")))
+            first[base]["steps"], f"bubblespec bench paced, {base} mode, response tokens")))
     title = (f"Paced rollout speed-up, {cfg.ranks} ranks, {cfg.pace} x {cfg.pace_scale:g} "
              f"(modelled GPU time), {cfg.prompts} prompts x n={cfg.n}, "
              f"{'epoch repeats' if cfg.epoch_steps else 'fresh prompts'}")
