@@ -180,9 +180,13 @@ def accept_doc(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
     step 0): accepted and drafted tokens per forward pass of a request, and for modes that
     pre-generate the share of generated tokens that were accepted pre-generated draft tokens
     (`pregen_coverage`, a lower bound of the covered share: covered positions whose draft
-    was rejected are not counted)."""
+    was rejected are not counted). Keyed sampling without speculation is the simulator's
+    baseline "nospec" when plain nospec did not run."""
     out: dict[str, dict[str, float]] = {}
     for name, r in results.items():
+        if name == "nospec-keyed" and "nospec" in results:
+            continue
+        name = "nospec" if name == "nospec-keyed" else name
         steps = (r.get("steps") or [])[1:]
         tok = sum(s["completion_tokens"] for s in steps)
         fwd = sum(s["completion_tokens"] / s["tokens_per_forward"] for s in steps

@@ -124,3 +124,27 @@ def test_accept_doc_for_the_simulator() -> None:
     assert row["drafted_per_forward"] == pytest.approx(120 / 1000)
     assert row["pregen_coverage"] == pytest.approx(8 / 2000)
     assert list(doc) == ["bubblespec-keyed"]
+
+
+def test_accept_doc_feeds_the_simulator(tmp_path) -> None:
+    import json
+
+    from bubblespec.bench.paced_figures import accept_doc
+    from bubblespec.sim.policy import load_accept_json
+
+    base, suffix, keyed = (_run("keyed", [1, 1, 1]) for _ in range(3))
+    for s in suffix["steps"]:
+        s["tokens_per_forward"] = 1.5
+    for s in keyed["steps"]:
+        s["tokens_per_forward"] = 2.0
+    keyed["pregen"] = True
+    doc = accept_doc({"nospec-keyed": base, "suffix-keyed": suffix, "bubblespec-keyed": keyed})
+    assert list(doc) == ["nospec", "suffix-keyed", "bubblespec-keyed"]
+    path = tmp_path / "accept.json"
+    path.write_text(json.dumps(doc))
+    modes, notes = load_accept_json(path)
+    by = {m.name: m for m in modes}
+    assert by["nospec"].is_baseline
+    assert by["bubblespec-keyed"].uses_pregen
+    assert by["bubblespec-keyed"].accepted == pytest.approx(0.5)  # uncovered: suffix-keyed's
+    assert any("'suffix-keyed'" in n for n in notes)
