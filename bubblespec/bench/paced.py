@@ -175,26 +175,27 @@ def rank_pace(cluster: Any) -> dict[str, dict[str, Any]]:
             for rid, url in cluster.rank_urls.items()}
 
 
-def shareable(mode: Mode) -> bool:
+def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
     """Whether a mode may run on a cluster a previous mode used: its engines keep nothing
     across steps (no speculation, vLLM's n-gram, bubblespec without history or global
     pool). vLLM's suffix decoding keeps a global tree of past responses, and history keeps
     earlier steps' responses: those would draft from the previous mode's outputs."""
-    a = " ".join(mode.rank_args)
+    a = " ".join((*mode.rank_args, extra_rank_args))
     return (mode.needs == "" and "--src-history" not in a and "--src-global" not in a)
 
 
-def cluster_groups(modes: Sequence[Mode]) -> list[list[Mode]]:
+def cluster_groups(modes: Sequence[Mode], extra_rank_args: str = "") -> list[list[Mode]]:
     """Modes in groups that share one cluster (same rank arguments, `shareable`), in the
     order of their first mode; a cluster start costs minutes at 8 ranks."""
     groups: list[list[Mode]] = []
     by_args: dict[tuple[str, ...], list[Mode]] = {}
     for m in modes:
-        if shareable(m) and m.rank_args in by_args:
+        share = shareable(m, extra_rank_args)
+        if share and m.rank_args in by_args:
             by_args[m.rank_args].append(m)
             continue
         groups.append([m])
-        if shareable(m):
+        if share:
             by_args[m.rank_args] = groups[-1]
     return groups
 
@@ -284,7 +285,8 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
         for m in todo:
             if m.needs and importlib.util.find_spec(m.needs) is None:
                 by_seed[seed][m.name] = {"skipped": f"{m.needs} not importable"}
-        for group in cluster_groups([m for m in todo if m.name not in by_seed[seed]]):
+        for group in cluster_groups([m for m in todo if m.name not in by_seed[seed]],
+                                    cfg.extra_rank_args):
             try:
                 run_group(group, cfg, seed, model_dir, task, by_seed[seed], save)
             except Exception as e:  # noqa: BLE001 (a failed cluster must not lose the others)

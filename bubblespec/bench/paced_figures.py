@@ -61,7 +61,7 @@ def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
 
 
 def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, Any]:
-    """One mode's paced figures over its runs (one per seed; `service.run_mode` results
+    """One mode's paced figures over its runs (one per seed; `service.run_schedule` results
     with a "cluster" entry holding "pace" and "memory"), steps after step 0."""
     steps = [s for r in runs for s in (r.get("steps") or [])[1:]]
     tokens = sum(s["completion_tokens"] for s in steps)

@@ -109,6 +109,9 @@ def test_cluster_groups_share_only_stateless_engines() -> None:
     rep = [[m.name for m in g] for g in cluster_groups(mode_by_name(REPEATS_MODES.split(",")))]
     assert rep == [["nospec", "nospec-keyed"], ["history"], ["history-keyed"],
                    ["bubblespec-history"], ["bubblespec-keyed-history"]]
+    # extra rank arguments that keep state across steps: every mode on its own cluster
+    alone = cluster_groups(mode_by_name(["nospec", "nospec-keyed"]), "--src-global")
+    assert [len(g) for g in alone] == [1, 1]
 
 
 def test_accept_doc_for_the_simulator() -> None:
