@@ -158,3 +158,15 @@ def test_ratio_histogram_gives_the_scale_that_would_have_been_valid() -> None:
     assert merged["ratio_p99"] == d["ratio_p99"] and sum(merged["ratio_hist"]) == 200
     delta = stats_delta(merged, d)
     assert delta["ratio_hist"] == d["ratio_hist"] and delta["scale"] == 10.0
+
+
+def test_rank_pace_body_carries_every_counter() -> None:
+    from bubblespec.protocol.rank import PaceBody
+
+    pacer, _ = _pacer()
+    pacer.begin(ForwardShape(4, 10, 0))
+    pacer.end()
+    d = pacer.stats.as_dict()
+    body = PaceBody(**d).model_dump()
+    assert set(d) <= set(body)
+    assert body["forwards"] == 1 and body["profile"] == "h100" and body["valid"]
