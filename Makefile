@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test bench bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean
+.PHONY: install run up test bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean
 
 install: $(STAMP)
 
@@ -47,6 +47,16 @@ bench-draft-batch: install
 # The GRPO schedule through the real service under each rollout mode (about 13 min here).
 bench: install
 	$(BIN)/bubblespec bench service
+
+# The same schedule on 8 paced ranks (every forward = H100 engine-time model x 30): rollout
+# throughput in modelled GPU seconds per mode; fresh prompts every step (about 45 min here).
+bench-paced: install
+	$(BIN)/bubblespec bench paced
+
+# The paced bench with epoch repeats, for the history modes.
+bench-paced-repeats: install
+	$(BIN)/bubblespec bench paced --epoch-steps 2 --steps 4 \
+		--modes nospec,nospec-keyed,history,history-keyed --out out/bench-paced-repeats
 
 # vLLM engines under each speculation mode on the tiny model (suffix column needs bench-deps).
 bench-engine: install

@@ -71,6 +71,17 @@ MODES: tuple[Mode, ...] = (
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window",
          pregen_window=PregenWindow.TRAINING),
 )
+KEYED_BASELINE_MODES: tuple[Mode, ...] = (
+    Mode("ngram-keyed", ("--spec-mode=ngram",), seed_mode=SeedMode.KEYED, label="ngram_keyed"),
+    Mode("suffix-keyed", ("--spec-mode=suffix",), seed_mode=SeedMode.KEYED,
+         needs="arctic_inference", label="suffix_keyed"),
+    Mode("history-keyed", ("--spec-mode=bubblespec", *SPEC_OFF_SRCS, "--src-history"),
+         seed_mode=SeedMode.KEYED, label="history_keyed"),
+)
+"""The baselines under keyed sampling: their tokens are those of keyed sampling without
+speculation, so their rows compare with bubblespec-keyed on identical outputs (run by
+`bench paced`; `bench service` runs them when named in --modes)."""
+ALL_MODES = MODES + KEYED_BASELINE_MODES
 BASELINE = "nospec"
 KEYED_BASELINE = "nospec-keyed"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
@@ -78,7 +89,7 @@ FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
 
 
 def mode_by_name(names: Iterable[str]) -> list[Mode]:
-    known = {m.name: m for m in MODES}
+    known = {m.name: m for m in ALL_MODES}
     out = []
     for n in names:
         if n not in known:

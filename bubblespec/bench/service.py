@@ -68,9 +68,7 @@ class ServiceBenchConfig:
 def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any
              ) -> dict[str, Any]:
     """One mode on its own fresh cluster: the greedy check, then the GRPO schedule."""
-    from bubblespec.client import BubbleSpecClient
     from bubblespec.cluster import LocalCluster
-    from bubblespec.train.schedule import HEADER, run_grpo
 
     t0 = time.monotonic()
     log_dir = Path(args.out) / "logs" / mode.name
@@ -81,25 +79,41 @@ def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any
         start_s = time.monotonic() - t0
         print(f"[{mode.name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args)})",
               flush=True)
-        with BubbleSpecClient(cluster.gateway_url) as client:
-            client.wait_ready(timeout_s=300)
-            gp = task.make_prompts(args.greedy_prompts, 10_000 + args.seed)
-            g = client.rollout(gp, n=2, sampling_params={
-                "temperature": 0.0, "max_new_tokens": task.max_new_tokens,
-                "seed_mode": mode.seed_mode}, pregen=False)
-            greedy = g.output_ids()
-            sampling = {"temperature": args.temperature, "max_new_tokens": task.max_new_tokens,
-                        "seed_mode": mode.seed_mode}
-            print(HEADER, flush=True)
-            steps = run_grpo(client, task, model_dir, args.steps, args.prompts, args.n,
-                             sampling, seed=args.seed, lr=args.lr, pregen=mode.pregen,
-                             epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
-                             work_dir=str(Path(args.out) / "weights" / mode.name),
-                             log=lambda s: print(f"[{mode.name}] {s}", flush=True))
-    return {"rank_args": rank_args, "pregen": mode.pregen,
-            "seed_mode": mode.seed_mode, "pregen_window": mode.pregen_window,
-            "cluster_start_s": start_s,
-            "mode_wall_s": time.monotonic() - t0, "greedy_output_ids": greedy,
+        res = run_schedule(cluster.gateway_url, mode, args, model_dir, task)
+    res.update(rank_args=rank_args, cluster_start_s=start_s,
+               mode_wall_s=time.monotonic() - t0)
+    return res
+
+
+def run_schedule(gateway_url: str, mode: Mode, args: ServiceBenchConfig, model_dir: str,
+                 task: Any, min_train_s: float = 0.0, reset_weights: bool = False
+                 ) -> dict[str, Any]:
+    """One mode's greedy check and GRPO schedule on a running cluster. `reset_weights`:
+    first load `model_dir` back (version 0, forced), for a cluster a previous mode trained;
+    `min_train_s`: each training window lasts at least this long (`run_grpo`)."""
+    from bubblespec.client import BubbleSpecClient
+    from bubblespec.train.schedule import HEADER, run_grpo
+
+    with BubbleSpecClient(gateway_url) as client:
+        client.wait_ready(timeout_s=300)
+        if reset_weights:
+            client.update_weights(model_dir, version=0, force=True)
+        gp = task.make_prompts(args.greedy_prompts, 10_000 + args.seed)
+        g = client.rollout(gp, n=2, sampling_params={
+            "temperature": 0.0, "max_new_tokens": task.max_new_tokens,
+            "seed_mode": mode.seed_mode}, pregen=False)
+        greedy = g.output_ids()
+        sampling = {"temperature": args.temperature, "max_new_tokens": task.max_new_tokens,
+                    "seed_mode": mode.seed_mode}
+        print(HEADER, flush=True)
+        steps = run_grpo(client, task, model_dir, args.steps, args.prompts, args.n,
+                         sampling, seed=args.seed, lr=args.lr, pregen=mode.pregen,
+                         epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
+                         work_dir=str(Path(args.out) / "weights" / mode.name),
+                         log=lambda s: print(f"[{mode.name}] {s}", flush=True),
+                         min_train_s=min_train_s)
+    return {"pregen": mode.pregen, "seed_mode": mode.seed_mode,
+            "pregen_window": mode.pregen_window, "greedy_output_ids": greedy,
             "steps": steps, "totals": totals(steps)}
 
 

@@ -1,6 +1,7 @@
 """`bubblespec bench <name>`: the benchmarks, one subcommand each (code in bubblespec/bench/).
 
     bubblespec bench service [--modes nospec,ngram,...]  # make bench: GRPO through the service
+    bubblespec bench paced [--ranks 8 --pace h100]  # make bench-paced: the same, paced ranks
     bubblespec bench engine                  # make bench-engine: one engine per speculation mode
     bubblespec bench suffix [--quick]        # make bench-suffix: draft index vs arctic-inference
     bubblespec bench draft-batch [--quick]   # make bench-draft-batch: per-step drafting cost
@@ -47,6 +48,46 @@ def _service(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="out/bench")
     p.add_argument("--timeline-step", type=int, default=1,
                    help="schedule step drawn in timeline.png")
+
+
+def _paced(sub: argparse._SubParsersAction) -> None:
+    from bubblespec.bench.paced import HEADLINE_MODES
+
+    p = sub.add_parser("paced", help="the GRPO schedule on paced ranks (modelled GPU time)",
+                       description="The bench service schedule on N ranks whose every engine "
+                       "forward lasts the simulator's GPU engine-time model x --pace-scale; "
+                       "prints rollout throughput per mode in modelled GPU seconds, "
+                       "overruns and peak memory (make bench-paced: about 45 min here).")
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--pace", choices=["h100", "h200"], default="h100")
+    p.add_argument("--pace-scale", type=float, default=30.0,
+                   help="wall seconds per modelled GPU second (large enough for < 1%% "
+                        "overruns)")
+    p.add_argument("--kv-cache-mib", type=int, default=256,
+                   help="KV cache per rank, MiB (4 KiB per token on the embedded model)")
+    p.add_argument("--train-window-s", type=float, default=2.0,
+                   help="modelled seconds each training window lasts at least, for modes "
+                        "that pre-generate through it")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--seeds", default="0",
+                   help="comma-separated; plain-sampling modes run once per seed")
+    p.add_argument("--epoch-steps", type=int, default=0,
+                   help="prompt batches repeat every K steps (0: fresh prompts every step)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--greedy-prompts", type=int, default=1)
+    p.add_argument("--modes", default=HEADLINE_MODES,
+                   help="comma-separated (bubblespec.bench.paced.ALL_FRESH_MODES adds suffix, "
+                        "ngram and ngram-keyed)")
+    p.add_argument("--extra-rank-args", default="")
+    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--out", default="out/bench-paced")
+    p.add_argument("--timeline-step", type=int, default=1)
+    p.add_argument("--report", default="", metavar="PATH",
+                   help="run nothing: print the figures of a saved paced.json (e.g. of a cut "
+                        "run) with its own configuration, writing files to --out")
 
 
 def _engine(sub: argparse._SubParsersAction) -> None:
@@ -130,7 +171,7 @@ def _soak(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for add in (_service, _engine, _suffix, _draft_batch, _per_request, _sync, _soak):
+    for add in (_service, _paced, _engine, _suffix, _draft_batch, _per_request, _sync, _soak):
         add(sub)
     return p
 
@@ -151,11 +192,43 @@ def _run_service(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_paced(args: argparse.Namespace) -> int:
+    from bubblespec.bench.modes import mode_by_name
+    from bubblespec.bench.paced import PacedBenchConfig, run_paced
+    from bubblespec.train.demo import resolve_model
+
+    if args.report:
+        import json
+        from pathlib import Path
+
+        from bubblespec.bench.paced import report
+
+        doc = json.loads(Path(args.report).read_text())
+        saved = {**doc["config"], "out": args.out}
+        report(doc, PacedBenchConfig(**saved), 0.0)
+        return 0
+    cfg = PacedBenchConfig(**{k: v for k, v in vars(args).items()
+                              if k not in ("bench", "report")})
+    try:
+        model_dir = resolve_model(cfg.model)
+        mode_by_name([m for m in cfg.modes.split(",") if m])
+        if not cfg.seed_list() or cfg.steps < 2 or cfg.ranks < 1 or cfg.pace_scale <= 0:
+            raise ValueError("--seeds needs a seed, --steps >= 2, --ranks >= 1, "
+                             "--pace-scale > 0")
+    except (FileNotFoundError, ValueError) as e:
+        print(f"bench paced: {e}", file=sys.stderr)
+        return 2
+    run_paced(cfg, model_dir)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bubblespec bench`."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.bench == "service":
         return _run_service(args)
+    if args.bench == "paced":
+        return _run_paced(args)
     if args.bench == "engine":
         from bubblespec.bench.engine import EngineBenchConfig, run
 

@@ -7,6 +7,8 @@ neither vLLM nor torch (the rank parses its configuration before the engine star
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from bubblespec.engine.types import SpecMode
@@ -51,6 +53,17 @@ class EngineConfig(BaseModel):
     """Model dtype (float32 or bfloat16 on CPU)."""
     kv_cache_gib: int = Field(1, ge=1)
     """CPU KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    kv_cache_mib: int = Field(0, ge=0)
+    """CPU KV-cache size in MiB, sized to the workload (0: `kv_cache_gib`); overrides
+    VLLM_CPU_KVCACHE_SPACE (4 KiB per token for the embedded model)."""
+    engine_in_one_process: bool = False
+    """Run vLLM's worker inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0:
+    two processes per rank instead of three, ~0.65 GB less on CPU); the engine still has
+    its own process, so liveness checks and restarts work the same."""
+    pace: Literal["off", "h100", "h200"] = "off"
+    """Pace every forward to the simulator's engine-time model of this GPU (8B model)."""
+    pace_scale: float = Field(20.0, gt=0)
+    """Paced forwards last modelled GPU time x this (large enough that CPU work fits)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """GPU memory share for the engine (GPU only)."""
     enforce_eager: bool = True

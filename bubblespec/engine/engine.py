@@ -43,6 +43,24 @@ def default_model_dir() -> str:
     return str(d())
 
 
+def _start_llm(cls: Any, args: Any, one_process: bool) -> Any:
+    """`cls.from_engine_args(args)`; `one_process`: with VLLM_ENABLE_V1_MULTIPROCESSING=0
+    while the engine is configured and its engine-core process spawned (the worker then runs
+    inside that process; AsyncLLM keeps the process), restored afterwards."""
+    if not one_process:
+        return cls.from_engine_args(args)
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    old = os.environ.get(key)
+    os.environ[key] = "0"
+    try:
+        return cls.from_engine_args(args)
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 @dataclass
 class _Sub:
     req_index: int
@@ -82,7 +100,10 @@ class RolloutEngine:
     async def start(cls, cfg: EngineConfig) -> RolloutEngine:
         """Start vLLM (about 15 s on CPU with eager mode) and configure the proposer."""
         vllm_glue.check_vllm_version()
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
+        if cfg.kv_cache_mib:  # the env var would override the finer setting
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        else:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -98,13 +119,16 @@ class RolloutEngine:
             max_num_seqs=cfg.max_num_seqs, speculative_config=spec,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             worker_extension_cls="bubblespec.engine.vllm_glue.WorkerExtension",
-            enable_prefix_caching=True)
+            enable_prefix_caching=True,
+            kv_cache_memory_bytes=cfg.kv_cache_mib * 2**20 if cfg.kv_cache_mib else None)
         t0 = time.monotonic()
         # in a thread: starting takes seconds, and a rank keeps answering its health probes
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        llm = await asyncio.to_thread(_start_llm, AsyncLLM, args, cfg.engine_in_one_process)
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
         await llm.collective_rpc("bubblespec_install_keyed", args=(cfg.fault_context_only_keys,))
+        if cfg.pace != "off":
+            await llm.collective_rpc("bubblespec_install_pace", args=(cfg.pace, cfg.pace_scale))
         if spec is not None:
             await llm.collective_rpc("bubblespec_configure", args=(eng.proposer_options(),))
         log.info("engine started in %.1f s (model %s, spec %s)", time.monotonic() - t0,
@@ -176,6 +200,12 @@ class RolloutEngine:
         if not self.speculative:
             return {}
         return dict((await self.llm.collective_rpc("bubblespec_index_stats"))[0])
+
+    async def pace_stats(self) -> dict[str, Any]:
+        """The paced forwards' counters (`pace.PaceStats`; empty when not paced)."""
+        if self.cfg.pace == "off":
+            return {}
+        return dict((await self.llm.collective_rpc("bubblespec_pace_stats"))[0])
 
     # ------------------------------------------------------------------ weights
     def _check_version(self, version: int | None, force: bool) -> int:

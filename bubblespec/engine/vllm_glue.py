@@ -29,6 +29,11 @@ What this module relies on, by caller:
   negative control shows they catch a verifier that over-accepts drafts).
   `install_biased_sampler` is that control: a wrong verifier registered the same way
   (vLLM's kernel registry, keyed by the kernel's module path).
+- Paced engines (`pace.py`) wrap the worker's `execute_model` / `sample_tokens`
+  (`install_pace`): a forward begins when `execute_model` gets a scheduler output with
+  tokens and ends when its output is ready; its shape comes from the scheduler output
+  (`scheduled_new_reqs`, `scheduled_cached_reqs.num_computed_tokens`,
+  `num_scheduled_tokens`, `scheduled_spec_decode_tokens`).
 - The engine (`engine.py`) reloads weights through the workers' `reload_weights` and shuts
   `AsyncLLM` down once (`reload_weights`, `shutdown`).
 """
@@ -274,6 +279,40 @@ def install_biased_sampler(boost: float) -> None:
     register_kernels({_RANDOM_SAMPLE_KERNEL: _biased_random_sample(boost)})
 
 
+# ---------------------------------------------------------------------- paced forwards
+def scheduled_shape(scheduler_output: Any) -> Any:
+    """`pace.ForwardShape` of the forward a scheduler output describes."""
+    from bubblespec.engine.pace import forward_shape
+
+    so = scheduler_output
+    cached = so.scheduled_cached_reqs
+    return forward_shape(((r.req_id, r.num_computed_tokens) for r in so.scheduled_new_reqs),
+                         zip(cached.req_ids, cached.num_computed_tokens),
+                         so.num_scheduled_tokens, so.scheduled_spec_decode_tokens)
+
+
+def install_pace(worker: Any, pacer: Any) -> None:
+    """Pace every forward of `worker` with `pacer` (a `pace.Pacer`): the forward begins in
+    `execute_model` and ends when its output is ready (from `execute_model`, or from
+    `sample_tokens` when `execute_model` returned None), drafting of the next step included."""
+    execute, sample = worker.execute_model, worker.sample_tokens
+
+    def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            pacer.begin(scheduled_shape(scheduler_output))
+        out = execute(scheduler_output, *args, **kwargs)
+        if out is not None:
+            pacer.end()
+        return out
+
+    def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+        out = sample(*args, **kwargs)
+        pacer.end()
+        return out
+
+    worker.execute_model, worker.sample_tokens = execute_model, sample_tokens
+
+
 # ---------------------------------------------------------------------- worker extension
 class WorkerExtension:
     """Methods added to every vLLM worker; called with `collective_rpc("bubblespec_...")`."""
@@ -312,3 +351,17 @@ class WorkerExtension:
 
     def bubblespec_index_stats(self) -> dict[str, int]:
         return self._drafter().index_stats()
+
+    def bubblespec_install_pace(self, profile: str, scale: float) -> bool:
+        """Pace this worker's forwards to `profile` x `scale` (once; `pace.py`)."""
+        from bubblespec.engine.pace import Pacer, engine_time
+
+        if getattr(self, "_bubblespec_pacer", None) is None:
+            self._bubblespec_pacer = Pacer(engine_time(profile), scale)
+            install_pace(self, self._bubblespec_pacer)
+        return True
+
+    def bubblespec_pace_stats(self) -> dict:
+        """The pacer's counters (`PaceStats.as_dict`; empty if not paced)."""
+        pacer = getattr(self, "_bubblespec_pacer", None)
+        return pacer.stats.as_dict() if pacer is not None else {}

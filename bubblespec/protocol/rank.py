@@ -126,3 +126,30 @@ class DraftIndexBody(_Body):
     finished_stats: int = Field(0, description="Per-request counters not yet collected.")
     drafts_dropped: int = Field(0, description="Drafts dropped for token ids outside the "
                                                "vocabulary.")
+
+
+class PaceBody(_Body):
+    """GET /v1/pace of a rank: its paced forwards since the engine started (all 0 when the
+    rank is not paced; seconds are wall seconds, `modelled_s` = paced_s / scale)."""
+
+    profile: str = "off"
+    scale: float = 0.0
+    forwards: int = 0
+    overruns: int = Field(0, description="Forwards whose real work exceeded the paced time.")
+    overrun_share: float = 0.0
+    valid: bool = Field(True, description="Under 1% of the forwards overran.")
+    paced_s: float = 0.0
+    real_s: float = 0.0
+    overrun_s: float = 0.0
+    worst_ratio: float = Field(0.0, description="Largest real / paced time of a forward.")
+    ratio_hist: list[int] = Field(default_factory=list,
+                                  description="Forwards per bucket of real / paced time.")
+    ratio_p50: float = 0.0
+    ratio_p99: float = 0.0
+    scale_for_valid: float = Field(0.0, description="Scale x ratio_p99: the pace scale that "
+                                   "would have kept the overruns under 1%.")
+    modelled_s: float = 0.0
+    decode_tokens: int = 0
+    draft_tokens: int = 0
+    prefill_tokens: int = 0
+    context_tokens: int = 0

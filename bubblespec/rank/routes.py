@@ -7,6 +7,7 @@
                        (field version) for a version that does not go up without `force`
 - GET  /v1/state       rank id, state, weight version, step, address
 - GET  /v1/draft_index the proposer's draft index against its budgets
+- GET  /v1/pace        paced forwards and overruns (ranks started with `--pace`)
 - GET  /health (live), GET /health_generate (ready while the engine is up: 503 while it
   starts or after it died), GET /metrics, GET /config
 
@@ -25,6 +26,7 @@ from bubblespec.metrics import CONTENT_TYPE_LATEST
 from bubblespec.protocol.rank import (
     DraftIndexBody,
     GenerateRequest,
+    PaceBody,
     RankStateBody,
     StepShard,
     WeightUpdate,
@@ -68,6 +70,11 @@ async def state(rank: Rank) -> RankStateBody:
 @public.get("/v1/draft_index", response_model=DraftIndexBody)
 async def draft_index(rank: Rank) -> DraftIndexBody:
     return await rank.draft_index()
+
+
+@public.get("/v1/pace", response_model=PaceBody)
+async def pace(rank: Rank) -> PaceBody:
+    return await rank.pace()
 
 
 @protected.post("/v1/step_shard")

@@ -32,6 +32,7 @@ from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.rank import (
     DraftIndexBody,
     GenerateRequest,
+    PaceBody,
     RankStateBody,
     ShardRequest,
     StepShard,
@@ -271,6 +272,12 @@ class RankService:
         if self.worker is None:
             return DraftIndexBody()
         return DraftIndexBody(**await self.worker.engine.index_stats())
+
+    async def pace(self) -> PaceBody:
+        """The engine's paced-forward counters (zeros until the engine is up or unpaced)."""
+        if self.worker is None:
+            return PaceBody()
+        return PaceBody(**await self.worker.engine.pace_stats())
 
     def metrics_text(self) -> bytes:
         return render(self.metrics.registry)

@@ -103,6 +103,14 @@ class EngineTime:
         return (self.t_fixed + self.t_token * tokens
                 + self.t_flop * np.maximum(0.0, np.asarray(tokens, dtype=float) - self.ridge))
 
+    def forward(self, tokens: float, context: float, prefill: float = 0.0) -> float:
+        """Seconds of ONE forward: `tokens` decode tokens (1 + drafted tokens per running
+        sequence), `context` KV tokens read, `prefill` prompt tokens computed (compute bound,
+        as the simulator charges a prompt's prefill). The paced engines of
+        `bubblespec.engine.pace` sleep to this figure."""
+        return float(self.per_forward(float(tokens)) + self.t_kv * context
+                     + self.t_flop * prefill)
+
     def segment(self, m: np.ndarray, tokens: np.ndarray, ctx0: np.ndarray,
                 growth: np.ndarray) -> np.ndarray:
         """Seconds of `m` consecutive forwards with `tokens` tokens each, whose context sum

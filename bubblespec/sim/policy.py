@@ -30,7 +30,8 @@ aligned pre-generated draft; optional, 1.0 when missing), optional explicit
 `drafted_per_forward_covered`, `drafted_per_forward_uncovered`, `uses_pregen`.
 A mode uses pre-generation if `uses_pregen` says so, else if its name starts with
 "bubblespec" and does not mention "sibling". For such a mode without explicit split figures,
-the uncovered figure is taken from the "bubblespec_siblings" mode, else "suffix", else the
+the uncovered figure is taken from the "bubblespec_siblings" mode, else "suffix", else
+"suffix-keyed" (as `bench paced` names suffix decoding under keyed sampling), else the
 default; the covered figure is solved from the overall figure x at coverage y by harmonic
 mixing of forwards per token: 1/(1+x) = y/(1+a_cov) + (1-y)/(1+a_unc).
 Modes named none / nospec / no_spec / baseline are the no-speculation baseline (forced to 0).
@@ -146,7 +147,7 @@ def load_accept_json(path: str | Path) -> tuple[list[ModeSpec], list[str]]:
         a_u = _accepted(d, "accepted_per_forward_uncovered")
         d_u_proxy = None
         if a_u is None:
-            for proxy in ("bubblespec_siblings", "suffix"):
+            for proxy in ("bubblespec_siblings", "suffix", "suffix-keyed"):
                 if uniform(proxy) is not None:
                     a_u = uniform(proxy)
                     d_u_proxy = _drafted(raw[proxy], a_u)

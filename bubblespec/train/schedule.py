@@ -72,11 +72,13 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              sampling: dict[str, Any], seed: int = 0, lr: float = 1e-4, pregen: bool = True,
              work_dir: str | None = None, log: Callable[[str], None] = print,
              train: bool = True, timeline_settle_s: float = 0.3,
-             epoch_steps: int = 0, pregen_window: PregenWindow | None = None
-             ) -> list[dict[str, Any]]:
+             epoch_steps: int = 0, pregen_window: PregenWindow | None = None,
+             min_train_s: float = 0.0) -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
     `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
+    `min_train_s`: the training window (train, save, push) lasts at least this long, as a
+    larger model's would (paced benchmarks; pre-generation may use the window).
     Returns one dict per step (figures of `step_figures` plus trainer stats)."""
     trainer = Trainer(model_dir, lr=lr, seed=seed) if train else None
     own_tmp = work_dir is None
@@ -106,6 +108,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                 stats = trainer.step(groups)
                 vdir = wdir / f"v{k + 1}"
                 trainer.save(str(vdir))
+                time.sleep(max(0.0, t1 + min_train_s - time.monotonic()))
                 client.update_weights(str(vdir), version=k + 1)
                 if prev_dir is not None:
                     shutil.rmtree(prev_dir, ignore_errors=True)

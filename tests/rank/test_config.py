@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from bubblespec.config import env_var, load_config
 from bubblespec.engine.config import EngineConfig
@@ -24,6 +24,8 @@ def non_defaults() -> dict[str, Any]:
         default = info.get_default(call_default_factory=True)
         if isinstance(default, bool):
             out[name] = not default
+        elif get_origin(info.annotation) is Literal:
+            out[name] = next(a for a in get_args(info.annotation) if a != default)
         elif isinstance(default, enum.Enum):
             out[name] = SpecMode.NGRAM if default != SpecMode.NGRAM else SpecMode.NONE
         elif isinstance(default, int):

@@ -1,0 +1,350 @@
+"""`bubblespec bench paced` (`make bench-paced`): the GRPO schedule on paced ranks.
+
+    bubblespec bench paced [--ranks 8] [--pace h100] [--pace-scale 30] [--steps 3]
+                           [--prompts 16] [--n 8] [--seeds 0] [--modes ...] [--out ...]
+
+Every rank runs a paced engine (`bubblespec.engine.pace`): each forward lasts the simulator's
+engine-time model of an 8B model on the named GPU x scale, so wall seconds / scale are
+modelled GPU seconds whatever the contention on this machine's CPU cores. Each mode runs the
+`bench service` schedule (`service.run_schedule`: greedy check, then rollout -> reward ->
+train -> push weights per step). A cluster start takes minutes at 8 ranks, so modes with the
+same rank arguments whose engines keep nothing across steps share one cluster
+(`cluster_groups`; the weights are loaded back between them); suffix decoding and history
+modes get their own. Each mode's paced-forward counters (GET /v1/pace of every rank, before
+and after) and the peak RSS of every process of the bench (ranks, engines, synchronizer,
+gateway; the trainer separately) are recorded.
+
+Plain-sampling modes run once per seed of `--seeds` (their responses differ between modes,
+so their crit/longest gets a confidence interval over steps and seeds); keyed modes run on
+the first seed only (their tokens are those of keyed sampling without speculation, bit for
+bit, so one run compares them on identical outputs). Figures: `paced_figures`. Writes
+`<out>/paced.json`, `<out>/lengths.json` and `<out>/accept.json` (the measured lengths and
+acceptance, for `bubblespec simulate`), `<out>/speedup.png`, `<out>/timeline.png`; prints
+the per-mode table and per-step data, then the critical-path line, then last
+`paced_rollout_speedup_vs_nospec: ...`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from typing_extensions import Self
+
+from bubblespec.bench.modes import (
+    BASELINE,
+    KEYED_BASELINE,
+    Mode,
+    final_line,
+    greedy_agreement,
+    keyed_agreement,
+    lengths_doc,
+    mode_by_name,
+    reductions,
+)
+from bubblespec.bench.paced_figures import (
+    accept_doc,
+    format_paced_table,
+    mode_summary,
+    paced_final_line,
+    per_step_lines,
+    speedups,
+)
+from bubblespec.bench.service import ServiceBenchConfig, plot_timeline, run_schedule
+from bubblespec.bench.soak import descendants, read_rss_kib
+from bubblespec.engine.pace import merge_stats, stats_delta
+from bubblespec.protocol.sampling import PregenWindow, SeedMode
+
+HEADLINE_MODES = ("nospec,nospec-keyed,bubblespec,bubblespec-keyed,bubblespec-keyed-window,"
+                  "suffix-keyed")
+"""Modes of `make bench-paced` (fresh prompts): three cluster starts, about 45 min here."""
+ALL_FRESH_MODES = HEADLINE_MODES + ",suffix,ngram,ngram-keyed"
+"""Every mode that fresh prompts can exercise (two more cluster starts; history modes need
+epoch repeats)."""
+REPEATS_MODES = ("nospec,nospec-keyed,history,history-keyed,bubblespec-history,"
+                 "bubblespec-keyed-history")
+"""Modes of the second run, with epoch repeats (`--epoch-steps`)."""
+
+
+@dataclass(frozen=True)
+class PacedBenchConfig:
+    """What `bubblespec bench paced` runs (its flags; help in `bubblespec bench paced -h`)."""
+
+    steps: int
+    prompts: int
+    n: int
+    seeds: str
+    epoch_steps: int
+    lr: float
+    temperature: float
+    greedy_prompts: int
+    modes: str
+    ranks: int
+    pace: str
+    pace_scale: float
+    kv_cache_mib: int
+    train_window_s: float
+    extra_rank_args: str
+    model: str | None
+    out: str
+    timeline_step: int
+
+    def seed_list(self) -> list[int]:
+        return [int(s) for s in self.seeds.split(",") if s.strip()]
+
+    def service_config(self, seed: int) -> ServiceBenchConfig:
+        pace = (f"--pace={self.pace} --pace-scale={self.pace_scale} "
+                f"--kv-cache-mib={self.kv_cache_mib} --engine-in-one-process "
+                f"{self.extra_rank_args}")
+        return ServiceBenchConfig(
+            steps=self.steps, prompts=self.prompts, n=self.n, seed=seed,
+            epoch_steps=self.epoch_steps, lr=self.lr, temperature=self.temperature,
+            greedy_prompts=self.greedy_prompts, modes=self.modes, ranks=self.ranks,
+            extra_rank_args=pace.strip(), model=self.model, out=self.out,
+            timeline_step=self.timeline_step)
+
+
+def read_pss_kib(pid: int) -> int:
+    """Proportional set size of `pid` in KiB (shared pages split between their users, so
+    the sum over processes is the memory they hold together; 0 once gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
+class MemoryWatch:
+    """Samples the RSS and PSS of this process's descendants (the cluster) and of this process
+    (the trainer) every `every_s` seconds on a thread; keeps the peaks. RSS sums count the
+    pages the processes share (torch, vLLM libraries) once per process; PSS sums do not."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s = every_s
+        self.peak_cluster_kib = 0
+        self.peak_cluster_pss_kib = 0
+        self.peak_self_kib = 0
+        self.peak_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            kids = descendants(me)
+            total = sum(read_rss_kib(p) or 0 for p in kids)
+            self.peak_cluster_kib = max(self.peak_cluster_kib, total)
+            self.peak_cluster_pss_kib = max(self.peak_cluster_pss_kib,
+                                            sum(read_pss_kib(p) for p in kids))
+            self.peak_self_kib = max(self.peak_self_kib, read_rss_kib(me) or 0)
+            self.peak_processes = max(self.peak_processes, len(kids))
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def figures(self, ranks: int) -> dict[str, float]:
+        cluster = self.peak_cluster_kib / 1024
+        return {"peak_cluster_mib": cluster, "peak_trainer_mib": self.peak_self_kib / 1024,
+                "peak_total_mib": cluster + self.peak_self_kib / 1024,
+                "peak_per_rank_mib": cluster / max(1, ranks),
+                "peak_cluster_pss_mib": self.peak_cluster_pss_kib / 1024,
+                "peak_processes": self.peak_processes}
+
+
+def rank_pace(cluster: Any) -> dict[str, dict[str, Any]]:
+    """Every rank's GET /v1/pace (counters since its engine started)."""
+    return {rid: httpx.get(url + "/v1/pace", timeout=10.0).json()
+            for rid, url in cluster.rank_urls.items()}
+
+
+def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
+    """Whether a mode may run on a cluster a previous mode used: its engines keep nothing
+    across steps (no speculation, vLLM's n-gram, bubblespec without history or global
+    pool). vLLM's suffix decoding keeps a global tree of past responses, and history keeps
+    earlier steps' responses: those would draft from the previous mode's outputs."""
+    a = " ".join((*mode.rank_args, extra_rank_args))
+    return (mode.needs == "" and "--src-history" not in a and "--src-global" not in a)
+
+
+def cluster_groups(modes: Sequence[Mode], extra_rank_args: str = "") -> list[list[Mode]]:
+    """Modes in groups that share one cluster (same rank arguments, `shareable`), in the
+    order of their first mode; a cluster start costs minutes at 8 ranks."""
+    groups: list[list[Mode]] = []
+    by_args: dict[tuple[str, ...], list[Mode]] = {}
+    for m in modes:
+        share = shareable(m, extra_rank_args)
+        if share and m.rank_args in by_args:
+            by_args[m.rank_args].append(m)
+            continue
+        groups.append([m])
+        if share:
+            by_args[m.rank_args] = groups[-1]
+    return groups
+
+
+def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir: str,
+              task: Any, out: dict[str, dict[str, Any]], save: Callable[[], None]) -> None:
+    """The modes of one group on one fresh cluster, one after the other (weights loaded back
+    between modes); into `out` per mode its schedule's result plus its paced counters and
+    the cluster's peak memory so far, calling `save` after each mode."""
+    from bubblespec.cluster import LocalCluster
+
+    args = cfg.service_config(seed)
+    name = "+".join(m.name for m in group)
+    log_dir = Path(cfg.out) / "logs" / f"seed{seed}" / name
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rank_args = [*group[0].rank_args, *args.extra_rank_args.split()]
+    t0 = time.monotonic()
+    with MemoryWatch() as mem, LocalCluster(ranks=cfg.ranks, model=model_dir,
+                                            rank_args=rank_args, log_dir=log_dir) as cluster:
+        start_s = time.monotonic() - t0
+        print(f"[{name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args)})",
+              flush=True)
+        for i, mode in enumerate(group):
+            t1 = time.monotonic()
+            window = cfg.train_window_s * cfg.pace_scale if (
+                mode.pregen_window == PregenWindow.TRAINING) else 0.0
+            before = rank_pace(cluster)
+            try:
+                res = run_schedule(cluster.gateway_url, mode, args, model_dir, task,
+                                   min_train_s=window, reset_weights=i > 0)
+            except Exception as e:  # noqa: BLE001 (one failed mode must not lose the others)
+                traceback.print_exc()
+                out[mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
+                save()
+                continue
+            after = rank_pace(cluster)
+            per_rank = {r: stats_delta(after[r], before[r]) for r in after}
+            res.update(rank_args=rank_args, cluster_start_s=start_s,
+                       mode_wall_s=time.monotonic() - t1, shared_cluster=name,
+                       cluster={"pace": merge_stats(per_rank.values()),
+                                "pace_per_rank": per_rank, "memory": mem.figures(cfg.ranks)})
+            out[mode.name] = res
+            save()
+
+
+def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
+    """Bar chart of each mode's paced rollout speed-up."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n, v in sp.items() if v is not None]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bars = ax.bar(range(len(names)), [sp[n] for n in names],
+                  color=["tab:orange" if n.startswith("bubblespec") else "tab:blue"
+                         for n in names])
+    ax.bar_label(bars, fmt="%.2fx", fontsize=8)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("rollout throughput vs no speculation")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
+    """Every mode (plain ones once per seed), then the figures, files and final lines."""
+    from bubblespec.tasks import default_task
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = default_task()
+    modes = mode_by_name([m for m in cfg.modes.split(",") if m])
+    seeds = cfg.seed_list()
+    by_seed: dict[int, dict[str, dict[str, Any]]] = {s: {} for s in seeds}
+    doc: dict[str, Any] = {"schema": "bubblespec.bench.paced/v1", "config": asdict(cfg)}
+    t_all = time.monotonic()
+
+    def save() -> None:  # after every mode: a cut run keeps what it measured (--report)
+        doc["runs"] = {str(k): v for k, v in by_seed.items()}
+        (out / "paced.json").write_text(json.dumps(doc, indent=1))
+
+    for seed in seeds:
+        todo = [m for m in modes if seed == seeds[0] or m.seed_mode != SeedMode.KEYED]
+        for m in todo:
+            if m.needs and importlib.util.find_spec(m.needs) is None:
+                by_seed[seed][m.name] = {"skipped": f"{m.needs} not importable"}
+        for group in cluster_groups([m for m in todo if m.name not in by_seed[seed]],
+                                    cfg.extra_rank_args):
+            try:
+                run_group(group, cfg, seed, model_dir, task, by_seed[seed], save)
+            except Exception as e:  # noqa: BLE001 (a failed cluster must not lose the others)
+                traceback.print_exc()
+                for m in group:
+                    by_seed[seed].setdefault(
+                        m.name, {"skipped": f"failed: {type(e).__name__}: {e}"})
+            save()
+    report(doc, cfg, time.monotonic() - t_all)
+    return doc
+
+
+def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
+    """Figures, files and printed lines of a paced run's `doc` (its "runs" per seed; also
+    for the document a cut run left behind: `bubblespec bench paced --report PATH`)."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    by_seed = {int(k): v for k, v in doc["runs"].items()}
+    first = by_seed[min(by_seed)] if by_seed else {}
+    names = [m.name for m in mode_by_name([m for m in cfg.modes.split(",") if m])]
+    summaries = {n: mode_summary([r[n] for r in by_seed.values()
+                                  if (r.get(n) or {}).get("steps")], cfg.pace_scale)
+                 for n in names if (first.get(n) or {}).get("steps")}
+    sp = speedups(summaries, first)
+    doc.update(summaries=summaries, speedups=sp, final_line=paced_final_line(sp),
+               keyed_check=keyed_agreement(first),
+               greedy_check=greedy_agreement({k: v.get("greedy_output_ids")
+                                              for k, v in first.items()}),
+               critical_path_line=final_line(reductions(first)))
+    (out / "paced.json").write_text(json.dumps(doc, indent=1))
+    (out / "accept.json").write_text(json.dumps(accept_doc(first), indent=1))
+    base = next((b for b in (BASELINE, KEYED_BASELINE) if (first.get(b) or {}).get("steps")),
+                None)
+    if base is not None:
+        (out / "lengths.json").write_text(json.dumps(lengths_doc(
+            first[base]["steps"], f"bubblespec bench paced, {base} mode, response tokens")))
+    title = (f"Paced rollout speed-up, {cfg.ranks} ranks, {cfg.pace} x {cfg.pace_scale:g} "
+             f"(modelled GPU time), {cfg.prompts} prompts x n={cfg.n}, "
+             f"{'epoch repeats' if cfg.epoch_steps else 'fresh prompts'}")
+    try:
+        plot_speedups(sp, out / "speedup.png", title)
+        shown = {k: v for k, v in first.items()
+                 if k in ("nospec", "suffix", "bubblespec", "bubblespec-keyed")}
+        plot_timeline(shown, cfg.timeline_step, out / "timeline.png")
+    except ImportError:
+        print("no plots (matplotlib missing)")
+    print()
+    print(format_paced_table(summaries, sp))
+    print()
+    print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
+    print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
+          f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
+    g = doc["greedy_check"]
+    print(f"greedy check (T=0, vs {g.get('reference')}): " + ", ".join(
+        f"{k}: {'identical' if v['identical'] else 'DIFFERS'}"
+        for k, v in g.get("modes", {}).items()))
+    print("keyed check (T=1 token ids vs keyed without speculation): " + ", ".join(
+        f"{k}: {v['identical_steps']}/{v['steps']} steps identical"
+        for k, v in doc["keyed_check"].items()))
+    print(doc["critical_path_line"])
+    print(doc["final_line"], flush=True)

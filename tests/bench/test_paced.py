@@ -1,0 +1,153 @@
+"""Pure figures of the paced bench: modelled throughput, speed-ups against the right
+baseline, crit/longest with its confidence interval, overrun validity, the final line, the
+keyed baseline modes and the CLI's flags."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bubblespec.bench.modes import ALL_MODES, baseline_of, mode_by_name
+from bubblespec.bench.paced_figures import (
+    format_paced_table,
+    mean_ci,
+    mode_summary,
+    paced_final_line,
+    per_step_lines,
+    speedups,
+)
+from bubblespec.cli.bench import build_parser
+
+
+def _step(i: int, tokens: int, wall: float, crit: int, longest: int) -> dict:
+    return {"step": i, "completion_tokens": tokens, "wall_s": wall,
+            "decode_steps_critical": crit, "max_len": longest, "bubble_fraction": 0.2,
+            "pregen_tokens": 10, "window_pregen_tokens": 5, "accepted_pregen_tokens": 4,
+            "accepted_tokens": 30, "draft_tokens": 60, "tokens_per_forward": 1.0}
+
+
+def _run(seed_mode: str, walls: list[float], forwards: int = 1000, overruns: int = 0,
+         crit: int = 100) -> dict:
+    return {"seed_mode": seed_mode, "totals": {"steps": len(walls) - 1},
+            "steps": [_step(i, 1000, w, crit, 200) for i, w in enumerate(walls)],
+            "cluster": {"pace": {"forwards": forwards, "overruns": overruns,
+                                 "worst_ratio": 0.7},
+                        "memory": {"peak_total_mib": 4096.0, "peak_per_rank_mib": 500.0}}}
+
+
+def test_summary_uses_modelled_seconds_after_step_0() -> None:
+    s = mode_summary([_run("default", [99.0, 10.0, 30.0])], scale=10.0)
+    assert s["steps"] == 2 and s["completion_tokens"] == 2000
+    assert s["modelled_rollout_s"] == pytest.approx(4.0)
+    assert s["throughput_tok_s"] == pytest.approx(500.0)
+    assert s["crit_per_longest_mean"] == pytest.approx(0.5)
+    assert s["crit_per_longest_ci95"] == pytest.approx(0.0)
+    assert s["pregen_tokens"] == 30 and s["acceptance"] == pytest.approx(0.5)
+    assert s["valid"] and s["peak_rss_mib"] == 4096.0
+
+
+def test_overruns_of_one_percent_invalidate_a_mode() -> None:
+    assert not mode_summary([_run("default", [1, 1], overruns=10)], 1.0)["valid"]
+    assert mode_summary([_run("default", [1, 1], overruns=9)], 1.0)["valid"]
+    # two seeds: counters add up
+    two = mode_summary([_run("default", [1, 1], overruns=9)] * 2, 1.0)
+    assert (two["forwards"], two["overruns"], two["runs"]) == (2000, 18, 2)
+
+
+def test_speedups_against_nospec_or_keyed_baseline() -> None:
+    results = {"nospec": _run("default", [0, 40.0]),
+               "nospec-keyed": _run("keyed", [0, 20.0]),
+               "bubblespec": _run("default", [0, 20.0]),
+               "bubblespec-keyed": _run("keyed", [0, 5.0]),
+               "suffix": {"skipped": "x"}}
+    summ = {k: mode_summary([v], 10.0) for k, v in results.items() if v.get("steps")}
+    assert baseline_of("bubblespec-keyed", results) == "nospec-keyed"
+    sp = speedups(summ, results)
+    assert sp["bubblespec"] == pytest.approx(2.0)
+    assert sp["bubblespec-keyed"] == pytest.approx(4.0)
+    assert sp["nospec"] == pytest.approx(1.0)
+    line = paced_final_line(sp)
+    assert line == ("paced_rollout_speedup_vs_nospec: bubblespec=2.00 suffix=n/a ngram=n/a "
+                    "history=n/a keyed=4.00 suffix_keyed=n/a keyed_window=n/a")
+    table = format_paced_table(summ, sp)
+    assert "4.00x" in table and "0/1000" in table
+    lines = per_step_lines({0: results}, 10.0)
+    assert lines[0].startswith("seed 0") and "100/200" in lines[2]
+
+
+def test_mean_ci() -> None:
+    m, h = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and h == pytest.approx(4.30 * 1.0 / math.sqrt(3))
+    assert mean_ci([1.0])[1] == math.inf
+
+
+def test_keyed_baseline_modes() -> None:
+    for name, spec in (("ngram-keyed", "ngram"), ("suffix-keyed", "suffix"),
+                       ("history-keyed", "bubblespec")):
+        m = mode_by_name([name])[0]
+        assert m.seed_mode == "keyed" and not m.pregen
+        assert f"--spec-mode={spec}" in m.rank_args
+    assert len({m.name for m in ALL_MODES}) == len(ALL_MODES)
+
+
+def test_cli_flags() -> None:
+    a = build_parser().parse_args(["paced", "--pace", "h200", "--seeds", "0,1,2"])
+    assert (a.ranks, a.pace, a.epoch_steps, a.seeds) == (8, "h200", 0, "0,1,2")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["paced", "--pace", "a100"])
+
+
+def test_cluster_groups_share_only_stateless_engines() -> None:
+    from bubblespec.bench.paced import ALL_FRESH_MODES, REPEATS_MODES, cluster_groups
+
+    modes = mode_by_name(ALL_FRESH_MODES.split(","))
+    groups = [[m.name for m in g] for g in cluster_groups(modes)]
+    assert groups == [["nospec", "nospec-keyed"],
+                      ["bubblespec", "bubblespec-keyed", "bubblespec-keyed-window"],
+                      ["suffix-keyed"], ["suffix"], ["ngram", "ngram-keyed"]]
+    rep = [[m.name for m in g] for g in cluster_groups(mode_by_name(REPEATS_MODES.split(",")))]
+    assert rep == [["nospec", "nospec-keyed"], ["history"], ["history-keyed"],
+                   ["bubblespec-history"], ["bubblespec-keyed-history"]]
+    # extra rank arguments that keep state across steps: every mode on its own cluster
+    alone = cluster_groups(mode_by_name(["nospec", "nospec-keyed"]), "--src-global")
+    assert [len(g) for g in alone] == [1, 1]
+
+
+def test_accept_doc_for_the_simulator() -> None:
+    from bubblespec.bench.paced_figures import accept_doc
+
+    run = _run("keyed", [1, 1, 1])
+    for s in run["steps"]:
+        s["tokens_per_forward"] = 2.0
+    run["pregen"] = True
+    doc = accept_doc({"bubblespec-keyed": run, "suffix": {"skipped": "x"}})
+    row = doc["bubblespec-keyed"]
+    assert row["accepted_per_forward"] == pytest.approx(1.0)
+    assert row["drafted_per_forward"] == pytest.approx(120 / 1000)
+    assert row["pregen_coverage"] == pytest.approx(8 / 2000)
+    assert list(doc) == ["bubblespec-keyed"]
+
+
+def test_accept_doc_feeds_the_simulator(tmp_path) -> None:
+    import json
+
+    from bubblespec.bench.paced_figures import accept_doc
+    from bubblespec.sim.policy import load_accept_json
+
+    base, suffix, keyed = (_run("keyed", [1, 1, 1]) for _ in range(3))
+    for s in suffix["steps"]:
+        s["tokens_per_forward"] = 1.5
+    for s in keyed["steps"]:
+        s["tokens_per_forward"] = 2.0
+    keyed["pregen"] = True
+    doc = accept_doc({"nospec-keyed": base, "suffix-keyed": suffix, "bubblespec-keyed": keyed})
+    assert list(doc) == ["nospec", "suffix-keyed", "bubblespec-keyed"]
+    path = tmp_path / "accept.json"
+    path.write_text(json.dumps(doc))
+    modes, notes = load_accept_json(path)
+    by = {m.name: m for m in modes}
+    assert by["nospec"].is_baseline
+    assert by["bubblespec-keyed"].uses_pregen
+    assert by["bubblespec-keyed"].accepted == pytest.approx(0.5)  # uncovered: suffix-keyed's
+    assert any("'suffix-keyed'" in n for n in notes)

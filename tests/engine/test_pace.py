@@ -1,0 +1,172 @@
+"""Paced forwards (`bubblespec.engine.pace`): the shape read from the scheduler, the paced time
+from the one engine-time model, sleeping the rest, overrun accounting and the validity rule.
+Pure: a fake clock, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubblespec.engine.pace import (
+    ForwardShape,
+    Pacer,
+    engine_time,
+    forward_shape,
+    merge_stats,
+    stats_delta,
+)
+from bubblespec.sim.engine_time import EngineTime
+
+
+class FakeClock:
+    """A clock that `sleep` and `work` advance (records the sleeps)."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        assert s >= 0
+        self.sleeps.append(s)
+        self.t += s
+
+    def work(self, s: float) -> None:
+        self.t += s
+
+
+def _pacer(scale: float = 10.0) -> tuple[Pacer, FakeClock]:
+    clk = FakeClock()
+    return Pacer(engine_time("h100"), scale, clock=clk, sleep=clk.sleep), clk
+
+
+def test_forward_shape_splits_decode_drafts_context_and_prefill() -> None:
+    shape = forward_shape(
+        new_reqs=[("new", 16)],
+        cached=[("a", 100), ("b", 50), ("c", 7), ("idle", 9)],
+        num_scheduled={"new": 40, "a": 4, "b": 1, "c": 12},
+        spec={"a": [5, 6, 7]})
+    # a: 1 + 3 drafts; b: 1; c: 1 decode + 11 chunked-prefill tokens; idle not scheduled
+    assert shape == ForwardShape(tokens=6, context=157, prefill=40 + 11, drafts=3)
+
+
+def test_paced_time_is_the_engine_time_model_times_scale() -> None:
+    pacer, _ = _pacer(scale=7.0)
+    et = EngineTime.preset("h100")
+    shape = ForwardShape(tokens=300, context=50_000, prefill=64)
+    expect = 7.0 * (et.t_fixed + et.t_token * 300 + et.t_flop * (300 - et.ridge)
+                    + et.t_kv * 50_000 + et.t_flop * 64)
+    assert pacer.paced_seconds(shape) == pytest.approx(expect)
+    # memory-bound below the ridge: drafted tokens are nearly free
+    one = pacer.paced_seconds(ForwardShape(16, 0, 0))
+    many = pacer.paced_seconds(ForwardShape(16 * 9, 0, 0))
+    assert many < 1.1 * one
+
+
+def test_forward_sleeps_the_rest_of_its_paced_time() -> None:
+    pacer, clk = _pacer()
+    shape = ForwardShape(tokens=16, context=4000, prefill=0)
+    paced = pacer.paced_seconds(shape)
+    t0 = clk.t
+    pacer.begin(shape)
+    clk.work(0.25 * paced)
+    pacer.end()
+    assert clk.t - t0 == pytest.approx(paced)
+    assert clk.sleeps == [pytest.approx(0.75 * paced)]
+    s = pacer.stats
+    assert (s.forwards, s.overruns, s.valid) == (1, 0, True)
+    assert s.as_dict()["modelled_s"] == pytest.approx(paced / 10.0)
+
+
+def test_overrun_is_counted_and_not_slept() -> None:
+    pacer, clk = _pacer()
+    shape = ForwardShape(tokens=16, context=0, prefill=0)
+    paced = pacer.paced_seconds(shape)
+    pacer.begin(shape)
+    clk.work(1.5 * paced)
+    pacer.end()
+    s = pacer.stats
+    assert (s.forwards, s.overruns) == (1, 1)
+    assert s.overrun_s == pytest.approx(0.5 * paced)
+    assert s.worst_ratio == pytest.approx(1.5)
+    assert clk.sleeps == []
+    assert not s.valid
+
+
+def test_validity_needs_under_one_percent_overruns() -> None:
+    pacer, clk = _pacer()
+    shape = ForwardShape(tokens=8, context=0, prefill=0)
+    for i in range(200):
+        pacer.begin(shape)
+        clk.work(2.0 * pacer.paced_seconds(shape) if i < 2 else 0.0)
+        pacer.end()
+        clk.work(10.0)  # idle between forwards: nothing absorbed
+    assert pacer.stats.overruns == 2
+    assert pacer.stats.overrun_share == pytest.approx(0.01)
+    assert not pacer.stats.valid  # 1% is not under 1%
+    merged = merge_stats([pacer.stats.as_dict(), {"forwards": 200}])
+    assert merged["overruns"] == 2 and merged["forwards"] == 400 and merged["valid"]
+    delta = stats_delta(merged, {"forwards": 100, "overruns": 1})
+    assert (delta["forwards"], delta["overruns"], delta["valid"]) == (300, 1, True)
+
+
+def test_step_overhead_between_forwards_is_inside_the_paced_time() -> None:
+    pacer, clk = _pacer()
+    shape = ForwardShape(tokens=16, context=0, prefill=0)
+    paced = pacer.paced_seconds(shape)
+    pacer.begin(shape)
+    pacer.end()
+    t1 = clk.t
+    clk.work(0.2 * paced)  # scheduler / output processing of the engine core
+    pacer.begin(shape)
+    pacer.end()
+    assert clk.t - t1 == pytest.approx(paced)  # back-to-back forwards: one paced time each
+    clk.work(5 * paced)  # idle engine: the next forward is paced from its own start
+    t2 = clk.t
+    pacer.begin(shape)
+    pacer.end()
+    assert clk.t - t2 == pytest.approx(paced)
+    assert pacer.stats.overruns == 0
+
+
+def test_end_without_begin_and_bad_settings() -> None:
+    pacer, _ = _pacer()
+    pacer.end()
+    assert pacer.stats.forwards == 0 and not pacer.active
+    with pytest.raises(ValueError, match="scale"):
+        Pacer(engine_time("h200"), 0.0)
+    with pytest.raises(ValueError, match="h100, h200"):
+        engine_time("a100")
+
+
+def test_ratio_histogram_gives_the_scale_that_would_have_been_valid() -> None:
+    pacer, clk = _pacer(scale=10.0)
+    shape = ForwardShape(tokens=8, context=0, prefill=0)
+    paced = pacer.paced_seconds(shape)
+    for i in range(100):
+        pacer.begin(shape)
+        clk.work(paced * (3.0 if i < 5 else 0.5))  # 5% of the forwards take 3x their time
+        pacer.end()
+        clk.work(100.0)
+    d = pacer.stats.as_dict()
+    assert d["overruns"] == 5 and not d["valid"]
+    assert d["ratio_p50"] == pytest.approx(0.5)
+    assert 3.0 <= d["ratio_p99"] < 3.0 * 2 ** 0.25
+    assert d["scale_for_valid"] == pytest.approx(10.0 * d["ratio_p99"])
+    merged = merge_stats([d, d])
+    assert merged["ratio_p99"] == d["ratio_p99"] and sum(merged["ratio_hist"]) == 200
+    delta = stats_delta(merged, d)
+    assert delta["ratio_hist"] == d["ratio_hist"] and delta["scale"] == 10.0
+
+
+def test_rank_pace_body_carries_every_counter() -> None:
+    from bubblespec.protocol.rank import PaceBody
+
+    pacer, _ = _pacer()
+    pacer.begin(ForwardShape(4, 10, 0))
+    pacer.end()
+    d = pacer.stats.as_dict()
+    body = PaceBody(**d).model_dump()
+    assert set(d) <= set(body)
+    assert body["forwards"] == 1 and body["profile"] == "h100" and body["valid"]
