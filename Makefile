@@ -68,9 +68,10 @@ bench-deps: install
 real-model: install
 	$(BIN)/bubblespec real-model
 
-# The engine bench on the real model and its word-problem task (next to `make bench-engine`).
+# The engine bench on the real model and its word-problem task (next to `make bench-engine`;
+# a small lr: one AdamW step at the tiny model's 3e-4 moves a pretrained model far).
 bench-real: real-model
-	$(BIN)/bubblespec bench engine --task wordproblems --prompts 8 --n 4
+	$(BIN)/bubblespec bench engine --task wordproblems --prompts 8 --n 4 --lr 1e-5
 
 lint: install
 	$(BIN)/ruff check bubblespec tests
