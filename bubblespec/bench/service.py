@@ -63,6 +63,7 @@ class ServiceBenchConfig:
     model: str | None
     out: str
     timeline_step: int
+    task: str = "addchain"
 
 
 def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any
@@ -177,11 +178,11 @@ def run_bench(args: ServiceBenchConfig, model_dir: str, modes: Sequence[Mode]
               ) -> dict[str, Any]:
     """Every mode in turn (a failed or skipped mode is recorded, not fatal); writes the
     files, prints the summary and returns the bench document."""
-    from bubblespec.tasks import default_task
+    from bubblespec.tasks import make_task
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    task = default_task()
+    task = make_task(args.task, model_dir)
     config: dict[str, Any] = asdict(args)
     config["model"] = model_dir
     doc = BenchDoc(config=config)

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from bubblespec.bench.modes import MODES
+from bubblespec.tasks import TASKS
 
 
 def _service(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +45,9 @@ def _service(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--extra-rank-args", default="",
                    help="appended to every mode's rank arguments, for ablations "
                         "(e.g. '--no-src-global')")
-    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--model", default=None, help="HF model dir [the task's model]")
+    p.add_argument("--task", choices=TASKS, default="addchain",
+                   help="addchain (tiny model) or wordproblems (`make real-model`)")
     p.add_argument("--out", default="out/bench")
     p.add_argument("--timeline-step", type=int, default=1,
                    help="schedule step drawn in timeline.png")
@@ -99,7 +102,9 @@ def _engine(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--model", default="", help="model dir (default: the embedded model)")
+    p.add_argument("--model", default="", help="model dir (default: the task's model)")
+    p.add_argument("--task", choices=TASKS, default="addchain",
+                   help="addchain (tiny model) or wordproblems (`make real-model`)")
 
 
 def _suffix(sub: argparse._SubParsersAction) -> None:
@@ -183,7 +188,7 @@ def _run_service(args: argparse.Namespace) -> int:
 
     cfg = ServiceBenchConfig(**{k: v for k, v in vars(args).items() if k != "bench"})
     try:
-        model_dir = resolve_model(cfg.model)
+        model_dir = resolve_model(cfg.model or _task_model(cfg.task))
         modes = mode_by_name([m for m in cfg.modes.split(",") if m])
     except (FileNotFoundError, ValueError) as e:
         print(f"bench: {e}", file=sys.stderr)
@@ -222,6 +227,16 @@ def _run_paced(args: argparse.Namespace) -> int:
     return 0
 
 
+def _task_model(task: str) -> str | None:
+    """The model a task runs on by default: None (the embedded one) for addchain, the
+    built real model for wordproblems (FileNotFoundError if `make real-model` was not run)."""
+    if task == "wordproblems":
+        from bubblespec.models import real_model_dir
+
+        return str(real_model_dir())
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bubblespec bench`."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -232,8 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bench == "engine":
         from bubblespec.bench.engine import EngineBenchConfig, run
 
+        try:
+            model = args.model or _task_model(args.task) or ""
+        except FileNotFoundError as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
         asyncio.run(run(EngineBenchConfig(args.prompts, args.n, args.seed, args.lr,
-                                          args.model)))
+                                          model, args.task)))
     elif args.bench == "suffix":
         from bubblespec.bench.suffix import run_bench as run_suffix
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from bubblespec.tasks.addchain import AddChainTask, Prompt, Slips
 
-__all__ = ["AddChainTask", "Prompt", "Slips", "default_model_dir", "default_task"]
+__all__ = ["TASKS", "AddChainTask", "Prompt", "Slips", "default_model_dir", "default_task",
+           "make_task"]
 
 _ASSET = "tiny-llama"
 
@@ -36,3 +37,21 @@ def default_model_dir() -> Path:
             "`bubblespec train-tiny --out bubblespec/assets/tiny-llama`"
         )
     return path
+
+
+TASKS = ("addchain", "wordproblems")
+"""Task names `make_task` knows (the `--task` of the benchmarks)."""
+
+
+def make_task(name: str = "addchain", model_dir: str | Path | None = None):  # -> a task
+    """The task called `name`. "addchain" is the embedded model's; "wordproblems" (English
+    arithmetic word problems for the real chat model) encodes with `model_dir`'s tokenizer
+    (default: the real model built by `make real-model`). ValueError for an unknown name."""
+    if name == "addchain":
+        return default_task()
+    if name == "wordproblems":
+        from bubblespec.models import real_model_dir
+        from bubblespec.tasks.wordproblems import WordProblemsTask
+
+        return WordProblemsTask(Path(model_dir) if model_dir else real_model_dir())
+    raise ValueError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
