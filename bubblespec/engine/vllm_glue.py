@@ -300,3 +300,6 @@ class WorkerExtension:
 
     def bubblespec_index_stats(self) -> dict[str, int]:
         return self._drafter().index_stats()
+
+    def bubblespec_source_stats(self, reset: bool) -> dict[str, int]:
+        return self._drafter().source_stats(reset)
