@@ -142,7 +142,8 @@ class SyncState:
             self._close(cur)
         now = time.time()
         rec = StepRecord(step, {s.rank_id: s.num_requests for s in shards}, content_key,
-                         TaskQueue(step + 1, tasks, self.lengths), now, time.monotonic(),
+                         TaskQueue(step + 1, tasks, self.lengths,
+                                   self.config.pregen_depth), now, time.monotonic(),
                          pregen_window=pregen_window)
         self.current = rec
         self.timeline.open_step(step, shards, now)
