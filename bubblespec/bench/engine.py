@@ -55,6 +55,8 @@ def summarise(name: str, results: list, secs: float) -> dict:
     steps = sum(s.decode_steps for s in samples)
     toks = sum(len(s.output_ids) for s in samples)
     acc = sum(s.num_accepted_tokens for s in samples)
+    print(f"row {name}: {steps} decode steps, {toks} tokens, {acc} accepted, {secs:.1f} s",
+          flush=True)  # as it comes: a long run cut short keeps its rows
     return {"mode": name, "requests": len(samples), "steps": steps, "tokens": toks,
             "steps_per_req": steps / len(samples), "tokens_per_req": toks / len(samples),
             "tokens_per_forward": toks / max(steps, 1), "accepted_per_forward": acc / max(steps, 1),
@@ -119,6 +121,7 @@ async def run(args: EngineBenchConfig) -> None:
             t = time.monotonic()
             rows.append(summarise(name, await eng.generate(reqs), time.monotonic() - t))
             rows[-1]["sources"] = await eng.source_stats(reset=True)
+            print(f"row {name} sources: {rows[-1]['sources']}", flush=True)
             await eng.release_groups([r.group_key() for r in reqs])
     finally:
         await eng.shutdown()
