@@ -1,6 +1,6 @@
 """The proposer's per-step choice among draft sources, on a real engine: the aligned
 pre-generated response wins where it is right, every source's counters add up to the
-accepted tokens, no draft exceeds k, and the outputs stay those of greedy decoding."""
+accepted tokens (up to the tokens cut at max_new_tokens), no draft exceeds k, and the outputs stay those of greedy decoding."""
 
 from __future__ import annotations
 
@@ -39,7 +39,10 @@ def test_source_counters_add_up_and_the_aligned_draft_wins(loop_runner, spec_eng
             assert sa.output_ids == sb.output_ids
     k = spec_engine.cfg.num_speculative_tokens
     accepted = sum(s.num_accepted_tokens for r in again for s in r.samples)
-    assert sum(src[f"{s}_accepted"] for s in SOURCES) == accepted
+    # the proposer also counts tokens accepted in a request's last step past max_new_tokens,
+    # which vLLM then cuts from the output: at most k - 1 per request
+    n_req = sum(len(r.samples) for r in again)
+    assert accepted <= sum(src[f"{s}_accepted"] for s in SOURCES) <= accepted + (k - 1) * n_req
     for s in SOURCES:
         assert src[f"{s}_drafted"] <= k * src[f"{s}_wins"]
         assert src[f"{s}_accepted"] <= src[f"{s}_drafted"]
