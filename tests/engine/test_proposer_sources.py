@@ -1,5 +1,5 @@
-"""The proposer's per-step choice among draft sources, on a real engine: the aligned
-pre-generated response wins where it is right, every source's counters add up to the
+"""The proposer's per-step choice among draft sources, on a real engine: the right
+pre-generated response is drafted (aligned or through the group index), every source's counters add up to the
 accepted tokens (up to the tokens cut at max_new_tokens), no draft exceeds k, and the outputs stay those of greedy decoding."""
 
 from __future__ import annotations
@@ -46,5 +46,8 @@ def test_source_counters_add_up_and_the_aligned_draft_wins(loop_runner, spec_eng
     for s in SOURCES:
         assert src[f"{s}_drafted"] <= k * src[f"{s}_wins"]
         assert src[f"{s}_accepted"] <= src[f"{s}_drafted"]
-    assert src["aligned_wins"] > 0 and src["aligned_accepted"] >= 40  # 3 x ~47 available
+    # the right response is also in the prompt group's index (a pushed pre-generated
+    # response), where its counts claim certainty: both sources draft it, the group mostly wins
+    assert src["aligned_wins"] > 0
+    assert src["aligned_accepted"] + src["group_accepted"] >= 3 * 40  # of ~3 x 47 available
     assert loop_runner.run(spec_engine.source_stats()) == dict.fromkeys(src, 0)
