@@ -46,8 +46,9 @@ def test_source_counters_add_up_and_the_aligned_draft_wins(loop_runner, spec_eng
     for s in SOURCES:
         assert src[f"{s}_drafted"] <= k * src[f"{s}_wins"]
         assert src[f"{s}_accepted"] <= src[f"{s}_drafted"]
-    # the right response is also in the prompt group's index (a pushed pre-generated
-    # response), where its counts claim certainty: both sources draft it, the group mostly wins
+    # the right response is also in the group index (pushed) and in the global pool (the
+    # first run's outputs), whose counts claim certainty: every source drafts it, and with
+    # greedy decoding both samples of a prompt follow it
     assert src["aligned_wins"] > 0
-    assert src["aligned_accepted"] + src["group_accepted"] >= 3 * 40  # of ~3 x 47 available
+    assert accepted >= 6 * 35  # of ~6 x 47 available
     assert loop_runner.run(spec_engine.source_stats()) == dict.fromkeys(src, 0)
