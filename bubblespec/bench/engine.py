@@ -5,7 +5,12 @@ weights and one GRPO update turns them into new weights; meanwhile the OLD weigh
 pre-generate responses for the next batch B1 (what a rank does in its bubble). Then B1 is
 rolled out with the NEW weights under each mode, same prompts and seeds:
 (a) no speculation, (b) vLLM ngram, (c) vLLM suffix (needs `make bench-deps`),
-(d) bubblespec with siblings only, (e) bubblespec with pre-generated drafts + siblings.
+(d) bubblespec with siblings only, (e) bubblespec with every live source and no pre-generated
+drafts (prompt, own output, siblings, global pool: arctic's sources plus siblings),
+(f) bubblespec with pre-generated drafts + siblings, (g) (f) plus every live source.
+Keyed rows sample with keyed noise, so their tokens do not depend on the drafts: suffix_keyed
+and bubblespec_live_keyed decode the very same tokens and compare drafters directly.
+Per bubblespec row the proposer's per-source counters say which source won each step.
 Decode steps = target forward passes that emitted tokens, summed over requests. Since
 sampled lengths differ between modes, reductions are computed per generated token.
 """
@@ -51,6 +56,8 @@ def summarise(name: str, results: list, secs: float) -> dict:
     steps = sum(s.decode_steps for s in samples)
     toks = sum(len(s.output_ids) for s in samples)
     acc = sum(s.num_accepted_tokens for s in samples)
+    print(f"row {name}: {steps} decode steps, {toks} tokens, {acc} accepted, {secs:.1f} s",
+          flush=True)  # as it comes: a long run cut short keeps its rows
     return {"mode": name, "requests": len(samples), "steps": steps, "tokens": toks,
             "steps_per_req": steps / len(samples), "tokens_per_req": toks / len(samples),
             "tokens_per_forward": toks / max(steps, 1), "accepted_per_forward": acc / max(steps, 1),
@@ -96,22 +103,27 @@ async def run(args: EngineBenchConfig) -> None:
         print(f"GRPO update on B0: mean reward {stats['mean_reward']:.3f}, loss "
               f"{stats['loss']:.4f}, max |logprob gap| {stats['max_abs_logprob_gap']:.2e}")
         await eng.update_weights(new_dir)
-        await eng.set_sources(pregen=False, siblings=True, self_context=False)
-        t = time.monotonic()
-        rows.append(summarise("bubblespec_siblings", await eng.generate(r1),
-                              time.monotonic() - t))
-        await eng.set_sources(pregen=True, siblings=True, self_context=False)
-        await eng.add_drafts([(r.group_key(), s.sample_index, s.output_ids)
-                              for r, o in zip(r1, pregen) for s in o.samples])
-        t = time.monotonic()
-        rows.append(summarise("bubblespec_pregen", await eng.generate(r1),
-                              time.monotonic() - t))
-        await eng.release_groups([r.group_key() for r in r1])
-        await eng.add_drafts([(r.group_key(), s.sample_index, s.output_ids)
-                              for r, o in zip(k1, pregen_keyed) for s in o.samples])
-        t = time.monotonic()
-        rows.append(summarise("bubblespec_pregen_keyed", await eng.generate(k1),
-                              time.monotonic() - t))
+        pushed = [(r.group_key(), s.sample_index, s.output_ids)
+                  for r, o in zip(r1, pregen) for s in o.samples]
+        pushed_keyed = [(r.group_key(), s.sample_index, s.output_ids)
+                        for r, o in zip(k1, pregen_keyed) for s in o.samples]
+        # (row, requests, pre-generated drafts, siblings-only?, global pool?)
+        for name, reqs, drafts, sib_only, glob in (
+                ("bubblespec_siblings", r1, None, True, False),
+                ("bubblespec_live", r1, None, False, True),
+                ("bubblespec_pregen", r1, pushed, True, False),
+                ("bubblespec_all", r1, pushed, False, True),
+                ("bubblespec_pregen_keyed", k1, pushed_keyed, True, False),
+                ("bubblespec_live_keyed", k1, None, False, True)):
+            await eng.set_sources(pregen=drafts is not None, siblings=True,
+                                  self_context=not sib_only, global_pool=glob)
+            if drafts:
+                await eng.add_drafts(drafts)
+            t = time.monotonic()
+            rows.append(summarise(name, await eng.generate(reqs), time.monotonic() - t))
+            rows[-1]["sources"] = await eng.source_stats(reset=True)
+            print(f"row {name} sources: {rows[-1]['sources']}", flush=True)
+            await eng.release_groups([r.group_key() for r in reqs])
     finally:
         await eng.shutdown()
     rows.insert(0, await run_mode("nospec", EngineConfig(model=new_dir, spec_mode="none"), r1))
@@ -119,6 +131,8 @@ async def run(args: EngineBenchConfig) -> None:
     if importlib.util.find_spec("arctic_inference"):
         rows.insert(2, await run_mode("suffix", EngineConfig(model=new_dir, spec_mode="suffix"),
                                       r1))
+        rows.append(await run_mode("suffix_keyed",
+                                   EngineConfig(model=new_dir, spec_mode="suffix"), k1))
     else:
         print("vLLM suffix: arctic-inference not installed (run `make bench-deps`)")
     base = rows[0]["steps"] / max(rows[0]["tokens"], 1)
@@ -132,11 +146,22 @@ async def run(args: EngineBenchConfig) -> None:
               f"{r['tokens_per_forward']:>12.2f}{r['accepted_per_forward']:>14.2f}"
               f"{r['wall_s']:>9.1f}")
         red[r["mode"]] = 1 - (r["steps"] / max(r["tokens"], 1)) / base
+    print("\ndraft sources per bubblespec row: steps won / drafted tokens / accepted tokens")
+    for r in rows:
+        if r.get("sources"):
+            src = r["sources"]
+            print(f"{r['mode']:<26}" + "  ".join(
+                f"{s}={src[s + '_wins']}/{src[s + '_drafted']}/{src[s + '_accepted']}"
+                for s in ("aligned", "group", "global")) + f"  none={src['empty']}")
+    if "suffix_keyed" in red:  # keyed sampling: both rows decode the very same tokens
+        print(f"same tokens (keyed): suffix_keyed={red['suffix_keyed']:.3f} "
+              f"bubblespec_live_keyed={red['bubblespec_live_keyed']:.3f}")
     fmt = {k: (f"{red[k]:.3f}" if k in red else "n/a") for k in
            ("ngram", "suffix", "bubblespec_siblings", "bubblespec_pregen")}
     print(f"bubblespec_pregen_keyed (pre-generated drafts + keyed-noise sampling): "
           f"{red.get('bubblespec_pregen_keyed', float('nan')):.3f}")
     print("decode_step_reduction_vs_nospec: ngram={ngram} suffix={suffix} "
           "bubblespec_siblings={bubblespec_siblings} bubblespec_pregen={bubblespec_pregen}"
-          .format(**fmt))
+          .format(**fmt) + f" bubblespec_live={red.get('bubblespec_live', float('nan')):.3f}"
+          f" bubblespec_all={red.get('bubblespec_all', float('nan')):.3f}")
 

@@ -92,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pregen-claim", type=int, default=64,
       help="tasks claimed per pre-generation batch (default 64: bubblespec/rank/config.py "
       "pregen_inflight, modelled as one batch)")
-    a("--pregen-order", choices=("breadth_first", "longest_first"), default="breadth_first",
+    a("--pregen-order", choices=("breadth_first", "longest_first", "predicted", "predicted_deep"),
+      default="breadth_first",
       help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
-      "is beyond the design)")
+      "is beyond the design; predicted(_deep): per-prompt predictions, bubblespec/sim/pregen_order.py)")
     a("--pregen-accept", default="0/0",
       help="ACC/DRAFTED per forward while pre-generating (default 0/0: plain decoding)")
     a("--rpc-ms", type=float, default=0.5,

@@ -207,6 +207,14 @@ class RolloutEngine:
             return {}
         return dict((await self.llm.collective_rpc("bubblespec_pace_stats"))[0])
 
+    async def source_stats(self, reset: bool = False) -> dict[str, int]:
+        """Per draft source (aligned pre-generated response, prompt group, global pool): engine
+        steps it won, its drafted and accepted tokens (empty without speculation)."""
+        if not self.speculative:
+            return {}
+        return dict((await self.llm.collective_rpc("bubblespec_source_stats",
+                                                   args=(reset,)))[0])
+
     # ------------------------------------------------------------------ weights
     def _check_version(self, version: int | None, force: bool) -> int:
         """The version a reload would set; 409 (field version) if it does not go up."""

@@ -3,7 +3,11 @@
 Runs in the engine-core process and is called once per engine step with the tokens each
 request just emitted. Per request it keeps an incremental `Matcher` over its prompt
 group's suffix index, which holds the pushed pre-generated responses, the live and
-finished sibling responses and the prompt. It also counts, per request, forward passes,
+finished sibling responses and the prompt, and (with the global pool on) one over the global
+pool of recent responses across prompts. Per step it drafts from each source and from the
+aligned pre-generated response, and sends the candidate with the highest expected accepted
+length (`bubblespec.core.candidates`), counting per source the steps it won and the tokens of
+its drafts that were accepted (`source_stats`). It also counts, per request, forward passes,
 drafts, draft tokens and accepted tokens (vLLM keeps no per-request figures), and can wrap
 vLLM's own `ngram` / `suffix` proposers so the baselines are counted the same way.
 Drafts never affect what is sampled: vLLM verifies them (see docs/design.md section 2).
@@ -16,6 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bubblespec.core import DraftParams, SuffixIndex
+from bubblespec.core.candidates import (
+    Calibration,
+    Candidate,
+    SourceStats,
+    aligned_candidate,
+    choose,
+)
 from bubblespec.engine.vllm_glue import (
     VllmProposer,
     batch_view,
@@ -39,11 +50,13 @@ to it again."""
 class _Req:
     group: str  # index group this request matches against
     seq_id: tuple
-    matcher: Any
+    matcher: Any  # over the request's group
+    gmatcher: Any = None  # over the global pool (when it is on)
     # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response
     stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
     last_draft: int = 0
-    last_aligned: bool = False  # the last draft came from the aligned pre-generated response
+    last_src: str = ""  # source of the last draft (bubblespec mode)
+    last_claim: float = 0.0  # its expected accepted tokens as the source stated them
     aligned: list[int] | None = None  # pre-generated response with this sample index
     aligned_on: bool = True  # output equals the aligned response so far (or re-synced)
     tail: list[int] = field(default_factory=list)  # the last RESYNC output tokens
@@ -74,6 +87,8 @@ class BubbleSpecProposer:
         self.drafts_by_group: dict[str, list[tuple]] = {}
         self.aligned: dict[tuple[str, int], list[int]] = {}
         self.history_seqs: dict[str, list[tuple]] = {}  # finished outputs kept per group
+        self.calib = Calibration()
+        self.src_stats = SourceStats()
         install_cpu_sampler_fix()
 
     # ------------------------------------------------------------------ control (RPC)
@@ -98,6 +113,8 @@ class BubbleSpecProposer:
             max_depth=int(options.get("max_depth", 64)),
             token_budget=int(options.get("token_budget", 4_000_000)),
             global_token_budget=int(options.get("global_token_budget", 200_000)))
+        self.calib = Calibration()
+        self.src_stats = SourceStats()
         if self.mode in ("ngram", "suffix"):
             self.inner = VllmProposer(self.vllm_config, self.mode,
                                       int(options.get("ngram_min", 2)),
@@ -166,6 +183,14 @@ class BubbleSpecProposer:
                 "aligned": len(self.aligned), "finished_stats": len(self.finished),
                 "drafts_dropped": self.drafts_dropped}
 
+    def source_stats(self, reset: bool = False) -> dict[str, int]:
+        """Per draft source: engine steps it won, its drafted and accepted tokens (and the
+        steps where no source drafted), since `bubblespec_configure` or the last reset."""
+        out = self.src_stats.as_dict()
+        if reset:
+            self.src_stats = SourceStats()
+        return out
+
     # ------------------------------------------------------------------ per step
     def _start(self, req_id: str, row: int, token_ids_cpu: Any, n_prompt: int,
                n_tokens: int) -> _Req:
@@ -188,10 +213,12 @@ class BubbleSpecProposer:
         done = token_ids_cpu[row, n_prompt:n_tokens].tolist()
         if self.siblings or self.self_context:
             self.index.add_sequence(seq_id, group, done, live=True)
-        matcher = self.index.matcher(group, prompt + done, use_global=self.global_pool)
+        matcher = self.index.matcher(group, prompt + done, use_global=False)
+        gmatcher = (self.index.matcher(None, prompt + done)
+                    if self.global_pool and self.inner is None else None)
         aligned = self.aligned.get((gtok, sample)) if self.pregen else None
         on = aligned is not None and aligned[: len(done)] == done
-        return _Req(group, seq_id, matcher, aligned=aligned, aligned_on=on,
+        return _Req(group, seq_id, matcher, gmatcher, aligned=aligned, aligned_on=on,
                     tail=done[-RESYNC:], n_out=len(done),
                     out=list(done) if self.history or self.global_pool else [])
 
@@ -238,23 +265,22 @@ class BubbleSpecProposer:
             if self.history or self.global_pool:
                 st.out.extend(sampled)
             if st.last_draft:
-                stats[3] += len(sampled) - 1
-                if st.last_aligned:
-                    stats[4] += len(sampled) - 1
+                acc = len(sampled) - 1
+                stats[3] += acc
+                if st.last_src:
+                    if st.last_src == "aligned":
+                        stats[4] += acc
+                    self.calib.record(st.last_src, st.last_claim, st.last_draft, acc)
+                    self.src_stats.accepted[st.last_src] += acc
             if self.siblings or self.self_context:
                 self.index.extend_sequence(st.seq_id, sampled)
             budget = min(self.k, self.max_model_len - n_tok - 1)
-            tokens = self._aligned_draft(st, sampled, budget)
-            st.last_aligned = bool(tokens) and self.inner is None
+            aligned = self._aligned_draft(st, sampled, budget)
             if self.inner is not None:
                 tokens = list(inner[i])[:max(budget, 0)]
                 st.matcher.extend(sampled)
-            elif tokens:
-                st.matcher.extend(sampled)
-            elif budget > 0:
-                tokens = st.matcher.speculate(sampled, self.params).token_ids[:budget]
             else:
-                st.matcher.extend(sampled)
+                tokens = self._choose(st, sampled, aligned, budget)
             st.last_draft = len(tokens)
             if tokens:
                 stats[1] += 1
@@ -264,6 +290,29 @@ class BubbleSpecProposer:
         for rid in [r for r in self.reqs if r not in live]:
             self._finish(rid)
         return out
+
+    def _choose(self, st: _Req, sampled: list[int], aligned: list[int],
+                budget: int) -> list[int]:
+        """Draft from every source and keep the candidate with the highest expected accepted
+        length (see `bubblespec.core.candidates`); count the winner."""
+        cands = [aligned_candidate(aligned, self.calib.aligned_rate())] if aligned else []
+        for name, m in (("group", st.matcher), ("global", st.gmatcher)):
+            if m is None:
+                continue
+            if budget > 0:
+                d = m.speculate(sampled, self.params)
+                cands.append(Candidate(name, d.token_ids, d.probs))
+            else:
+                m.extend(sampled)
+        best, claim = choose(cands, budget, self.calib)
+        if best is None:
+            st.last_src, st.last_claim = "", 0.0
+            self.src_stats.empty += 1
+            return []
+        st.last_src, st.last_claim = best.source, claim
+        self.src_stats.wins[best.source] += 1
+        self.src_stats.drafted[best.source] += len(best.token_ids)
+        return best.token_ids
 
     @staticmethod
     def _aligned_draft(st: _Req, sampled: list[int], budget: int) -> list[int]:

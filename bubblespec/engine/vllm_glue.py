@@ -365,3 +365,6 @@ class WorkerExtension:
         """The pacer's counters (`PaceStats.as_dict`; empty if not paced)."""
         pacer = getattr(self, "_bubblespec_pacer", None)
         return pacer.stats.as_dict() if pacer is not None else {}
+
+    def bubblespec_source_stats(self, reset: bool) -> dict[str, int]:
+        return self._drafter().source_stats(reset)

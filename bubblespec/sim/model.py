@@ -22,6 +22,7 @@ import numpy as np
 from bubblespec.sim.engine_time import EngineTime
 from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.pregen import breadth_first, simulate_pregen
+from bubblespec.sim.pregen_order import ORDERS, predicted_order
 from bubblespec.sim.rollout import Requests, build_timeline
 from bubblespec.sim.workload import LengthSource, assign_prompts
 
@@ -132,6 +133,10 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
         est = L.reshape(cfg.steps, -1) * np.exp(cfg.lpt_noise * rng.standard_normal(
             (cfg.steps, prompts * cfg.n)))
         order = np.argsort(-est, axis=1, kind="stable")
+    elif cfg.pregen_order in ORDERS:
+        order = np.stack([predicted_order(L[s], rng, cfg.lpt_noise,
+                                          cfg.pregen_order == "predicted_deep")
+                          for s in range(cfg.steps)])
     else:
         raise ValueError(f"unknown pregen order {cfg.pregen_order!r}")
     return {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order}

@@ -38,6 +38,9 @@ class SyncConfig(BaseConfig):
     """Most pre-generation tasks (prompt x sample) one OpenStep may carry."""
     max_tasks_per_claim: int = Field(1024, ge=1)
     """Most tasks one ClaimTasks call hands out (larger requests are clamped)."""
+    pregen_depth: int = Field(1, ge=1)
+    """Samples of one prompt per round of the pre-gen queue (1: breadth-first over prompts;
+    >= n: all samples of the prompt predicted longest first)."""
     max_prompt_tokens: int = Field(262_144, ge=1)
     """Most prompt tokens of one pre-generation task."""
     max_draft_tokens: int = Field(262_144, ge=1)

@@ -1,41 +1,112 @@
 """The pre-generation queue of one step: tasks for step s+1, handed out during step s's bubble.
 
-Order is breadth-first over prompts: every prompt's sample 0 (in the order the gateway listed
-the prompts), then every prompt's sample 1, and so on, so that a bubble cut short still gives
-drafts to as many prompts as possible. A min-heap on (sample_index, prompt position) keeps that
-order also for tasks put back after their rank was lost. Each task is held by at most one rank;
-a pushed *complete* draft retires it.
+A step lasts as long as its longest responses, so the queue gives the responses predicted to
+be longest their drafts first. Order: rounds of `depth` samples per prompt (samples 0..d-1 of
+every prompt, then d..2d-1, ...), so that a bubble cut short still gives drafts to as many
+prompts as possible; within a round, prompts by predicted response length, longest first
+(ties: in the order the gateway listed them). Without any prediction
+this is plain breadth-first over prompts.
+
+Predictions come from :class:`LengthPredictor`: the mean length of the complete responses
+pre-generated for the same prompt (prompt keys are content hashes, so a prompt repeated in a
+later epoch is recognised), including those completed earlier in this very queue: when a
+prompt's first pre-generated sample turns out long, its other samples move up at once (and
+down when it turns out short). A prompt without history is predicted the mean over all
+prompts known when the queue was made, or, before anything is known, to be longer than any
+seen: the first responses to complete are the short ones, so without history a completed
+sample moves its prompt back, behind the prompts still unknown.
+
+A min-heap keeps that order also for tasks put back after their rank was lost (a task's heap
+entry is replaced when its prompt's prediction changes). Each task is held by at most one
+rank; a pushed *complete* draft retires it.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from bubblespec.protocol.domain import PregenTask
 
 TaskKey = tuple[str, int]
+Priority = tuple[int, float, int, int]
+
+
+class LengthPredictor:
+    """Mean length of the last `keep` complete pre-generated responses per prompt key, for
+    at most `max_prompts` prompts (least recently observed go first)."""
+
+    def __init__(self, keep: int = 16, max_prompts: int = 100_000) -> None:
+        self.keep = keep
+        self.max_prompts = max_prompts
+        self._seen: OrderedDict[str, deque[int]] = OrderedDict()
+        self._total = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def observe(self, prompt_key: str, length: int) -> None:
+        """A complete response of `length` tokens was generated for `prompt_key`."""
+        d = self._seen.pop(prompt_key, None) or deque(maxlen=self.keep)
+        d.append(int(length))
+        self._total += int(length)
+        self._count += 1
+        self._seen[prompt_key] = d
+        while len(self._seen) > self.max_prompts:
+            self._seen.popitem(last=False)
+
+    def predict(self, prompt_key: str) -> float | None:
+        """Predicted response length of `prompt_key`; None if never seen."""
+        d = self._seen.get(prompt_key)
+        return sum(d) / len(d) if d else None
+
+    def mean(self) -> float:
+        """Mean of every length observed (infinite before the first)."""
+        return self._total / self._count if self._count else math.inf
 
 
 class TaskQueue:
-    """Claimable tasks of `target_step`, with per-rank claims."""
+    """Claimable tasks of `target_step`, with per-rank claims, longest predicted first."""
 
-    def __init__(self, target_step: int, tasks: Sequence[PregenTask]) -> None:
+    def __init__(self, target_step: int, tasks: Sequence[PregenTask],
+                 lengths: LengthPredictor | None = None, depth: int = 1) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
         self.target_step = target_step
+        self.depth = depth
+        self.lengths = lengths
         self._tasks: dict[TaskKey, PregenTask] = {}
-        self._priority: dict[TaskKey, tuple[int, int]] = {}
-        prompt_pos: dict[str, int] = {}
+        self._pos: dict[str, int] = {}
+        self._pred: dict[str, float] = {}  # predicted length per prompt
+        self._ver: dict[TaskKey, int] = {}  # a heap entry is valid while its version is current
+        unknown = lengths.mean() if lengths is not None else 0.0
+        self._by_prompt: dict[str, list[TaskKey]] = {}
         for task in tasks:
             key = (task.prompt_key, task.sample_index)
             self._tasks[key] = task
-            pos = prompt_pos.setdefault(task.prompt_key, len(prompt_pos))
-            self._priority[key] = (task.sample_index, pos)
-        self._heap: list[tuple[int, int, TaskKey]] = [(*p, k) for k, p in self._priority.items()]
+            self._ver[key] = 0
+            if task.prompt_key not in self._pos:
+                self._pos[task.prompt_key] = len(self._pos)
+                known = lengths.predict(task.prompt_key) if lengths is not None else None
+                self._pred[task.prompt_key] = unknown if known is None else known
+            self._by_prompt.setdefault(task.prompt_key, []).append(key)
+        self._heap: list[tuple[Priority, int, TaskKey]] = [
+            (self._priority(k), 0, k) for k in self._tasks]
         heapq.heapify(self._heap)
         self._queued: set[TaskKey] = set(self._tasks)
         self._claimed: dict[TaskKey, str] = {}
         self._by_rank: dict[str, set[TaskKey]] = {}
         self.completed = 0
+
+    def _priority(self, key: TaskKey) -> Priority:
+        return (key[1] // self.depth, -self._pred[key[0]], self._pos[key[0]], key[1])
+
+    def _push(self, key: TaskKey) -> None:
+        self._ver[key] += 1
+        heapq.heappush(self._heap, (self._priority(key), self._ver[key], key))
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -51,12 +122,13 @@ class TaskQueue:
         return len(self._claimed)
 
     def claim(self, rank_id: str, max_tasks: int) -> list[PregenTask]:
-        """Hand up to `max_tasks` queued tasks to `rank_id`, breadth-first over prompts."""
+        """Hand up to `max_tasks` queued tasks to `rank_id`, in queue order."""
         out: list[PregenTask] = []
         mine = self._by_rank.setdefault(rank_id, set())
         while self._heap and len(out) < max_tasks:
-            key = heapq.heappop(self._heap)[2]
-            if key not in self._queued:  # completed while queued: a stale heap entry
+            _, ver, key = heapq.heappop(self._heap)
+            # completed while queued, or re-prioritised since: a stale heap entry
+            if key not in self._queued or ver != self._ver[key]:
                 continue
             self._queued.discard(key)
             self._claimed[key] = rank_id
@@ -64,8 +136,10 @@ class TaskQueue:
             out.append(self._tasks[key])
         return out
 
-    def complete(self, key: TaskKey) -> bool:
-        """Retire a task (its complete draft arrived); True if it was open."""
+    def complete(self, key: TaskKey, length: int | None = None) -> bool:
+        """Retire a task (its complete draft of `length` tokens arrived); True if it was open.
+        The length also updates the prediction, and with it the order, of the prompt's other
+        queued samples."""
         if key not in self._tasks or (key not in self._queued and key not in self._claimed):
             return False
         self._queued.discard(key)
@@ -73,6 +147,12 @@ class TaskQueue:
         if holder is not None:
             self._by_rank[holder].discard(key)
         self.completed += 1
+        if length is not None and self.lengths is not None:
+            self.lengths.observe(key[0], length)
+            self._pred[key[0]] = self.lengths.predict(key[0]) or 0.0
+            for other in self._by_prompt[key[0]]:
+                if other in self._queued:
+                    self._push(other)
         return True
 
     def release(self, rank_id: str) -> int:
@@ -81,7 +161,7 @@ class TaskQueue:
         for key in keys:
             del self._claimed[key]
             self._queued.add(key)
-            heapq.heappush(self._heap, (*self._priority[key], key))
+            self._push(key)
         return len(keys)
 
     def held_by(self, rank_id: str) -> list[TaskKey]:

@@ -42,7 +42,7 @@ from bubblespec.protocol.domain import (
 from bubblespec.protocol.sampling import PregenWindow
 from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.errors import invalid, not_found, precondition
-from bubblespec.synchronizer.pregen import TaskQueue
+from bubblespec.synchronizer.pregen import LengthPredictor, TaskQueue
 from bubblespec.synchronizer.ranks import RankRegistry
 from bubblespec.synchronizer.store import DraftStore
 from bubblespec.synchronizer.timeline import EventHub, Timeline
@@ -80,6 +80,7 @@ class SyncState:
         self.current: StepRecord | None = None
         self.closed_through = -1  # every step <= this is over
         self.store = DraftStore(config.draft_store_budget_bytes)
+        self.lengths = LengthPredictor()  # orders the pre-gen queue: longest predicted first
         self.timeline = Timeline(config.timeline_keep_steps, config.max_spans_per_rank_step)
         self.events = EventHub()
 
@@ -141,7 +142,8 @@ class SyncState:
             self._close(cur)
         now = time.time()
         rec = StepRecord(step, {s.rank_id: s.num_requests for s in shards}, content_key,
-                         TaskQueue(step + 1, tasks), now, time.monotonic(),
+                         TaskQueue(step + 1, tasks, self.lengths,
+                                   self.config.pregen_depth), now, time.monotonic(),
                          pregen_window=pregen_window)
         self.current = rec
         self.timeline.open_step(step, shards, now)
@@ -282,7 +284,8 @@ class SyncState:
             if cur is not None and step == cur.queue.target_step:
                 for d, st in zip(drafts, statuses):
                     done = d.complete and st is DraftStatus.STORED
-                    if done and cur.queue.complete((d.prompt_key, d.sample_index)):
+                    key, length = (d.prompt_key, d.sample_index), d.offset + len(d.token_ids)
+                    if done and cur.queue.complete(key, length):
                         self.metrics.tasks_completed.inc()
         stored = sum(s is DraftStatus.STORED for s in statuses)
         rejected = len(statuses) - stored
