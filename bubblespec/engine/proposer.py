@@ -19,7 +19,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from bubblespec.core import DraftParams, SuffixIndex
+from bubblespec.core import DraftParams
+from bubblespec.core.backend import SuffixIndex
 from bubblespec.core.candidates import (
     Calibration,
     Candidate,
