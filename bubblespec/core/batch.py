@@ -44,23 +44,29 @@ class Request:
     out: list[int] = field(default_factory=list)  # the output (kept when asked to)
 
     def aligned_draft(self, sampled: list[int], budget: int) -> list[int]:
-        """Continue the aligned pre-generated response while the output still equals it;
-        after a divergence, [] until the last RESYNC output tokens equal it at the same
-        positions again."""
-        start = self.n_out
-        self.n_out += len(sampled)
-        self.tail = (self.tail + list(sampled))[-RESYNC:]
-        al = self.aligned
-        if al is None:
+        """`follow_aligned` of this request."""
+        return follow_aligned(self, sampled, budget)
+
+
+def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
+    """Continue the aligned pre-generated response of `st` (a `Request`, or the engine
+    proposer's per-request state with the same fields) while the output still equals it;
+    after a divergence, [] until the last RESYNC output tokens equal it at the same
+    positions again."""
+    start = st.n_out
+    st.n_out += len(sampled)
+    st.tail = (st.tail + list(sampled))[-RESYNC:]
+    al = st.aligned
+    if al is None:
+        return []
+    if st.aligned_on and al[start : st.n_out] != sampled:
+        st.aligned_on = False
+    if not st.aligned_on:
+        n = st.n_out
+        if n < RESYNC or al[n - RESYNC : n] != st.tail:
             return []
-        if self.aligned_on and al[start : self.n_out] != sampled:
-            self.aligned_on = False
-        if not self.aligned_on:
-            n = self.n_out
-            if n < RESYNC or al[n - RESYNC : n] != self.tail:
-                return []
-            self.aligned_on = True
-        return al[self.n_out : self.n_out + max(budget, 0)]
+        st.aligned_on = True
+    return al[st.n_out : st.n_out + max(budget, 0)]
 
 
 def step(index: SuffixIndex, reqs: Sequence[Request], sampled: Sequence[list[int]],

@@ -21,6 +21,7 @@ from typing import Any
 
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import SuffixIndex
+from bubblespec.core.batch import RESYNC, follow_aligned
 from bubblespec.core.candidates import (
     Calibration,
     Candidate,
@@ -40,11 +41,6 @@ from bubblespec.engine.vllm_glue import (
 from bubblespec.protocol.keys import parse_request_id
 
 _MAX_FINISHED_STATS = 200_000
-RESYNC = 4
-"""After the output leaves the aligned pre-generated response, drafting from it resumes once
-the last RESYNC output tokens equal the response's tokens at the same positions: keyed noise
-is keyed by position, so a response that re-joins its draft at the same offset is coupled
-to it again."""
 
 
 @dataclass
@@ -276,7 +272,7 @@ class BubbleSpecProposer:
             if self.siblings or self.self_context:
                 self.index.extend_sequence(st.seq_id, sampled)
             budget = min(self.k, self.max_model_len - n_tok - 1)
-            aligned = self._aligned_draft(st, sampled, budget)
+            aligned = follow_aligned(st, sampled, budget)
             if self.inner is not None:
                 tokens = list(inner[i])[:max(budget, 0)]
                 st.matcher.extend(sampled)
@@ -314,26 +310,6 @@ class BubbleSpecProposer:
         self.src_stats.wins[best.source] += 1
         self.src_stats.drafted[best.source] += len(best.token_ids)
         return best.token_ids
-
-    @staticmethod
-    def _aligned_draft(st: _Req, sampled: list[int], budget: int) -> list[int]:
-        """Continue the aligned pre-generated response while the output still equals it
-        (with keyed sampling it is a coupled prediction); after a divergence, [] until the
-        last RESYNC output tokens equal it at the same positions again."""
-        start = st.n_out
-        st.n_out += len(sampled)
-        st.tail = (st.tail + list(sampled))[-RESYNC:]
-        al = st.aligned
-        if al is None:
-            return []
-        if st.aligned_on and al[start : st.n_out] != sampled:
-            st.aligned_on = False
-        if not st.aligned_on:
-            n = st.n_out
-            if n < RESYNC or al[n - RESYNC : n] != st.tail:
-                return []
-            st.aligned_on = True
-        return al[st.n_out : st.n_out + max(budget, 0)]
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No draft model to load."""

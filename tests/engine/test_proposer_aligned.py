@@ -4,7 +4,8 @@ noise is keyed by position), never for a shifted re-join."""
 
 from __future__ import annotations
 
-from bubblespec.engine.proposer import RESYNC, BubbleSpecProposer, _Req
+from bubblespec.core.batch import RESYNC, follow_aligned
+from bubblespec.engine.proposer import _Req
 
 AL = list(range(100, 140))
 
@@ -14,7 +15,7 @@ def req() -> _Req:
 
 
 def step(st: _Req, sampled: list[int], budget: int = 3) -> list[int]:
-    return BubbleSpecProposer._aligned_draft(st, sampled, budget)
+    return follow_aligned(st, sampled, budget)
 
 
 def test_follows_the_aligned_response_while_equal() -> None:
