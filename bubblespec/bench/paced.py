@@ -103,7 +103,7 @@ class PacedBenchConfig:
 
     def service_config(self, seed: int) -> ServiceBenchConfig:
         pace = (f"--pace={self.pace} --pace-scale={self.pace_scale} "
-                f"--kv-cache-mib={self.kv_cache_mib} --engine-in-one-process "
+                f"--kv-cache-mib={self.kv_cache_mib} --engine-in-one-process --cpu-threads=1 "
                 f"{self.extra_rank_args}")
         return ServiceBenchConfig(
             steps=self.steps, prompts=self.prompts, n=self.n, seed=seed,

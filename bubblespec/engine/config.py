@@ -56,6 +56,9 @@ class EngineConfig(BaseModel):
     kv_cache_mib: int = Field(0, ge=0)
     """CPU KV-cache size in MiB, sized to the workload (0: `kv_cache_gib`); overrides
     VLLM_CPU_KVCACHE_SPACE (4 KiB per token for the embedded model)."""
+    cpu_threads: int = Field(0, ge=0, le=1024)
+    """OpenMP threads of the CPU engine, unbound (0: vLLM's default, one bound thread per
+    core). Set 1 when several ranks share a machine's cores (the paced bench does)."""
     engine_in_one_process: bool = False
     """Run vLLM's worker inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0:
     two processes per rank instead of three, ~0.65 GB less on CPU); the engine still has

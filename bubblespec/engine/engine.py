@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,24 +40,6 @@ def default_model_dir() -> str:
     from bubblespec.tasks import default_model_dir as d
 
     return str(d())
-
-
-def _start_llm(cls: Any, args: Any, one_process: bool) -> Any:
-    """`cls.from_engine_args(args)`; `one_process`: with VLLM_ENABLE_V1_MULTIPROCESSING=0
-    while the engine is configured and its engine-core process spawned (the worker then runs
-    inside that process; AsyncLLM keeps the process), restored afterwards."""
-    if not one_process:
-        return cls.from_engine_args(args)
-    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
-    old = os.environ.get(key)
-    os.environ[key] = "0"
-    try:
-        return cls.from_engine_args(args)
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
 
 
 @dataclass
@@ -100,10 +81,7 @@ class RolloutEngine:
     async def start(cls, cfg: EngineConfig) -> RolloutEngine:
         """Start vLLM (about 15 s on CPU with eager mode) and configure the proposer."""
         vllm_glue.check_vllm_version()
-        if cfg.kv_cache_mib:  # the env var would override the finer setting
-            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-        else:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
+        vllm_glue.set_cpu_env(cfg.kv_cache_gib, cfg.kv_cache_mib, cfg.cpu_threads)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -123,7 +101,7 @@ class RolloutEngine:
             kv_cache_memory_bytes=cfg.kv_cache_mib * 2**20 if cfg.kv_cache_mib else None)
         t0 = time.monotonic()
         # in a thread: starting takes seconds, and a rank keeps answering its health probes
-        llm = await asyncio.to_thread(_start_llm, AsyncLLM, args, cfg.engine_in_one_process)
+        llm = await asyncio.to_thread(vllm_glue.start_llm, AsyncLLM, args, cfg.engine_in_one_process)
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
         await llm.collective_rpc("bubblespec_install_keyed", args=(cfg.fault_context_only_keys,))

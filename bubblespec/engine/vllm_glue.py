@@ -34,14 +34,15 @@ What this module relies on, by caller:
   tokens and ends when its output is ready; its shape comes from the scheduler output
   (`scheduled_new_reqs`, `scheduled_cached_reqs.num_computed_tokens`,
   `num_scheduled_tokens`, `scheduled_spec_decode_tokens`).
-- The engine (`engine.py`) reloads weights through the workers' `reload_weights` and shuts
-  `AsyncLLM` down once (`reload_weights`, `shutdown`).
+- The engine (`engine.py`) sets vLLM's CPU environment (`set_cpu_env`), starts `AsyncLLM`
+  (`start_llm`), reloads weights through the workers' `reload_weights`, shuts down once.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -76,7 +77,41 @@ def check_vllm_version() -> None:
         raise RuntimeError(f"bubblespec supports vLLM >={lo} <{hi} (private APIs); found {got}")
 
 
+def set_cpu_env(kv_cache_gib: int, kv_cache_mib: int, cpu_threads: int) -> None:
+    """Set the environment vLLM's CPU backend reads at engine start (its processes inherit
+    it). KV cache: `kv_cache_mib` (exact, an engine argument the GiB env var would override)
+    or `kv_cache_gib`. `cpu_threads` > 0: that many unbound OpenMP threads instead of one
+    bound thread per core: engines sharing cores spin-wait against each other (8 paced ranks
+    on 2 cores: real / paced forward time p50 0.105 and 24% overruns at the default, 0.053
+    and one warm-up overrun per rank at 1 thread)."""
+    if kv_cache_mib:
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    else:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    if cpu_threads:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
+
+
 # ---------------------------------------------------------------------- engine (AsyncLLM)
+def start_llm(cls: Any, args: Any, one_process: bool) -> Any:
+    """`cls.from_engine_args(args)`; `one_process`: with VLLM_ENABLE_V1_MULTIPROCESSING=0
+    while the engine is configured and its engine-core process spawned (the worker then runs
+    inside that process; AsyncLLM keeps the process), restored afterwards."""
+    if not one_process:
+        return cls.from_engine_args(args)
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    old = os.environ.get(key)
+    os.environ[key] = "0"
+    try:
+        return cls.from_engine_args(args)
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 async def reload_weights(llm: Any, path: str) -> None:
     """Reload the weights of every worker from a safetensors directory (the workers'
     `reload_weights(weights_path=...)`, called between engine steps)."""
