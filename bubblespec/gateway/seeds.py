@@ -13,18 +13,12 @@ own drafts) instead of colliding in the draft store.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Sequence
 
 from bubblespec.protocol.domain import PregenTask
-from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.keys import derive_seeds, prompt_key
 from bubblespec.protocol.sampling import SamplingParams
-
-SEED_LIMIT = 2**63
-"""Seeds lie in [0, 2^63) (what the engine accepts)."""
-
-_PERSON = b"bubblespec-seed"
 
 
 def assign_keys(prompts: Sequence[Sequence[int]]) -> list[str]:
@@ -42,18 +36,6 @@ def assign_keys(prompts: Sequence[Sequence[int]]) -> list[str]:
 def base_key(key: str) -> str:
     """The key without a repeat suffix (what response lengths are learned under)."""
     return key.split("~", 1)[0]
-
-
-def derive_seed(run_seed: int, step: int, key: str, sample_index: int) -> int:
-    """The seed of sample `sample_index` of prompt `key` in `step` (deterministic, 63 bits)."""
-    h = hashlib.blake2b(f"{run_seed}:{step}:{key}:{sample_index}".encode(), digest_size=8,
-                        person=_PERSON)
-    return int.from_bytes(h.digest(), "big") % SEED_LIMIT
-
-
-def derive_seeds(run_seed: int, step: int, key: str, n: int) -> list[int]:
-    """Seeds of samples 0..n-1 of prompt `key` in `step`."""
-    return [derive_seed(run_seed, step, key, i) for i in range(n)]
 
 
 def step_seeds(run_seed: int, step: int, keys: Sequence[str], n: int,

@@ -1,4 +1,4 @@
-"""Prompt-group keys and the engine request-id codec.
+"""Prompt-group keys, the engine request-id codec and per-sample seeds.
 
 A prompt group (a prompt's samples and the drafts pre-generated for it) is keyed by a stable
 hash of its token ids, the same in every process. Engine request ids carry the group and the
@@ -37,3 +37,21 @@ def parse_request_id(req_id: str) -> tuple[str, int, str]:
     if len(parts) == 4 and parts[0] == "bs" and parts[2].isdigit():
         return parts[1], int(parts[2]), base
     return base, 0, base
+
+
+SEED_LIMIT = 2**63
+"""Seeds lie in [0, 2^63) (what the engine accepts)."""
+
+_PERSON = b"bubblespec-seed"
+
+
+def derive_seed(run_seed: int, step: int, key: str, sample_index: int) -> int:
+    """The seed of sample `sample_index` of prompt `key` in `step` (deterministic, 63 bits)."""
+    h = hashlib.blake2b(f"{run_seed}:{step}:{key}:{sample_index}".encode(), digest_size=8,
+                        person=_PERSON)
+    return int.from_bytes(h.digest(), "big") % SEED_LIMIT
+
+
+def derive_seeds(run_seed: int, step: int, key: str, n: int) -> list[int]:
+    """Seeds of samples 0..n-1 of prompt `key` in `step`."""
+    return [derive_seed(run_seed, step, key, i) for i in range(n)]

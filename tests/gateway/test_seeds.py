@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-from bubblespec.gateway.seeds import (
-    SEED_LIMIT,
-    assign_keys,
-    derive_seed,
-    derive_seeds,
-    pregen_tasks,
-    step_seeds,
-)
+from bubblespec.gateway.seeds import assign_keys, pregen_tasks, step_seeds
 from bubblespec.gateway.shard import LengthEstimator, make_items
-from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.keys import SEED_LIMIT, derive_seed, derive_seeds, prompt_key
 from bubblespec.protocol.sampling import SamplingParams
 
 
