@@ -4,8 +4,11 @@
 // (int32 columns, branching states' transitions in a small side table).
 #pragma once
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -67,6 +70,49 @@ struct Kids {
   }
 };
 
+// Allocator of the state rows: arrays of 1 MiB and more are mapped in whole 2 MiB pages and
+// marked for transparent huge pages. The occurrence-count walks and drafts read rows at
+// random across tens of MiB per engine step; with 4 KiB pages nearly each of those reads
+// also misses the TLB.
+template <class T>
+struct HugeAlloc {
+  using value_type = T;
+  static constexpr size_t kHuge = size_t(2) << 20;
+  HugeAlloc() = default;
+  template <class U>
+  HugeAlloc(const HugeAlloc<U>&) {}  // NOLINT: rebinding, as std::allocator
+  static bool huge(size_t n) { return n * sizeof(T) >= kHuge / 2; }
+  // bytes held for an array of n elements
+  static size_t footprint(size_t n) {
+    size_t b = n * sizeof(T);
+    return huge(n) ? (b + kHuge - 1) & ~(kHuge - 1) : b;
+  }
+  T* allocate(size_t n) {
+    if (!huge(n)) return static_cast<T*>(::operator new(n * sizeof(T)));
+    const size_t b = footprint(n);
+    char* raw = static_cast<char*>(
+        mmap(nullptr, b + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(raw) + kHuge - 1) & ~(kHuge - 1);
+    char* p = reinterpret_cast<char*>(a);
+    if (p > raw) munmap(raw, static_cast<size_t>(p - raw));
+    if (raw + kHuge > p) munmap(p + b, static_cast<size_t>(raw + kHuge - p));
+    madvise(p, b, MADV_HUGEPAGE);
+    return reinterpret_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) {
+    if (huge(n)) {
+      munmap(p, footprint(n));
+    } else {
+      ::operator delete(p);
+    }
+  }
+  template <class U>
+  bool operator==(const HugeAlloc<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const HugeAlloc<U>&) const { return false; }
+};
+
 // Append position of one sequence in one automaton (see SeqCursor in automaton.py).
 struct Cursor {
   int32_t last = ROOT, cu = ROOT, cl = 0;
@@ -85,7 +131,7 @@ struct Best {  // memoised most frequent child of a high-fanout state
 
 struct Sam {
   int32_t max_depth;
-  std::vector<State> st{State{0, -1, 0, NONE, 0, 0}};
+  std::vector<State, HugeAlloc<State>> st{State{0, -1, 0, NONE, 0, 0}};
   std::vector<Kids> kids;
   std::unordered_map<int32_t, Best> best;
   int64_t version = 0;
@@ -120,7 +166,7 @@ struct Sam {
   }
 
   size_t nbytes() const {
-    size_t b = sizeof(Sam) + st.capacity() * sizeof(State) +
+    size_t b = sizeof(Sam) + HugeAlloc<State>::footprint(st.capacity()) +
                kids.capacity() * sizeof(Kids) + best.size() * 48;
     for (const Kids& k : kids) b += k.nbytes() - sizeof(Kids);
     return b;
@@ -173,54 +219,84 @@ struct Sam {
   }
 
   // Append tokens to the sequence whose append position is cur (automaton.py: extend).
+  //
+  // The occurrence-count walks (step 3 of automaton.py) of up to kBlock tokens are done
+  // after the structure and cursor updates of those tokens, all chains in lockstep, so the
+  // cache misses of independent chains overlap. Same counts as walking after each token:
+  // the structure update never reads counts except when cloning q, and a deferred walk
+  // from the same cursor state over the final suffix links visits the chain it would have
+  // visited then plus each clone inserted into it since (right after the state it was
+  // cloned from: it gets the increment it would have copied). `touched` keeps the highest
+  // version written, which is what the in-order walks leave.
   void extend(Cursor& cur, const int32_t* toks, size_t n) {
+    constexpr size_t kBlock = 16;
+    int32_t xs[kBlock], vs[kBlock];
     const int32_t d1 = max_depth + 1;
     int32_t last = cur.last, cu = cur.cu, cl = cur.cl;
     int64_t ver = version;
-    for (size_t i = 0; i < n; ++i) {
-      const int32_t c = toks[i];
-      ++ver;
-      const int32_t v32 = static_cast<int32_t>(ver);
-      int32_t q = go(last, c);
-      if (q >= 0) {
-        if (st[q].len != st[last].len + 1) q = clone(q, last, c, st[last].len + 1, v32);
-        last = q;
-      } else {
-        const int32_t nw = num_states();
-        st.push_back(State{st[last].len + 1, ROOT, 0, NONE, 0, v32});
-        int32_t p = last;
-        while (p >= 0) {
-          q = go(p, c);
-          if (q >= 0) break;
-          add_go(p, c, nw);
-          p = st[p].link;
-        }
-        if (p >= 0) {
-          if (st[p].len + 1 == st[q].len) {
-            st[nw].link = q;
-          } else {
-            st[nw].link = clone(q, p, c, st[p].len + 1, v32);
+    for (size_t i0 = 0; i0 < n; i0 += kBlock) {
+      const size_t m = n - i0 < kBlock ? n - i0 : kBlock;
+      for (size_t i = 0; i < m; ++i) {
+        const int32_t c = toks[i0 + i];
+        ++ver;
+        const int32_t v32 = static_cast<int32_t>(ver);
+        int32_t q = go(last, c);
+        if (q >= 0) {
+          if (st[q].len != st[last].len + 1) q = clone(q, last, c, st[last].len + 1, v32);
+          last = q;
+        } else {
+          const int32_t nw = num_states();
+          st.push_back(State{st[last].len + 1, ROOT, 0, NONE, 0, v32});
+          int32_t p = last;
+          while (p >= 0) {
+            q = go(p, c);
+            if (q >= 0) break;
+            add_go(p, c, nw);
+            p = st[p].link;
           }
+          if (p >= 0) {
+            if (st[p].len + 1 == st[q].len) {
+              st[nw].link = q;
+            } else {
+              st[nw].link = clone(q, p, c, st[p].len + 1, v32);
+            }
+          }
+          last = nw;
         }
-        last = nw;
+        if (cl) {
+          while (st[st[cu].link].len >= cl) cu = st[cu].link;
+        }
+        cu = go(cu, c);
+        if (++cl > d1) {
+          cl = d1;
+          while (st[st[cu].link].len >= d1) cu = st[cu].link;
+        }
+        xs[i] = cu;
+        vs[i] = v32;
       }
-      if (cl) {
-        while (st[st[cu].link].len >= cl) cu = st[cu].link;
-      }
-      cu = go(cu, c);
-      if (++cl > d1) {
-        cl = d1;
-        while (st[st[cu].link].len >= d1) cu = st[cu].link;
-      }
-      for (int32_t x = cu; x >= 0; x = st[x].link) {
-        ++st[x].occ;
-        st[x].touched = v32;
-      }
+      count_walks(xs, vs, m);
     }
     version = ver;
     cur.last = last;
     cur.cu = cu;
     cur.cl = cl;
+  }
+
+  // Add one occurrence along each suffix-link chain xs[j] -> root, touched at vs[j].
+  void count_walks(int32_t* xs, const int32_t* vs, size_t m) {
+    State* s = st.data();
+    for (bool more = true; more;) {
+      more = false;
+      for (size_t j = 0; j < m; ++j) {
+        const int32_t x = xs[j];
+        if (x < 0) continue;
+        State& r = s[x];
+        ++r.occ;
+        if (r.touched < vs[j]) r.touched = vs[j];
+        xs[j] = r.link;
+        more |= r.link >= 0;
+      }
+    }
   }
 };
 

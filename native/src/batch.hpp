@@ -1,6 +1,9 @@
 // One engine step of the proposer for a whole batch in one call: the C++ twin of
-// bubblespec/core/batch.py (per request: counters, append to the request's live sequence,
-// the aligned pre-generated draft check, then extend + draft of its matcher).
+// bubblespec/core/batch.py (per request: counters and the calibration record of its last
+// draft, append to the request's live sequence, the aligned pre-generated draft, drafts
+// from its group and global matchers, the candidate with the highest calibrated expected
+// accepted length). The calibration and per-source counters stay the Python objects of
+// bubblespec.core.candidates: read once per step, written back once (also on an error).
 #pragma once
 
 #include <algorithm>
@@ -14,24 +17,30 @@ namespace bsn {
 
 constexpr int64_t RESYNC = 4;
 
+// Draft sources (candidates.SOURCES, in tie-break order); NONE: no source (empty step, or
+// a draft that came from outside).
+enum Src : int8_t { SRC_NONE = 0, SRC_ALIGNED = 1, SRC_GROUP = 2, SRC_GLOBAL = 3 };
+inline const char* const SRC_NAMES[4] = {"", "aligned", "group", "global"};
+
 struct Request {
-  nb::object group, seq_id, matcher_obj;
-  Matcher* m;
+  nb::object group, seq_id, matcher_obj, gmatcher_obj;
+  Matcher* m = nullptr;
+  Matcher* gm = nullptr;  // over the global pool, or none
   int64_t stats[5] = {0, 0, 0, 0, 0};
   int64_t last_draft = 0;
-  bool last_aligned = false;
+  int8_t last_src = SRC_NONE;
+  double last_claim = 0.0;
   bool has_aligned = false, aligned_on = true;
   std::vector<int32_t> aligned, tail, out;
   int64_t n_out = 0;
   int32_t slot = -1;  // cached sequence slot of seq_id in the index
 
-  // The aligned pre-generated continuation, or nothing (batch.py: aligned_draft).
-  void aligned_draft(const std::vector<int32_t>& sampled, int64_t budget,
-                     std::vector<int32_t>& res) {
+  // The aligned pre-generated continuation, or nothing (batch.py: follow_aligned).
+  void follow_aligned(const int32_t* s, size_t ns, int64_t budget, std::vector<int32_t>& res) {
     res.clear();
     const int64_t start = n_out;
-    n_out += static_cast<int64_t>(sampled.size());
-    tail.insert(tail.end(), sampled.begin(), sampled.end());
+    n_out += static_cast<int64_t>(ns);
+    tail.insert(tail.end(), s, s + ns);
     if (tail.size() > static_cast<size_t>(RESYNC)) tail.erase(tail.begin(), tail.end() - RESYNC);
     if (!has_aligned) return;
     const int64_t na = static_cast<int64_t>(aligned.size());
@@ -41,7 +50,7 @@ struct Request {
       return static_cast<size_t>(hi - lo) == nx &&
              std::equal(aligned.begin() + lo, aligned.begin() + hi, x);
     };
-    if (aligned_on && !slice_eq(start, n_out, sampled.data(), sampled.size())) aligned_on = false;
+    if (aligned_on && !slice_eq(start, n_out, s, ns)) aligned_on = false;
     if (!aligned_on) {
       if (n_out < RESYNC || !slice_eq(n_out - RESYNC, n_out, tail.data(), tail.size())) return;
       aligned_on = true;
@@ -50,6 +59,119 @@ struct Request {
     if (hi > lo) res.assign(aligned.begin() + lo, aligned.begin() + hi);
   }
 };
+
+// candidates.Calibration and candidates.SourceStats for the length of one step.
+struct Books {
+  nb::handle cal, src;
+  double prior = 0, ap0 = 0, ap1 = 0, al_acc = 0, al_stop = 0;
+  double claimed[4] = {}, delivered[4] = {};
+  int64_t wins[4] = {}, drafted[4] = {}, accepted[4] = {}, empty = 0;
+
+  static double num(nb::handle d, const char* key) {
+    return nb::cast<double>(d[key]);
+  }
+  Books(nb::handle calib, nb::handle stats) : cal(calib), src(stats) {
+    prior = nb::cast<double>(cal.attr("prior"));
+    nb::object ap = cal.attr("aligned_prior");
+    ap0 = nb::cast<double>(ap[0]);
+    ap1 = nb::cast<double>(ap[1]);
+    al_acc = nb::cast<double>(cal.attr("al_acc"));
+    al_stop = nb::cast<double>(cal.attr("al_stop"));
+    nb::object c = cal.attr("claimed"), d = cal.attr("delivered");
+    nb::object w = src.attr("wins"), dr = src.attr("drafted"), a = src.attr("accepted");
+    for (int s = 1; s < 4; ++s) {
+      claimed[s] = num(c, SRC_NAMES[s]);
+      delivered[s] = num(d, SRC_NAMES[s]);
+      wins[s] = nb::cast<int64_t>(w[SRC_NAMES[s]]);
+      drafted[s] = nb::cast<int64_t>(dr[SRC_NAMES[s]]);
+      accepted[s] = nb::cast<int64_t>(a[SRC_NAMES[s]]);
+    }
+    empty = nb::cast<int64_t>(src.attr("empty"));
+  }
+  void write_back() {
+    cal.attr("al_acc") = nb::float_(al_acc);
+    cal.attr("al_stop") = nb::float_(al_stop);
+    nb::object c = cal.attr("claimed"), d = cal.attr("delivered");
+    nb::object w = src.attr("wins"), dr = src.attr("drafted"), a = src.attr("accepted");
+    for (int s = 1; s < 4; ++s) {
+      c[SRC_NAMES[s]] = nb::float_(claimed[s]);
+      d[SRC_NAMES[s]] = nb::float_(delivered[s]);
+      w[SRC_NAMES[s]] = nb::int_(wins[s]);
+      dr[SRC_NAMES[s]] = nb::int_(drafted[s]);
+      a[SRC_NAMES[s]] = nb::int_(accepted[s]);
+    }
+    src.attr("empty") = nb::int_(empty);
+  }
+  double ratio(int s) const { return (delivered[s] + prior) / (claimed[s] + prior); }
+  double aligned_rate() const { return (al_acc + ap0) / (al_acc + al_stop + ap0 + ap1); }
+  void record(int s, double claim, int64_t drafted_n, int64_t acc) {
+    if (s == SRC_ALIGNED) {
+      al_acc += static_cast<double>(acc);
+      al_stop += acc < drafted_n ? 1.0 : 0.0;
+    } else {
+      claimed[s] += claim;
+      delivered[s] += static_cast<double>(acc);
+    }
+  }
+};
+
+// A candidate's expected accepted tokens cut to `budget` and its claim before rescaling
+// (candidates.expected_accepted / choose).
+inline double claim_of(const std::vector<double>& probs, int64_t budget) {
+  PySum sum;
+  const size_t n = std::min(probs.size(), static_cast<size_t>(budget));
+  for (size_t i = 0; i < n; ++i) sum.add(probs[i]);
+  return sum.value();
+}
+
+// Everything of one step's input, converted before any state changes.
+struct StepInput {
+  std::vector<Request*> reqs;
+  std::vector<int64_t> ntok;
+  std::vector<int32_t> toks, given;       // emitted (and given draft) tokens, flat
+  std::vector<size_t> off, goff;          // request i: toks[off[i], off[i + 1])
+};
+
+inline void read_input(nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
+                       nb::handle drafts, StepInput& in) {
+  nb::object ntok = nb::hasattr(num_tokens, "tolist") ? num_tokens.attr("tolist")()
+                                                       : nb::borrow(num_tokens);
+  nb::object rl = nb::steal(PySequence_Fast(reqs.ptr(), "reqs must be a sequence"));
+  nb::object sl = nb::steal(PySequence_Fast(sampled.ptr(), "sampled must be a sequence"));
+  nb::object nl = nb::steal(PySequence_Fast(ntok.ptr(), "num_tokens must be a sequence"));
+  if (!rl.is_valid() || !sl.is_valid() || !nl.is_valid()) throw nb::python_error();
+  nb::object dl;
+  if (!drafts.is_none()) {
+    dl = nb::steal(PySequence_Fast(drafts.ptr(), "drafts must be a sequence"));
+    if (!dl.is_valid()) throw nb::python_error();
+  }
+  const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(sl.ptr()));
+  if (static_cast<size_t>(PySequence_Fast_GET_SIZE(rl.ptr())) < n ||
+      static_cast<size_t>(PySequence_Fast_GET_SIZE(nl.ptr())) < n ||
+      (dl.is_valid() && static_cast<size_t>(PySequence_Fast_GET_SIZE(dl.ptr())) < n))
+    value_error("step: reqs, num_tokens and drafts need one entry per sampled list");
+  PyObject** ri = PySequence_Fast_ITEMS(rl.ptr());
+  PyObject** si = PySequence_Fast_ITEMS(sl.ptr());
+  PyObject** ni = PySequence_Fast_ITEMS(nl.ptr());
+  in.reqs.resize(n);
+  in.ntok.resize(n);
+  in.off.assign(1, 0);
+  in.goff.assign(1, 0);
+  in.toks.clear();
+  in.given.clear();
+  for (size_t i = 0; i < n; ++i) {
+    in.reqs[i] = &nb::cast<Request&>(nb::handle(ri[i]));
+    tokens_into(nb::handle(si[i]), in.toks);
+    in.off.push_back(in.toks.size());
+    const long long t = PyLong_AsLongLong(ni[i]);
+    if (t == -1 && PyErr_Occurred()) throw nb::python_error();
+    in.ntok[i] = t;
+    if (dl.is_valid()) {
+      if (in.toks.size() > in.off[i]) tokens_into(nb::handle(PySequence_Fast_ITEMS(dl.ptr())[i]), in.given);
+      in.goff.push_back(in.given.size());
+    }
+  }
+}
 
 inline int32_t live_slot(Index& idx, Request& r) {
   if (r.slot >= 0 && r.slot < static_cast<int32_t>(idx.seqs.size()) && idx.seqs[r.slot].used &&
@@ -60,58 +182,129 @@ inline int32_t live_slot(Index& idx, Request& r) {
   return r.slot;
 }
 
-// batch.py: step. `num_tokens[i]`: tokens of request i before this step's drafts.
-inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
-                     int64_t k, int64_t max_model_len, nb::handle params, bool extend_index,
-                     bool keep_out) {
-  const Params& p = params_of(params);
-  nb::object ntok = nb::hasattr(num_tokens, "tolist") ? num_tokens.attr("tolist")()
-                                                       : nb::borrow(num_tokens);
-  nb::list rl = nb::cast<nb::list>(reqs), sl = nb::cast<nb::list>(sampled);
-  nb::object nl = nb::steal(PySequence_Fast(ntok.ptr(), "num_tokens must be a sequence"));
-  if (!nl.is_valid()) throw nb::python_error();
-  const size_t n = nb::len(sl);
-  if (nb::len(rl) < n || static_cast<size_t>(PySequence_Fast_GET_SIZE(nl.ptr())) < n)
-    value_error("step: reqs and num_tokens need one entry per sampled list");
-  PyObject** nitems = PySequence_Fast_ITEMS(nl.ptr());
-  nb::list res;
-  std::vector<int32_t> toks, draft;
-  Draft d;
-  for (size_t i = 0; i < n; ++i) {
-    Request& r = nb::cast<Request&>(rl[i]);
-    toks.clear();
-    tokens_into(sl[i], toks);
-    if (toks.empty()) {
-      res.append(nb::list());
-      continue;
+// Warm the lines request r touches first: its live sequence's cursor states and its
+// matcher's match state and drafted path (states of the same automaton).
+inline void prefetch_request(Index& idx, const Request& r) {
+  if (r.slot >= 0 && r.slot < static_cast<int32_t>(idx.seqs.size())) {
+    const Seq& q = idx.seqs[r.slot];
+    if (q.has_cur && q.gslot >= 0 && q.gslot < static_cast<int32_t>(idx.groups.size())) {
+      const Sam* s = idx.groups[q.gslot].sam.get();
+      if (s && q.cur.cu < s->num_states() && q.cur.last < s->num_states()) {
+        __builtin_prefetch(&s->st[q.cur.cu], 1);
+        __builtin_prefetch(&s->st[q.cur.last], 1);
+      }
     }
-    const int64_t ns = static_cast<int64_t>(toks.size());
-    r.stats[0] += 1;
-    if (keep_out) r.out.insert(r.out.end(), toks.begin(), toks.end());
-    if (r.last_draft) {
-      r.stats[3] += ns - 1;
-      if (r.last_aligned) r.stats[4] += ns - 1;
-    }
-    if (extend_index) idx.extend_sequence(live_slot(idx, r), toks.data(), toks.size());
-    const int64_t n_tok = PyLong_AsLongLong(nitems[i]);
-    if (n_tok == -1 && PyErr_Occurred()) throw nb::python_error();
-    const int64_t budget = std::min(k, max_model_len - n_tok - 1);
-    r.aligned_draft(toks, budget, draft);
-    r.last_aligned = !draft.empty();
-    r.m->extend(toks.data(), toks.size());
-    if (draft.empty() && budget > 0) {
-      r.m->draft(p, d);
-      size_t m = std::min(d.token_ids.size(), static_cast<size_t>(budget));
-      draft.assign(d.token_ids.begin(), d.token_ids.begin() + static_cast<std::ptrdiff_t>(m));
-    }
-    r.last_draft = static_cast<int64_t>(draft.size());
-    if (!draft.empty()) {
-      r.stats[1] += 1;
-      r.stats[2] += r.last_draft;
-    }
-    res.append(to_list(draft));
   }
-  return res;
+  const Matcher* m = r.m;
+  const Sam& s = *m->s;
+  __builtin_prefetch(&s.st[m->v]);
+  const size_t np = std::min<size_t>(m->pstates.size(), 4);
+  for (size_t j = 0; j < np; ++j) __builtin_prefetch(&s.st[m->pstates[j]]);
+}
+
+// batch.py: step.
+inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
+                     int64_t k, int64_t max_model_len, nb::handle params, nb::handle calib,
+                     nb::handle src_stats, bool extend_index, bool keep_out, nb::handle drafts) {
+  const Params& p = params_of(params);
+  StepInput in;
+  read_input(reqs, sampled, num_tokens, drafts, in);
+  const bool given = !drafts.is_none();
+  Books bk(calib, src_stats);
+  const size_t n = in.reqs.size();
+  PyObject* res = PyList_New(static_cast<Py_ssize_t>(n));
+  if (!res) throw nb::python_error();
+  nb::list out = nb::steal<nb::list>(res);
+  std::vector<int32_t> al;
+  Draft dg, dgl;
+  constexpr size_t AHEAD = 3;
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      if (i + AHEAD < n) prefetch_request(idx, *in.reqs[i + AHEAD]);
+      Request& r = *in.reqs[i];
+      const int32_t* t = in.toks.data() + in.off[i];
+      const size_t ns = in.off[i + 1] - in.off[i];
+      if (!ns) {
+        PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), PyList_New(0));
+        continue;
+      }
+      r.stats[0] += 1;
+      if (keep_out) r.out.insert(r.out.end(), t, t + ns);
+      if (r.last_draft) {
+        const int64_t acc = static_cast<int64_t>(ns) - 1;
+        r.stats[3] += acc;
+        if (r.last_src != SRC_NONE) {
+          if (r.last_src == SRC_ALIGNED) r.stats[4] += acc;
+          bk.record(r.last_src, r.last_claim, r.last_draft, acc);
+          bk.accepted[r.last_src] += acc;
+        }
+      }
+      if (extend_index) idx.extend_sequence(live_slot(idx, r), t, ns);
+      const int64_t budget = std::min(k, max_model_len - in.ntok[i] - 1);
+      r.follow_aligned(t, ns, budget, al);
+      const int32_t* tok = nullptr;
+      size_t ntk = 0;
+      if (given) {
+        tok = in.given.data() + in.goff[i];
+        ntk = std::min(in.goff[i + 1] - in.goff[i], static_cast<size_t>(std::max<int64_t>(budget, 0)));
+        r.m->extend(t, ns);
+      } else {
+        // candidates in tie-break order; the first strictly higher expectation wins
+        int8_t best = SRC_NONE;
+        double best_val = 0.0, claim = 0.0;
+        if (!al.empty()) {
+          const double rate = bk.aligned_rate();
+          PySum sum;
+          double q = 1.0;
+          for (size_t j = 0; j < al.size(); ++j) {
+            q *= rate;
+            sum.add(q);
+          }
+          const double c = sum.value();  // aligned drafts never exceed the budget
+          if (c > best_val) best = SRC_ALIGNED, best_val = c, claim = c;
+        }
+        Matcher* ms[2] = {r.m, r.gm};
+        Draft* ds[2] = {&dg, &dgl};
+        for (int j = 0; j < 2; ++j) {
+          if (!ms[j]) continue;
+          ms[j]->extend(t, ns);
+          if (budget <= 0) continue;
+          ms[j]->draft(p, *ds[j]);
+          if (ds[j]->token_ids.empty()) continue;
+          const int8_t s = static_cast<int8_t>(SRC_GROUP + j);
+          const double c = claim_of(ds[j]->probs, budget);
+          const double val = c * bk.ratio(s);
+          if (val > best_val) best = s, best_val = val, claim = c;
+        }
+        if (budget <= 0) best = SRC_NONE;
+        if (best == SRC_NONE) {
+          r.last_src = SRC_NONE;
+          r.last_claim = 0.0;
+          bk.empty += 1;
+        } else {
+          const std::vector<int32_t>& v =
+              best == SRC_ALIGNED ? al : (best == SRC_GROUP ? dg.token_ids : dgl.token_ids);
+          tok = v.data();
+          ntk = std::min(v.size(), static_cast<size_t>(budget));
+          r.last_src = best;
+          r.last_claim = claim;
+          bk.wins[best] += 1;
+          bk.drafted[best] += static_cast<int64_t>(ntk);
+        }
+      }
+      r.last_draft = static_cast<int64_t>(ntk);
+      if (ntk) {
+        r.stats[1] += 1;
+        r.stats[2] += r.last_draft;
+      }
+      PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), to_list(tok, ntk).release().ptr());
+    }
+  } catch (...) {  // the reference has recorded everything up to the failing request
+    bk.write_back();
+    throw;
+  }
+  bk.write_back();
+  return out;
 }
 
 }  // namespace bsn
