@@ -119,6 +119,8 @@ def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
     n = len(sampled)
     if len(reqs) < n or len(num_tokens) < n or (drafts is not None and len(drafts) < n):
         raise ValueError("step: reqs, num_tokens and drafts need one entry per sampled list")
+    if len({id(r) for r in reqs[:n]}) < n:
+        raise ValueError("step: a request appears twice in the batch")
     out: list[list[int]] = []
     for i, new in enumerate(sampled):
         st = reqs[i]

@@ -124,6 +124,36 @@ struct State {
   int32_t len, link, occ, ftok, fto, touched;
 };
 
+// Occurrence-count walks (step 3 of automaton.py: extend) done after the structure updates
+// of several tokens, possibly of several sequences and automata, all chains in lockstep so
+// that the cache misses of independent chains overlap. The counts are those of walking after
+// each token: the structure update never reads counts except when cloning q, and a deferred
+// walk from the same cursor state over the final suffix links visits the chain it would have
+// visited then plus each clone inserted into it since (right after the state it was cloned
+// from: it gets the increment it would have copied). `touched` keeps the highest version
+// written, which is what in-order walks leave.
+struct Walk {
+  State* rows;  // the automaton's rows (read after its last structure update)
+  int32_t x;    // next state of the chain (-1: done)
+  int32_t ver;
+};
+
+inline void count_walks(Walk* w, size_t m) {
+  while (m) {
+    for (size_t j = 0; j < m;) {
+      State& r = w[j].rows[w[j].x];
+      ++r.occ;
+      if (r.touched < w[j].ver) r.touched = w[j].ver;
+      w[j].x = r.link;
+      if (r.link < 0) {
+        w[j] = w[--m];  // order does not matter: sums and maxima
+      } else {
+        ++j;
+      }
+    }
+  }
+}
+
 struct Best {  // memoised most frequent child of a high-fanout state
   int64_t version;
   int32_t tok, to, cnt;
@@ -218,84 +248,60 @@ struct Sam {
     }
   }
 
-  // Append tokens to the sequence whose append position is cur (automaton.py: extend).
-  //
-  // The occurrence-count walks (step 3 of automaton.py) of up to kBlock tokens are done
-  // after the structure and cursor updates of those tokens, all chains in lockstep, so the
-  // cache misses of independent chains overlap. Same counts as walking after each token:
-  // the structure update never reads counts except when cloning q, and a deferred walk
-  // from the same cursor state over the final suffix links visits the chain it would have
-  // visited then plus each clone inserted into it since (right after the state it was
-  // cloned from: it gets the increment it would have copied). `touched` keeps the highest
-  // version written, which is what the in-order walks leave.
-  void extend(Cursor& cur, const int32_t* toks, size_t n) {
-    constexpr size_t kBlock = 16;
-    int32_t xs[kBlock], vs[kBlock];
+  // Structure and cursor update of one token appended to the sequence at cur (steps 1 and
+  // 2 of automaton.py: extend): returns the start of the token's occurrence-count walk (the
+  // cursor state) and its version in v32. The walk itself is left to the caller.
+  int32_t push_token(Cursor& cur, int32_t c, int32_t& v32) {
     const int32_t d1 = max_depth + 1;
     int32_t last = cur.last, cu = cur.cu, cl = cur.cl;
-    int64_t ver = version;
-    for (size_t i0 = 0; i0 < n; i0 += kBlock) {
-      const size_t m = n - i0 < kBlock ? n - i0 : kBlock;
-      for (size_t i = 0; i < m; ++i) {
-        const int32_t c = toks[i0 + i];
-        ++ver;
-        const int32_t v32 = static_cast<int32_t>(ver);
-        int32_t q = go(last, c);
-        if (q >= 0) {
-          if (st[q].len != st[last].len + 1) q = clone(q, last, c, st[last].len + 1, v32);
-          last = q;
-        } else {
-          const int32_t nw = num_states();
-          st.push_back(State{st[last].len + 1, ROOT, 0, NONE, 0, v32});
-          int32_t p = last;
-          while (p >= 0) {
-            q = go(p, c);
-            if (q >= 0) break;
-            add_go(p, c, nw);
-            p = st[p].link;
-          }
-          if (p >= 0) {
-            if (st[p].len + 1 == st[q].len) {
-              st[nw].link = q;
-            } else {
-              st[nw].link = clone(q, p, c, st[p].len + 1, v32);
-            }
-          }
-          last = nw;
-        }
-        if (cl) {
-          while (st[st[cu].link].len >= cl) cu = st[cu].link;
-        }
-        cu = go(cu, c);
-        if (++cl > d1) {
-          cl = d1;
-          while (st[st[cu].link].len >= d1) cu = st[cu].link;
-        }
-        xs[i] = cu;
-        vs[i] = v32;
+    v32 = static_cast<int32_t>(++version);
+    int32_t q = go(last, c);
+    if (q >= 0) {
+      if (st[q].len != st[last].len + 1) q = clone(q, last, c, st[last].len + 1, v32);
+      last = q;
+    } else {
+      const int32_t nw = num_states();
+      st.push_back(State{st[last].len + 1, ROOT, 0, NONE, 0, v32});
+      int32_t p = last;
+      while (p >= 0) {
+        q = go(p, c);
+        if (q >= 0) break;
+        add_go(p, c, nw);
+        p = st[p].link;
       }
-      count_walks(xs, vs, m);
+      if (p >= 0) {
+        if (st[p].len + 1 == st[q].len) {
+          st[nw].link = q;
+        } else {
+          st[nw].link = clone(q, p, c, st[p].len + 1, v32);
+        }
+      }
+      last = nw;
     }
-    version = ver;
+    if (cl) {
+      while (st[st[cu].link].len >= cl) cu = st[cu].link;
+    }
+    cu = go(cu, c);
+    if (++cl > d1) {
+      cl = d1;
+      while (st[st[cu].link].len >= d1) cu = st[cu].link;
+    }
     cur.last = last;
     cur.cu = cu;
     cur.cl = cl;
+    return cu;
   }
 
-  // Add one occurrence along each suffix-link chain xs[j] -> root, touched at vs[j].
-  void count_walks(int32_t* xs, const int32_t* vs, size_t m) {
-    State* s = st.data();
-    for (bool more = true; more;) {
-      more = false;
-      for (size_t j = 0; j < m; ++j) {
-        const int32_t x = xs[j];
-        if (x < 0) continue;
-        State& r = s[x];
-        ++r.occ;
-        if (r.touched < vs[j]) r.touched = vs[j];
-        xs[j] = r.link;
-        more |= r.link >= 0;
-      }
+  // Append tokens to the sequence whose append position is cur (automaton.py: extend):
+  // blocks of tokens, each block's count walks after its structure updates (see Walk).
+  void extend(Cursor& cur, const int32_t* toks, size_t n) {
+    constexpr size_t kBlock = 16;
+    Walk w[kBlock];
+    for (size_t i0 = 0; i0 < n; i0 += kBlock) {
+      const size_t m = n - i0 < kBlock ? n - i0 : kBlock;
+      for (size_t i = 0; i < m; ++i) w[i].x = push_token(cur, toks[i0 + i], w[i].ver);
+      for (size_t i = 0; i < m; ++i) w[i].rows = st.data();
+      count_walks(w, m);
     }
   }
 };

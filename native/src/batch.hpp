@@ -34,6 +34,7 @@ struct Request {
   std::vector<int32_t> aligned, tail, out;
   int64_t n_out = 0;
   int32_t slot = -1;  // cached sequence slot of seq_id in the index
+  int64_t slot_mark = -1;  // its position in the step being read (duplicate check)
 
   // The aligned pre-generated continuation, or nothing (batch.py: follow_aligned).
   void follow_aligned(const int32_t* s, size_t ns, int64_t budget, std::vector<int32_t>& res) {
@@ -124,16 +125,27 @@ inline double claim_of(const std::vector<double>& probs, int64_t budget) {
   return sum.value();
 }
 
-// Everything of one step's input, converted before any state changes.
+// Everything of one step's input, converted and checked before any state changes.
 struct StepInput {
   std::vector<Request*> reqs;
-  std::vector<int64_t> ntok;
-  std::vector<int32_t> toks, given;       // emitted (and given draft) tokens, flat
-  std::vector<size_t> off, goff;          // request i: toks[off[i], off[i + 1])
+  std::vector<int64_t> budget;
+  std::vector<int32_t> toks, given;  // emitted (and given draft) tokens, flat
+  std::vector<size_t> off, goff;     // request i: toks[off[i], off[i + 1])
+  size_t ntoks(size_t i) const { return off[i + 1] - off[i]; }
 };
 
-inline void read_input(nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
-                       nb::handle drafts, StepInput& in) {
+inline int32_t live_slot(Index& idx, Request& r) {
+  if (r.slot >= 0 && r.slot < static_cast<int32_t>(idx.seqs.size()) && idx.seqs[r.slot].used &&
+      idx.seqs[r.slot].key.ptr() == r.seq_id.ptr())
+    return r.slot;
+  r.slot = idx.find_seq(r.seq_id);
+  if (r.slot < 0) value_error("unknown sequence " + repr_of(r.seq_id));
+  return r.slot;
+}
+
+inline void read_input(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
+                       nb::handle drafts, int64_t k, int64_t max_model_len, bool extend_index,
+                       StepInput& in) {
   nb::object ntok = nb::hasattr(num_tokens, "tolist") ? num_tokens.attr("tolist")()
                                                        : nb::borrow(num_tokens);
   nb::object rl = nb::steal(PySequence_Fast(reqs.ptr(), "reqs must be a sequence"));
@@ -154,32 +166,30 @@ inline void read_input(nb::handle reqs, nb::handle sampled, nb::handle num_token
   PyObject** si = PySequence_Fast_ITEMS(sl.ptr());
   PyObject** ni = PySequence_Fast_ITEMS(nl.ptr());
   in.reqs.resize(n);
-  in.ntok.resize(n);
+  in.budget.resize(n);
   in.off.assign(1, 0);
   in.goff.assign(1, 0);
   in.toks.clear();
   in.given.clear();
   for (size_t i = 0; i < n; ++i) {
-    in.reqs[i] = &nb::cast<Request&>(nb::handle(ri[i]));
+    Request& r = nb::cast<Request&>(nb::handle(ri[i]));
+    in.reqs[i] = &r;
     tokens_into(nb::handle(si[i]), in.toks);
     in.off.push_back(in.toks.size());
     const long long t = PyLong_AsLongLong(ni[i]);
     if (t == -1 && PyErr_Occurred()) throw nb::python_error();
-    in.ntok[i] = t;
-    if (dl.is_valid()) {
-      if (in.toks.size() > in.off[i]) tokens_into(nb::handle(PySequence_Fast_ITEMS(dl.ptr())[i]), in.given);
-      in.goff.push_back(in.given.size());
-    }
+    in.budget[i] = std::min<int64_t>(k, max_model_len - t - 1);
+    if (in.ntoks(i) && dl.is_valid())
+      tokens_into(nb::handle(PySequence_Fast_ITEMS(dl.ptr())[i]), in.given);
+    in.goff.push_back(in.given.size());
+    if (in.ntoks(i) && extend_index && !idx.seqs[live_slot(idx, r)].live)
+      value_error("sequence " + repr_of(r.seq_id) + " is finished; only live ones can be extended");
   }
-}
-
-inline int32_t live_slot(Index& idx, Request& r) {
-  if (r.slot >= 0 && r.slot < static_cast<int32_t>(idx.seqs.size()) && idx.seqs[r.slot].used &&
-      idx.seqs[r.slot].key.ptr() == r.seq_id.ptr())
-    return r.slot;
-  r.slot = idx.find_seq(r.seq_id);
-  if (r.slot < 0) value_error("unknown sequence " + repr_of(r.seq_id));
-  return r.slot;
+  for (size_t i = 0; i < n; ++i) in.reqs[i]->slot_mark = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (in.reqs[i]->slot_mark >= 0) value_error("step: a request appears twice in the batch");
+    in.reqs[i]->slot_mark = static_cast<int64_t>(i);
+  }
 }
 
 // Warm the lines request r touches first: its live sequence's cursor states and its
@@ -202,106 +212,216 @@ inline void prefetch_request(Index& idx, const Request& r) {
   for (size_t j = 0; j < np; ++j) __builtin_prefetch(&s.st[m->pstates[j]]);
 }
 
-// batch.py: step.
+// Phase 1 of request i, after its live sequence took its tokens: its matchers take them
+// too and draft (when they may) into ds[2i] (group) and ds[2i + 1] (global).
+inline void match(const StepInput& in, size_t i, const Params& p, bool given,
+                  std::vector<Draft>& ds) {
+  Request& r = *in.reqs[i];
+  const int32_t* t = in.toks.data() + in.off[i];
+  const size_t ns = in.ntoks(i);
+  Matcher* ms[2] = {r.m, given ? nullptr : r.gm};
+  for (int j = 0; j < 2; ++j) {
+    if (!ms[j]) continue;
+    ms[j]->extend(t, ns);
+    if (!given && in.budget[i] > 0) ms[j]->draft(p, ds[2 * i + j]);
+  }
+}
+
+// Phase 1 with the requests of different groups interleaved: in rounds, the r-th request
+// of every group appends its tokens (token by token across groups), all their count walks
+// run in lockstep, then each drafts. Requests of one group keep their order, and nothing is
+// shared across groups (checked by `lanes_apply`), so every automaton and matcher sees the
+// calls it sees in batch order; group recency is then replayed in batch order.
+struct Lanes {
+  std::vector<std::vector<size_t>> reqs;  // per group (first-seen order): its requests
+  std::vector<int32_t> slot;               // its group slot
+};
+
+inline bool lanes_apply(Index& idx, const StepInput& in, bool extend_index, bool given,
+                        Lanes& ln) {
+  if (!extend_index || in.reqs.size() < 2) return false;
+  static int64_t stamp = 0;
+  ++stamp;
+  int64_t total = 0;
+  std::vector<int32_t> lane_of(idx.groups.size(), -1);
+  for (size_t i = 0; i < in.reqs.size(); ++i) {
+    const size_t ns = in.ntoks(i);
+    if (!ns) continue;
+    total += static_cast<int64_t>(ns);
+    const Request& r = *in.reqs[i];
+    const Seq& q = idx.seqs[r.slot];
+    if (!q.has_cur || q.has_gcur || r.m->mode != Matcher::GROUP ||
+        r.m->s.get() != idx.groups[q.gslot].sam.get())
+      return false;
+    if (r.gm && !given) {  // a global matcher reads only the global group, unchanged here
+      if (r.gm->mode != Matcher::GLOBAL || r.gm->mark == stamp) return false;
+      r.gm->mark = stamp;
+    }
+    int32_t& l = lane_of[q.gslot];
+    if (l < 0) {
+      l = static_cast<int32_t>(ln.reqs.size());
+      ln.reqs.emplace_back();
+      ln.slot.push_back(q.gslot);
+    }
+    ln.reqs[l].push_back(i);
+  }
+  if (idx.token_budget >= 0 && idx.ntokens + total > idx.token_budget) return false;
+  return ln.reqs.size() > 1;
+}
+
+inline void phase1_lanes(Index& idx, const StepInput& in, const Lanes& ln, const Params& p,
+                         bool given, std::vector<Draft>& ds) {
+  size_t rounds = 0;
+  for (const auto& l : ln.reqs) rounds = std::max(rounds, l.size());
+  std::vector<Walk> walks;
+  std::vector<size_t> cur;  // request of each lane in this round (or none)
+  for (size_t rd = 0; rd < rounds; ++rd) {
+    cur.clear();
+    size_t longest = 0;
+    for (size_t l = 0; l < ln.reqs.size(); ++l) {
+      if (rd >= ln.reqs[l].size()) continue;
+      const size_t i = ln.reqs[l][rd];
+      const size_t ns = in.ntoks(i);
+      Seq& q = idx.seqs[in.reqs[i]->slot];
+      q.tokens.insert(q.tokens.end(), in.toks.data() + in.off[i], in.toks.data() + in.off[i] + ns);
+      idx.groups[ln.slot[l]].ntokens += static_cast<int64_t>(ns);
+      idx.ntokens += static_cast<int64_t>(ns);
+      cur.push_back(l);
+      longest = std::max(longest, ns);
+    }
+    walks.clear();
+    for (size_t j = 0; j < longest; ++j) {
+      for (size_t l : cur) {
+        const size_t i = ln.reqs[l][rd];
+        if (j >= in.ntoks(i)) continue;
+        Seq& q = idx.seqs[in.reqs[i]->slot];
+        Sam& s = *idx.groups[ln.slot[l]].sam;
+        Walk w{nullptr, 0, 0};
+        w.x = s.push_token(q.cur, in.toks[in.off[i] + j], w.ver);
+        walks.push_back(w);
+      }
+    }
+    size_t at = 0;  // rows are final now: no more appends this round
+    for (size_t j = 0; j < longest; ++j) {
+      for (size_t l : cur) {
+        if (j < in.ntoks(ln.reqs[l][rd])) walks[at++].rows = idx.groups[ln.slot[l]].sam->st.data();
+      }
+    }
+    count_walks(walks.data(), walks.size());
+    for (size_t c = 0; c < cur.size(); ++c) {
+      if (c + 2 < cur.size()) prefetch_request(idx, *in.reqs[ln.reqs[cur[c + 2]][rd]]);
+      match(in, ln.reqs[cur[c]][rd], p, given, ds);
+    }
+  }
+  for (size_t i = 0; i < in.reqs.size(); ++i)  // group recency as batch order leaves it
+    if (in.ntoks(i)) idx.touch_slot(idx.seqs[in.reqs[i]->slot].gslot);
+}
+
+inline void phase1_in_order(Index& idx, const StepInput& in, const Params& p, bool given,
+                            bool extend_index, std::vector<Draft>& ds) {
+  constexpr size_t AHEAD = 3;
+  const size_t n = in.reqs.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i + AHEAD < n) prefetch_request(idx, *in.reqs[i + AHEAD]);
+    const size_t ns = in.ntoks(i);
+    if (!ns) continue;
+    if (extend_index) idx.extend_sequence(in.reqs[i]->slot, in.toks.data() + in.off[i], ns);
+    match(in, i, p, given, ds);
+  }
+}
+
+// batch.py: step. Phase 1 (index and matchers) and phase 2 (counters, calibration, aligned
+// draft, choice) touch disjoint state, so doing all of phase 1 first changes nothing; the
+// input is checked whole before either (the reference fails at the request instead).
 inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
                      int64_t k, int64_t max_model_len, nb::handle params, nb::handle calib,
                      nb::handle src_stats, bool extend_index, bool keep_out, nb::handle drafts) {
   const Params& p = params_of(params);
-  StepInput in;
-  read_input(reqs, sampled, num_tokens, drafts, in);
   const bool given = !drafts.is_none();
+  StepInput in;
+  read_input(idx, reqs, sampled, num_tokens, drafts, k, max_model_len, extend_index, in);
   Books bk(calib, src_stats);
   const size_t n = in.reqs.size();
+  std::vector<Draft> ds(2 * n);
+  Lanes ln;
+  if (lanes_apply(idx, in, extend_index, given, ln)) {
+    phase1_lanes(idx, in, ln, p, given, ds);
+  } else {
+    phase1_in_order(idx, in, p, given, extend_index, ds);
+  }
   PyObject* res = PyList_New(static_cast<Py_ssize_t>(n));
   if (!res) throw nb::python_error();
   nb::list out = nb::steal<nb::list>(res);
   std::vector<int32_t> al;
-  Draft dg, dgl;
-  constexpr size_t AHEAD = 3;
-  try {
-    for (size_t i = 0; i < n; ++i) {
-      if (i + AHEAD < n) prefetch_request(idx, *in.reqs[i + AHEAD]);
-      Request& r = *in.reqs[i];
-      const int32_t* t = in.toks.data() + in.off[i];
-      const size_t ns = in.off[i + 1] - in.off[i];
-      if (!ns) {
-        PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), PyList_New(0));
-        continue;
-      }
-      r.stats[0] += 1;
-      if (keep_out) r.out.insert(r.out.end(), t, t + ns);
-      if (r.last_draft) {
-        const int64_t acc = static_cast<int64_t>(ns) - 1;
-        r.stats[3] += acc;
-        if (r.last_src != SRC_NONE) {
-          if (r.last_src == SRC_ALIGNED) r.stats[4] += acc;
-          bk.record(r.last_src, r.last_claim, r.last_draft, acc);
-          bk.accepted[r.last_src] += acc;
-        }
-      }
-      if (extend_index) idx.extend_sequence(live_slot(idx, r), t, ns);
-      const int64_t budget = std::min(k, max_model_len - in.ntok[i] - 1);
-      r.follow_aligned(t, ns, budget, al);
-      const int32_t* tok = nullptr;
-      size_t ntk = 0;
-      if (given) {
-        tok = in.given.data() + in.goff[i];
-        ntk = std::min(in.goff[i + 1] - in.goff[i], static_cast<size_t>(std::max<int64_t>(budget, 0)));
-        r.m->extend(t, ns);
-      } else {
-        // candidates in tie-break order; the first strictly higher expectation wins
-        int8_t best = SRC_NONE;
-        double best_val = 0.0, claim = 0.0;
-        if (!al.empty()) {
-          const double rate = bk.aligned_rate();
-          PySum sum;
-          double q = 1.0;
-          for (size_t j = 0; j < al.size(); ++j) {
-            q *= rate;
-            sum.add(q);
-          }
-          const double c = sum.value();  // aligned drafts never exceed the budget
-          if (c > best_val) best = SRC_ALIGNED, best_val = c, claim = c;
-        }
-        Matcher* ms[2] = {r.m, r.gm};
-        Draft* ds[2] = {&dg, &dgl};
-        for (int j = 0; j < 2; ++j) {
-          if (!ms[j]) continue;
-          ms[j]->extend(t, ns);
-          if (budget <= 0) continue;
-          ms[j]->draft(p, *ds[j]);
-          if (ds[j]->token_ids.empty()) continue;
-          const int8_t s = static_cast<int8_t>(SRC_GROUP + j);
-          const double c = claim_of(ds[j]->probs, budget);
-          const double val = c * bk.ratio(s);
-          if (val > best_val) best = s, best_val = val, claim = c;
-        }
-        if (budget <= 0) best = SRC_NONE;
-        if (best == SRC_NONE) {
-          r.last_src = SRC_NONE;
-          r.last_claim = 0.0;
-          bk.empty += 1;
-        } else {
-          const std::vector<int32_t>& v =
-              best == SRC_ALIGNED ? al : (best == SRC_GROUP ? dg.token_ids : dgl.token_ids);
-          tok = v.data();
-          ntk = std::min(v.size(), static_cast<size_t>(budget));
-          r.last_src = best;
-          r.last_claim = claim;
-          bk.wins[best] += 1;
-          bk.drafted[best] += static_cast<int64_t>(ntk);
-        }
-      }
-      r.last_draft = static_cast<int64_t>(ntk);
-      if (ntk) {
-        r.stats[1] += 1;
-        r.stats[2] += r.last_draft;
-      }
-      PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), to_list(tok, ntk).release().ptr());
+  for (size_t i = 0; i < n; ++i) {
+    Request& r = *in.reqs[i];
+    const int32_t* t = in.toks.data() + in.off[i];
+    const size_t ns = in.ntoks(i);
+    const int64_t budget = in.budget[i];
+    if (!ns) {
+      PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), PyList_New(0));
+      continue;
     }
-  } catch (...) {  // the reference has recorded everything up to the failing request
-    bk.write_back();
-    throw;
+    r.stats[0] += 1;
+    if (keep_out) r.out.insert(r.out.end(), t, t + ns);
+    if (r.last_draft) {
+      const int64_t acc = static_cast<int64_t>(ns) - 1;
+      r.stats[3] += acc;
+      if (r.last_src != SRC_NONE) {
+        if (r.last_src == SRC_ALIGNED) r.stats[4] += acc;
+        bk.record(r.last_src, r.last_claim, r.last_draft, acc);
+        bk.accepted[r.last_src] += acc;
+      }
+    }
+    r.follow_aligned(t, ns, budget, al);
+    const int32_t* tok = nullptr;
+    size_t ntk = 0;
+    if (given) {
+      tok = in.given.data() + in.goff[i];
+      ntk = std::min(in.goff[i + 1] - in.goff[i], static_cast<size_t>(std::max<int64_t>(budget, 0)));
+    } else {
+      // candidates in tie-break order; the first strictly higher expectation wins
+      int8_t best = SRC_NONE;
+      double best_val = 0.0, claim = 0.0;
+      if (!al.empty()) {
+        const double rate = bk.aligned_rate();
+        PySum sum;
+        double q = 1.0;
+        for (size_t j = 0; j < al.size(); ++j) {
+          q *= rate;
+          sum.add(q);
+        }
+        const double c = sum.value();  // aligned drafts never exceed the budget
+        if (c > best_val) best = SRC_ALIGNED, best_val = c, claim = c;
+      }
+      for (int j = 0; j < 2 && budget > 0; ++j) {
+        const Draft& d = ds[2 * i + j];
+        if (d.token_ids.empty()) continue;
+        const int8_t s = static_cast<int8_t>(SRC_GROUP + j);
+        const double c = claim_of(d.probs, budget);
+        const double val = c * bk.ratio(s);
+        if (val > best_val) best = s, best_val = val, claim = c;
+      }
+      if (best == SRC_NONE) {
+        r.last_src = SRC_NONE;
+        r.last_claim = 0.0;
+        bk.empty += 1;
+      } else {
+        const std::vector<int32_t>& v = best == SRC_ALIGNED ? al : ds[2 * i + best - SRC_GROUP].token_ids;
+        tok = v.data();
+        ntk = std::min(v.size(), static_cast<size_t>(budget));
+        r.last_src = best;
+        r.last_claim = claim;
+        bk.wins[best] += 1;
+        bk.drafted[best] += static_cast<int64_t>(ntk);
+      }
+    }
+    r.last_draft = static_cast<int64_t>(ntk);
+    if (ntk) {
+      r.stats[1] += 1;
+      r.stats[2] += r.last_draft;
+    }
+    PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), to_list(tok, ntk).release().ptr());
   }
   bk.write_back();
   return out;

@@ -83,6 +83,7 @@ class Matcher {
   int32_t v = ROOT, l = 0, gv = ROOT, gl = 0;
   int64_t ver, gver;
   std::vector<int32_t> ctx, ptoks, pstates, gptoks, gpstates;
+  int64_t mark = -1;  // last batch step that used it as a global matcher (sharing check)
 
   Matcher(Index* index, nb::object owner_, nb::object key, Mode m, SamPtr fixed,
           bool use_gl)

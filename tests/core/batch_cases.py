@@ -2,8 +2,9 @@
 decode live (each emits the accepted prefix of its last draft plus one token of its own
 response), pre-generated responses aligned to some of them (diverging, then re-joining at
 the same positions), a global pool of finished responses with per-request global matchers,
-budgets that run out near the model length, partial prefills, and optionally drafts given
-from outside (the wrapped vLLM proposers). ``drive`` runs one implementation and logs
+budgets that run out near the model length, partial prefills, a token budget small enough
+to evict stored responses mid-step, and optionally drafts given from outside (the wrapped
+vLLM proposers). ``drive`` runs one implementation and logs
 every step's drafts, every request's state, the calibration and the per-source counters."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Case:
     use_global: bool
     given: bool  # drafts come from outside
     prior: float
+    token_budget: int | None
     rnd: Any
 
 
@@ -56,7 +58,8 @@ def batch_case(draw: Callable) -> Case:
     return Case(draw(st.integers(2, 10)), groups, pool, params, draw(st.integers(1, 6)),
                 draw(st.integers(20, 80)), draw(st.booleans()), draw(st.booleans()),
                 draw(st.booleans()), draw(st.integers(0, 4)) == 0,
-                draw(st.sampled_from([0.5, 4.0, 16.0])), draw(st.randoms()))
+                draw(st.sampled_from([0.5, 4.0, 16.0])),
+                draw(st.sampled_from([None, None, 60, 150])), draw(st.randoms()))
 
 
 def state(r: Any) -> tuple:
@@ -72,7 +75,7 @@ def drive(index_cls: type, request_cls: type, step: Callable, case: Case,
           steps: int = 60) -> list:
     """Run `case` through `step`; the log of every step."""
     c = case
-    idx = index_cls(max_depth=c.depth)
+    idx = index_cls(max_depth=c.depth, token_budget=c.token_budget)
     for pi, toks in enumerate(c.pool):
         idx.add_sequence(("glob", pi), None, toks, to_global=True)
     reqs, truths = [], []
