@@ -342,7 +342,13 @@ inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle
   read_input(idx, reqs, sampled, num_tokens, drafts, k, max_model_len, extend_index, in);
   Books bk(calib, src_stats);
   const size_t n = in.reqs.size();
-  std::vector<Draft> ds(2 * n);
+  // drafts of phase 1, per batch position; the buffers are reused by the next step (a
+  // step started while this one runs, from a finalizer, finds none and makes its own)
+  static std::vector<Draft> pool;
+  std::vector<Draft> ds;
+  ds.swap(pool);
+  if (ds.size() < 2 * n) ds.resize(2 * n);
+  for (size_t j = 0; j < 2 * n; ++j) ds[j].token_ids.clear();
   Lanes ln;
   if (lanes_apply(idx, in, extend_index, given, ln)) {
     phase1_lanes(idx, in, ln, p, given, ds);
@@ -424,6 +430,7 @@ inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle
     PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), to_list(tok, ntk).release().ptr());
   }
   bk.write_back();
+  pool.swap(ds);
   return out;
 }
 

@@ -186,9 +186,11 @@ inline void tree_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
 
 // Draft from the longest match and the shorter ones (draft.py: best_draft). For path
 // drafts, path_toks/states receive the path drafted from (v, l).
+// `d` is scratch space for the shorter candidates (kept by the caller so that its buffers
+// are reused across calls).
 inline void best_draft(Sam& s, int32_t v, int32_t l, const Params& p,
                        std::vector<int32_t>* path_toks, std::vector<int32_t>* states,
-                       Draft& best) {
+                       Draft& best, Draft& d) {
   int32_t n = budget_of(l, p);
   if (p.tree) {
     tree_draft(s, v, l, n, p.minp, best);
@@ -199,7 +201,6 @@ inline void best_draft(Sam& s, int32_t v, int32_t l, const Params& p,
   }
   best.match_len = l;
   if (!p.shorter) return;
-  Draft d;
   for (int32_t u = s.st[v].link; u > 0; u = s.st[u].link) {
     int32_t lu = s.st[u].len;
     n = budget_of(lu, p);
