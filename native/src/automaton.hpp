@@ -1,11 +1,12 @@
 // Generalized suffix automaton with bounded-depth occurrence counts: the C++ twin of
 // bubblespec/core/automaton.py. Same states, same numbering, same counts and versions, so
 // every draft computed from it equals the pure-Python one; only the storage differs
-// (int32 columns, branching states' transitions in a small side table).
+// (one row of int32 columns per state, branching states' transitions in an edge pool).
 #pragma once
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -17,58 +18,7 @@ namespace bsn {
 
 constexpr int32_t ROOT = 0;
 constexpr int32_t NONE = -1;   // ftok: no out-transition
-constexpr int32_t MULTI = -2;  // ftok: two or more, in kids[st[v].fto]
-
-// Out-transitions of a branching state. Linear scan while small; once large (the root and
-// frequent tokens have thousands) also an open-addressing table of slots, which copies with
-// the state when it is cloned as cheaply as the two columns.
-struct Kids {
-  std::vector<int32_t> tok, to;
-  std::vector<int32_t> table;  // power-of-two size; slot + 1 per entry, 0: empty
-  static constexpr size_t kLarge = 16;
-
-  static uint32_t hash(int32_t c) { return static_cast<uint32_t>(c) * 2654435761u; }
-
-  int32_t slot(int32_t c) const {
-    if (!table.empty()) {
-      const uint32_t mask = static_cast<uint32_t>(table.size() - 1);
-      for (uint32_t h = hash(c) & mask;; h = (h + 1) & mask) {
-        int32_t e = table[h];
-        if (e == 0) return -1;
-        if (tok[e - 1] == c) return e - 1;
-      }
-    }
-    const size_t n = tok.size();
-    for (size_t i = 0; i < n; ++i)
-      if (tok[i] == c) return static_cast<int32_t>(i);
-    return -1;
-  }
-  int32_t get(int32_t c) const {
-    int32_t s = slot(c);
-    return s < 0 ? -1 : to[s];
-  }
-  void put(int32_t i) {
-    const uint32_t mask = static_cast<uint32_t>(table.size() - 1);
-    uint32_t h = hash(tok[i]) & mask;
-    while (table[h]) h = (h + 1) & mask;
-    table[h] = i + 1;
-  }
-  void add(int32_t c, int32_t t) {
-    tok.push_back(c);
-    to.push_back(t);
-    const size_t n = tok.size();
-    if (n <= kLarge) return;
-    if (table.size() < 2 * n) {  // load factor <= 1/2
-      table.assign(table.empty() ? 64 : 2 * table.size(), 0);
-      for (size_t i = 0; i < n; ++i) put(static_cast<int32_t>(i));
-    } else {
-      put(static_cast<int32_t>(n - 1));
-    }
-  }
-  size_t nbytes() const {
-    return sizeof(Kids) + (tok.capacity() + to.capacity() + table.capacity()) * 4;
-  }
-};
+constexpr int32_t MULTI = -2;  // ftok: two or more, in the edge block at pool[st[v].fto]
 
 // Allocator of the state rows: arrays of 1 MiB and more are mapped in whole 2 MiB pages and
 // marked for transparent huge pages. The occurrence-count walks and drafts read rows at
@@ -159,10 +109,23 @@ struct Best {  // memoised most frequent child of a high-fanout state
   int32_t tok, to, cnt;
 };
 
+// One transition of a branching state; a block's header uses the same two fields.
+struct Edge {
+  int32_t tok, to;
+};
+
 struct Sam {
   int32_t max_depth;
   std::vector<State, HugeAlloc<State>> st{State{0, -1, 0, NONE, 0, 0}};
-  std::vector<Kids> kids;
+  // Out-transitions of branching states, in blocks: pool[o] = {n, table or -1}, then the n
+  // edges in insertion order, room for cap_of(n). A full block moves to the end of the pool
+  // with twice the room (the old one is left unused; rebuilds start a fresh pool). One read
+  // past the state row reaches the edges (a per-state container would take two or three).
+  // Blocks of more than kLarge edges (the root and frequent tokens have thousands) also get
+  // an open-addressing table of edge offsets (+1 from the block start), 0: empty.
+  std::vector<Edge, HugeAlloc<Edge>> pool;
+  std::vector<std::vector<int32_t>> tables;
+  static constexpr int32_t kLarge = 16;
   std::unordered_map<int32_t, Best> best;
   int64_t version = 0;
   bool dead = false;
@@ -171,19 +134,47 @@ struct Sam {
 
   int32_t num_states() const { return static_cast<int32_t>(st.size()); }
 
+  static int32_t cap_of(int32_t n) {
+    int32_t c = 2;
+    while (c < n) c <<= 1;
+    return c;
+  }
+  static uint32_t hash(int32_t c) { return static_cast<uint32_t>(c) * 2654435761u; }
+
+  // Offset (from the block start) of the edge on c in the block at o, or -1.
+  int32_t edge_at(int32_t o, int32_t c) const {
+    const Edge* b = pool.data() + o;
+    if (b[0].to >= 0) {
+      const std::vector<int32_t>& t = tables[b[0].to];
+      const uint32_t mask = static_cast<uint32_t>(t.size() - 1);
+      for (uint32_t h = hash(c) & mask;; h = (h + 1) & mask) {
+        const int32_t e = t[h];
+        if (e == 0) return -1;
+        if (b[e].tok == c) return e;
+      }
+    }
+    const int32_t n = b[0].tok;
+    for (int32_t i = 1; i <= n; ++i)
+      if (b[i].tok == c) return i;
+    return -1;
+  }
+
   int32_t go(int32_t v, int32_t c) const {
-    int32_t f = st[v].ftok;
+    const int32_t f = st[v].ftok;
     if (f == c) return st[v].fto;
-    if (f == MULTI) return kids[st[v].fto].get(c);
+    if (f == MULTI) {
+      const int32_t o = st[v].fto, e = edge_at(o, c);
+      return e < 0 ? -1 : pool[o + e].to;
+    }
     return -1;
   }
 
   template <class F>
   void for_children(int32_t v, F&& fn) const {
-    int32_t f = st[v].ftok;
+    const int32_t f = st[v].ftok;
     if (f == MULTI) {
-      const Kids& k = kids[st[v].fto];
-      for (size_t i = 0; i < k.tok.size(); ++i) fn(k.tok[i], k.to[i]);
+      const Edge* b = pool.data() + st[v].fto;
+      for (int32_t i = 1, n = b[0].tok; i <= n; ++i) fn(b[i].tok, b[i].to);
     } else if (f != NONE) {
       fn(f, st[v].fto);
     }
@@ -197,8 +188,9 @@ struct Sam {
 
   size_t nbytes() const {
     size_t b = sizeof(Sam) + HugeAlloc<State>::footprint(st.capacity()) +
-               kids.capacity() * sizeof(Kids) + best.size() * 48;
-    for (const Kids& k : kids) b += k.nbytes() - sizeof(Kids);
+               HugeAlloc<Edge>::footprint(pool.capacity()) +
+               tables.capacity() * sizeof(std::vector<int32_t>) + best.size() * 48;
+    for (const auto& t : tables) b += t.capacity() * sizeof(int32_t);
     return b;
   }
 
@@ -207,9 +199,31 @@ struct Sam {
     if (st[p].ftok == c) {
       st[p].fto = t;
     } else {
-      Kids& k = kids[st[p].fto];
-      k.to[k.slot(c)] = t;
+      const int32_t o = st[p].fto;
+      pool[o + edge_at(o, c)].to = t;
     }
+  }
+
+  // A block with room for cap edges at the end of the pool (header unset); its offset.
+  int32_t new_block(int32_t cap) {
+    const size_t o = pool.size();
+    pool.resize(o + 1 + static_cast<size_t>(cap));
+    return static_cast<int32_t>(o);
+  }
+
+  // A copy of the block at o (for a clone, or moved to a larger room); its offset.
+  int32_t copy_block(int32_t o, int32_t cap) {
+    const int32_t n = pool[o].tok;
+    const int32_t o2 = new_block(cap);
+    std::copy(pool.begin() + o, pool.begin() + o + 1 + n, pool.begin() + o2);
+    return o2;
+  }
+
+  void put(std::vector<int32_t>& t, const Edge* b, int32_t e) {
+    const uint32_t mask = static_cast<uint32_t>(t.size() - 1);
+    uint32_t h = hash(b[e].tok) & mask;
+    while (t[h]) h = (h + 1) & mask;
+    t[h] = e;
   }
 
   int32_t clone(int32_t q, int32_t p, int32_t c, int32_t new_len, int32_t ver) {
@@ -217,9 +231,12 @@ struct Sam {
     const State& o = st[q];
     State cl{new_len, o.link, o.occ, o.ftok, o.fto, ver};
     if (o.ftok == MULTI) {
-      Kids copy(kids[o.fto]);
-      kids.push_back(std::move(copy));
-      cl.fto = static_cast<int32_t>(kids.size() - 1);
+      const int32_t from = o.fto;
+      cl.fto = copy_block(from, cap_of(pool[from].tok));
+      if (pool[from].to >= 0) {
+        tables.push_back(tables[pool[from].to]);
+        pool[cl.fto].to = static_cast<int32_t>(tables.size() - 1);
+      }
     }
     st.push_back(cl);
     st[q].link = k;
@@ -232,19 +249,41 @@ struct Sam {
   }
 
   void add_go(int32_t p, int32_t c, int32_t t) {
-    int32_t f = st[p].ftok;
+    const int32_t f = st[p].ftok;
     if (f == NONE) {
       st[p].ftok = c;
       st[p].fto = t;
-    } else if (f == MULTI) {
-      kids[st[p].fto].add(c, t);
-    } else {
-      Kids k;
-      k.add(f, st[p].fto);
-      k.add(c, t);
-      kids.push_back(std::move(k));
+      return;
+    }
+    if (f != MULTI) {
+      const int32_t o = new_block(2);
+      pool[o] = Edge{2, -1};
+      pool[o + 1] = Edge{f, st[p].fto};
+      pool[o + 2] = Edge{c, t};
       st[p].ftok = MULTI;
-      st[p].fto = static_cast<int32_t>(kids.size() - 1);
+      st[p].fto = o;
+      return;
+    }
+    int32_t o = st[p].fto;
+    const int32_t n = pool[o].tok;
+    if (n == cap_of(n)) {  // full: move to twice the room
+      o = copy_block(o, 2 * n);
+      st[p].fto = o;
+    }
+    pool[o + 1 + n] = Edge{c, t};
+    pool[o].tok = n + 1;
+    if (n + 1 <= kLarge) return;
+    if (pool[o].to < 0) {
+      tables.emplace_back();
+      pool[o].to = static_cast<int32_t>(tables.size() - 1);
+    }
+    std::vector<int32_t>& tb = tables[pool[o].to];
+    const Edge* b = pool.data() + o;
+    if (tb.size() < 2 * static_cast<size_t>(n + 1)) {  // load factor <= 1/2
+      tb.assign(tb.empty() ? 64 : 2 * tb.size(), 0);
+      for (int32_t e = 1; e <= n + 1; ++e) put(tb, b, e);
+    } else {
+      put(tb, b, n + 1);
     }
   }
 

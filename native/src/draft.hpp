@@ -63,8 +63,8 @@ inline int32_t budget_of(int32_t l, const Params& p) {
 // (token, target, count) of the most frequent transition of a branching state, ties by
 // lowest token id; memoised per automaton version for high-fanout states.
 inline void best_child(Sam& s, int32_t v, int32_t& bc, int32_t& bt, int32_t& bk) {
-  const Kids& k = s.kids[s.st[v].fto];
-  const size_t n = k.tok.size();
+  const Edge* k = s.pool.data() + s.st[v].fto;
+  const int32_t n = k[0].tok;
   Best* memo = nullptr;
   if (n > 8) {
     memo = &s.best[v];
@@ -74,9 +74,9 @@ inline void best_child(Sam& s, int32_t v, int32_t& bc, int32_t& bt, int32_t& bk)
     }
   }
   bc = -1, bt = -1, bk = -1;
-  for (size_t i = 0; i < n; ++i) {
-    int32_t c = k.tok[i], cnt = s.st[k.to[i]].occ;
-    if (cnt > bk || (cnt == bk && c < bc)) bc = c, bt = k.to[i], bk = cnt;
+  for (int32_t i = 1; i <= n; ++i) {
+    const int32_t c = k[i].tok, cnt = s.st[k[i].to].occ;
+    if (cnt > bk || (cnt == bk && c < bc)) bc = c, bt = k[i].to, bk = cnt;
   }
   if (memo) *memo = Best{s.version, bc, bt, bk};
 }
