@@ -68,9 +68,14 @@ struct Books {
   double claimed[4] = {}, delivered[4] = {};
   int64_t wins[4] = {}, drafted[4] = {}, accepted[4] = {}, empty = 0;
 
-  static double num(nb::handle d, const char* key) {
-    return nb::cast<double>(d[key]);
+  // The source names as interned Python strings, made once.
+  static nb::handle key(int s) {
+    static PyObject* keys[4] = {nullptr, nullptr, nullptr, nullptr};
+    if (!keys[s]) keys[s] = PyUnicode_InternFromString(SRC_NAMES[s]);
+    if (!keys[s]) throw nb::python_error();
+    return keys[s];
   }
+  static double num(nb::handle d, int s) { return nb::cast<double>(d[key(s)]); }
   Books(nb::handle calib, nb::handle stats) : cal(calib), src(stats) {
     prior = nb::cast<double>(cal.attr("prior"));
     nb::object ap = cal.attr("aligned_prior");
@@ -81,11 +86,11 @@ struct Books {
     nb::object c = cal.attr("claimed"), d = cal.attr("delivered");
     nb::object w = src.attr("wins"), dr = src.attr("drafted"), a = src.attr("accepted");
     for (int s = 1; s < 4; ++s) {
-      claimed[s] = num(c, SRC_NAMES[s]);
-      delivered[s] = num(d, SRC_NAMES[s]);
-      wins[s] = nb::cast<int64_t>(w[SRC_NAMES[s]]);
-      drafted[s] = nb::cast<int64_t>(dr[SRC_NAMES[s]]);
-      accepted[s] = nb::cast<int64_t>(a[SRC_NAMES[s]]);
+      claimed[s] = num(c, s);
+      delivered[s] = num(d, s);
+      wins[s] = nb::cast<int64_t>(w[key(s)]);
+      drafted[s] = nb::cast<int64_t>(dr[key(s)]);
+      accepted[s] = nb::cast<int64_t>(a[key(s)]);
     }
     empty = nb::cast<int64_t>(src.attr("empty"));
   }
@@ -95,11 +100,11 @@ struct Books {
     nb::object c = cal.attr("claimed"), d = cal.attr("delivered");
     nb::object w = src.attr("wins"), dr = src.attr("drafted"), a = src.attr("accepted");
     for (int s = 1; s < 4; ++s) {
-      c[SRC_NAMES[s]] = nb::float_(claimed[s]);
-      d[SRC_NAMES[s]] = nb::float_(delivered[s]);
-      w[SRC_NAMES[s]] = nb::int_(wins[s]);
-      dr[SRC_NAMES[s]] = nb::int_(drafted[s]);
-      a[SRC_NAMES[s]] = nb::int_(accepted[s]);
+      c[key(s)] = nb::float_(claimed[s]);
+      d[key(s)] = nb::float_(delivered[s]);
+      w[key(s)] = nb::int_(wins[s]);
+      dr[key(s)] = nb::int_(drafted[s]);
+      a[key(s)] = nb::int_(accepted[s]);
     }
     src.attr("empty") = nb::int_(empty);
   }
