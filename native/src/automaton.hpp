@@ -4,12 +4,9 @@
 // (one row of int32 columns per state, branching states' transitions in an edge pool).
 #pragma once
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -19,49 +16,6 @@ namespace bsn {
 constexpr int32_t ROOT = 0;
 constexpr int32_t NONE = -1;   // ftok: no out-transition
 constexpr int32_t MULTI = -2;  // ftok: two or more, in the edge block at pool[st[v].fto]
-
-// Allocator of the state rows: arrays of 1 MiB and more are mapped in whole 2 MiB pages and
-// marked for transparent huge pages. The occurrence-count walks and drafts read rows at
-// random across tens of MiB per engine step; with 4 KiB pages nearly each of those reads
-// also misses the TLB.
-template <class T>
-struct HugeAlloc {
-  using value_type = T;
-  static constexpr size_t kHuge = size_t(2) << 20;
-  HugeAlloc() = default;
-  template <class U>
-  HugeAlloc(const HugeAlloc<U>&) {}  // NOLINT: rebinding, as std::allocator
-  static bool huge(size_t n) { return n * sizeof(T) >= kHuge / 2; }
-  // bytes held for an array of n elements
-  static size_t footprint(size_t n) {
-    size_t b = n * sizeof(T);
-    return huge(n) ? (b + kHuge - 1) & ~(kHuge - 1) : b;
-  }
-  T* allocate(size_t n) {
-    if (!huge(n)) return static_cast<T*>(::operator new(n * sizeof(T)));
-    const size_t b = footprint(n);
-    char* raw = static_cast<char*>(
-        mmap(nullptr, b + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (raw == MAP_FAILED) throw std::bad_alloc();
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(raw) + kHuge - 1) & ~(kHuge - 1);
-    char* p = reinterpret_cast<char*>(a);
-    if (p > raw) munmap(raw, static_cast<size_t>(p - raw));
-    if (raw + kHuge > p) munmap(p + b, static_cast<size_t>(raw + kHuge - p));
-    madvise(p, b, MADV_HUGEPAGE);
-    return reinterpret_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t n) {
-    if (huge(n)) {
-      munmap(p, footprint(n));
-    } else {
-      ::operator delete(p);
-    }
-  }
-  template <class U>
-  bool operator==(const HugeAlloc<U>&) const { return true; }
-  template <class U>
-  bool operator!=(const HugeAlloc<U>&) const { return false; }
-};
 
 // Append position of one sequence in one automaton (see SeqCursor in automaton.py).
 struct Cursor {
@@ -116,14 +70,14 @@ struct Edge {
 
 struct Sam {
   int32_t max_depth;
-  std::vector<State, HugeAlloc<State>> st{State{0, -1, 0, NONE, 0, 0}};
+  std::vector<State> st{State{0, -1, 0, NONE, 0, 0}};
   // Out-transitions of branching states, in blocks: pool[o] = {n, table or -1}, then the n
   // edges in insertion order, room for cap_of(n). A full block moves to the end of the pool
   // with twice the room (the old one is left unused; rebuilds start a fresh pool). One read
   // past the state row reaches the edges (a per-state container would take two or three).
   // Blocks of more than kLarge edges (the root and frequent tokens have thousands) also get
   // an open-addressing table of edge offsets (+1 from the block start), 0: empty.
-  std::vector<Edge, HugeAlloc<Edge>> pool;
+  std::vector<Edge> pool;
   std::vector<std::vector<int32_t>> tables;
   static constexpr int32_t kLarge = 16;
   std::unordered_map<int32_t, Best> best;
@@ -187,8 +141,8 @@ struct Sam {
   }
 
   size_t nbytes() const {
-    size_t b = sizeof(Sam) + HugeAlloc<State>::footprint(st.capacity()) +
-               HugeAlloc<Edge>::footprint(pool.capacity()) +
+    size_t b = sizeof(Sam) + st.capacity() * sizeof(State) +
+               pool.capacity() * sizeof(Edge) +
                tables.capacity() * sizeof(std::vector<int32_t>) + best.size() * 48;
     for (const auto& t : tables) b += t.capacity() * sizeof(int32_t);
     return b;
