@@ -12,11 +12,14 @@ of its own response; the step's drafting call for all B requests is timed in CPU
 process (``process_time_ns``: on a shared machine wall clock counts other processes' bursts;
 numba's worker threads are counted too):
 
+- ``proposer (native)``: the engine proposer's whole ``propose`` call
+  (:class:`bubblespec.engine.proposer.BubbleSpecProposer` on a stand-in model runner that
+  holds the batch's request ids): its bookkeeping plus the native step (needs vLLM);
 - ``native step``: ``bubblespec_native.step``, the proposer's per-request loop in one call
-  (counters, append to the request's live sequence, aligned-draft check, extend + draft);
+  (counters and calibration, append to the request's live sequence, aligned-draft check,
+  extend + draft, the choice among sources);
 - ``python step``: the same loop in pure Python (:func:`bubblespec.core.batch.step`);
-- ``native classes, Python loop``: the pure-Python loop over the native index and matchers
-  (what the proposer gets from the one-line import change alone);
+- ``native classes, Python loop``: the pure-Python loop over the native index and matchers;
 - ``arctic tree``: arctic-inference's C++ ``SuffixTree`` per group, called per request from
   Python as vLLM's suffix proposer does (append the emitted tokens, speculate on the last 64);
 - ``vLLM ngram``: vLLM's ``NgramProposer.propose`` (numba, one thread) on the batch's
@@ -25,7 +28,8 @@ numba's worker threads are counted too):
 Implementations are interleaved step by step so machine noise hits all alike. Before the
 table, the suffix bench's static rows are run with the native matcher added, ending with
 its ``ratios vs arctic:`` line for the native matcher. The last line:
-``draft_cost_per_step_us: b64=X b256=Y b1024=Z arctic_b256=A`` (native step, medians).
+``draft_cost_per_step_us: b64=X b256=Y b1024=Z arctic_b256=A`` (medians of the proposer row,
+or of the native step without vLLM).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from bubblespec.bench import suffix as sb
 from bubblespec.core import batch as pybatch
 from bubblespec.core import suffix_index as pyindex
 from bubblespec.core.backend import load_native
+from bubblespec.core.candidates import Calibration, SourceStats
 
 STORED = 4  # finished responses per group (pushed drafts)
 SIBS = 8  # running requests per group
@@ -115,8 +120,42 @@ def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Wo
         idx.add_sequence(sid, gi, first, live=True)
         reqs.append(request_cls(gi, sid, idx.matcher(gi, first), aligned=None,
                                 aligned_on=False, tail=first, n_out=1, out=[]))
-    params = sb.PARAMS
-    return lambda b, new: step(idx, reqs, new, b.pos, K, MAX_LEN, params)
+    params, cal, src = sb.PARAMS, Calibration(), SourceStats()
+    return lambda b, new: step(idx, reqs, new, b.pos, K, MAX_LEN, params, cal, src)
+
+
+class ProposerDriver:
+    """The engine proposer on a stand-in model runner: request ids carry the group and a
+    sample index; the stored responses are pushed as pre-generated drafts of other sample
+    indices (none aligned); prompts are empty and the first token of each response was
+    emitted before the first step (the index then holds what the other drivers' hold)."""
+
+    def __init__(self, work: sb.Work) -> None:
+        from bubblespec.engine.proposer import BubbleSpecProposer
+        ns = types.SimpleNamespace
+        cfg = ns(speculative_config=ns(num_speculative_tokens=K),
+                 model_config=ns(max_model_len=MAX_LEN, get_vocab_size=lambda: 1 << 30))
+        self.prop = BubbleSpecProposer(cfg)
+        p = sb.PARAMS
+        self.prop.bubblespec_configure({"max_depth": sb.DEPTH, "draft": {
+            "max_spec_tokens": p.max_spec_tokens, "max_spec_factor": p.max_spec_factor,
+            "max_spec_offset": p.max_spec_offset, "min_token_prob": p.min_token_prob}})
+        self.prop.add_drafts([(f"g{gi}", 100 + ri, r.tolist()) for gi, g in enumerate(work)
+                              for ri, r in enumerate(g[:STORED])])
+        n = len(work) * SIBS
+        first = [work[i // SIBS][STORED + i % SIBS][0] for i in range(n)]
+        self.prop.runner = ns(input_batch=ns(
+            req_ids=[f"bs.g{i // SIBS}.{i % SIBS}.u{i}" for i in range(n)],
+            num_prompt_tokens=np.zeros(n, dtype=np.int32),
+            num_tokens_no_spec=np.ones(n, dtype=np.int32),
+            token_ids_cpu=np.array(first, dtype=np.int32).reshape(n, 1)))
+
+    def prepare(self, b: Batch) -> None:
+        self.prop.runner.input_batch.num_tokens_no_spec[:] = b.pos
+
+    def __call__(self, b: Batch, new: list[list[int]]) -> list[list[int]]:
+        ib = self.prop.runner.input_batch
+        return self.prop.propose(new, ib.num_tokens_no_spec, ib.token_ids_cpu)
 
 
 def arctic_driver(work: sb.Work) -> Callable[[Batch, list[list[int]]], list[list[int]]]:
@@ -167,11 +206,14 @@ class NgramDriver:
         return self.impl.propose(K, new, self.ntok, self.table, None)
 
 
-def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool) -> dict[str, dict]:
+def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
+            proposer: bool) -> dict[str, dict]:
     """Median/p99 per-step cost (us) and accepted tokens per request-step of each driver."""
     work = sb.make_workload(size // SIBS, responses=STORED + SIBS, seed=seed)
     nat = load_native()
     drivers: dict[str, tuple[Callable, Batch]] = {}
+    if nat is not None and proposer:
+        drivers["proposer (native)"] = (ProposerDriver(work), Batch(work))
     if nat is not None:
         drivers["native step"] = (
             index_driver(nat.SuffixIndex, nat.Request, nat.step, work), Batch(work))
@@ -189,8 +231,8 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool) -> dict
     for _ in range(steps):
         for name, (fn, b) in drivers.items():
             new = b.emitted()
-            if fn is ng:
-                ng.prepare(b)
+            if isinstance(fn, (NgramDriver, ProposerDriver)):
+                fn.prepare(b)  # the runner's tables, updated before the drafter runs
             t0 = clock()
             b.drafts = fn(b, new)
             lat[name].append(clock() - t0)
@@ -200,8 +242,10 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool) -> dict
         out[name] = {"median": statistics.median(xs), "p99": xs[int(0.99 * (len(xs) - 1))],
                      "acc": b.acc / (size * steps)}
     if nat is not None:  # identical drafts: same accepted tokens, step by step
-        same = drivers["native step"][1].acc == drivers["python step"][1].acc
-        out["native step"]["same_as_python"] = same
+        for name in ("native step", "proposer (native)"):
+            if name in out:
+                same = drivers[name][1].acc == drivers["python step"][1].acc
+                out[name]["same_as_python"] = same
     return out
 
 
@@ -212,11 +256,12 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
         print("bubblespec_native is not installed (make install builds it): native rows "
               "missing")
     arctic = arctic and sb.arctic_available()
-    if ngram:
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            ngram = False
+    try:
+        import vllm  # noqa: F401
+        have_vllm = True
+    except ImportError:
+        have_vllm = False
+    ngram = ngram and have_vllm
     print(f"affinity: cores {sorted(os.sched_getaffinity(0))}; load average "
           f"{os.getloadavg()[0]:.2f}")
     if suffix_groups and load_native() is not None:
@@ -228,7 +273,7 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
     print("-" * len(hdr))
     res = {}
     for size in sizes:
-        res[size] = measure(size, steps, seed, arctic, ngram)
+        res[size] = measure(size, steps, seed, arctic, ngram, have_vllm)
         for name, r in res[size].items():
             same = {True: "  drafts = python", False: "  DRAFTS DIFFER"}.get(
                 r.get("same_as_python"), "")
@@ -239,6 +284,8 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
     def fig(size: int, name: str) -> str:
         r = res.get(size, {}).get(name)
         return "n/a" if r is None else f"{r['median']:.1f}"
-    main = "native step" if load_native() is not None else "python step"
+    main = next((n for n in ("proposer (native)", "native step", "python step")
+                 if n in res.get(sizes[0], {})), "python step")
+    print(f"draft cost per step: {main}")
     print("draft_cost_per_step_us: " + " ".join(f"b{s}={fig(s, main)}" for s in sizes)
           + f" arctic_b256={fig(256, 'arctic tree (Python loop)')}")

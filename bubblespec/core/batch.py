@@ -1,23 +1,33 @@
 """One proposer engine step for a whole batch of requests: the reference implementation.
 
-Per request with newly emitted tokens: count the step (and the accepted tokens of its last
-draft), append the tokens to the request's live sequence in the index, continue the aligned
+Per request with newly emitted tokens: count the step, and the accepted tokens of its last
+draft (recorded against the draft's source in the calibration and the per-source counters);
+append the tokens to the request's live sequence in the index; continue the aligned
 pre-generated response while the output still equals it (keyed noise makes it a coupled
-prediction), otherwise extend the request's matcher and draft from the index. This is the
-per-request loop of the engine proposer, kept here so that the native backend
-(``bubblespec_native.step``) can be held to it token for token; see
-:mod:`bubblespec.core.backend`.
+prediction); draft from the request's group matcher and, when it has one, its global-pool
+matcher; send the candidate with the highest calibrated expected accepted length
+(:mod:`bubblespec.core.candidates`). This is the engine proposer's per-request loop; the
+native backend (``bubblespec_native.step``) is held to it token for token, counters and
+calibration included (see :mod:`bubblespec.core.backend`).
+
+Requests are processed in batch order and each one's record updates the calibration the
+next one is chosen with, so the result depends on the order, as in the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from bubblespec.core.candidates import (
+    Calibration,
+    Candidate,
+    SourceStats,
+    aligned_candidate,
+    choose,
+)
 from bubblespec.core.draft import DraftParams
-from bubblespec.core.matcher import DEFAULT_PARAMS
-from bubblespec.core.suffix_index import SuffixIndex
 
 RESYNC = 4
 """After the output leaves the aligned pre-generated response, drafting from it resumes once
@@ -32,27 +42,25 @@ class Request:
 
     group: Hashable  # index group the request matches against
     seq_id: Hashable  # its live output sequence in the index
-    matcher: Any
+    matcher: Any  # over the request's group
+    gmatcher: Any = None  # over the global pool (when it is on)
+    _: KW_ONLY
     # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response
     stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
     last_draft: int = 0
-    last_aligned: bool = False  # the last draft came from the aligned pre-generated response
+    last_src: str = ""  # source of the last draft ("" when it came from elsewhere)
+    last_claim: float = 0.0  # its expected accepted tokens as the source stated them
     aligned: list[int] | None = None  # pre-generated response with this sample index
     aligned_on: bool = True  # output equals the aligned response so far (or re-synced)
     tail: list[int] = field(default_factory=list)  # the last RESYNC output tokens
     n_out: int = 0  # output tokens so far
     out: list[int] = field(default_factory=list)  # the output (kept when asked to)
 
-    def aligned_draft(self, sampled: list[int], budget: int) -> list[int]:
-        """`follow_aligned` of this request."""
-        return follow_aligned(self, sampled, budget)
-
 
 def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
-    """Continue the aligned pre-generated response of `st` (a `Request`, or the engine
-    proposer's per-request state with the same fields) while the output still equals it;
-    after a divergence, [] until the last RESYNC output tokens equal it at the same
-    positions again."""
+    """Continue the aligned pre-generated response of `st` (a `Request`) while the output
+    still equals it; after a divergence, [] until the last RESYNC output tokens equal it at
+    the same positions again."""
     start = st.n_out
     st.n_out += len(sampled)
     st.tail = (st.tail + list(sampled))[-RESYNC:]
@@ -69,41 +77,78 @@ def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
     return al[st.n_out : st.n_out + max(budget, 0)]
 
 
-def step(index: SuffixIndex, reqs: Sequence[Request], sampled: Sequence[list[int]],
-         num_tokens: Sequence[int], k: int, max_model_len: int,
-         params: DraftParams = DEFAULT_PARAMS, *, extend_index: bool = True,
-         keep_out: bool = False) -> list[list[int]]:
+def choose_draft(st: Request, sampled: list[int], aligned: list[int], budget: int,
+                 params: DraftParams, calib: Calibration, src: SourceStats) -> list[int]:
+    """Draft from every source of `st` and keep the candidate with the highest expected
+    accepted length; count the winner (or an empty step)."""
+    cands = [aligned_candidate(aligned, calib.aligned_rate())] if aligned else []
+    for name, m in (("group", st.matcher), ("global", st.gmatcher)):
+        if m is None:
+            continue
+        if budget > 0:
+            d = m.speculate(sampled, params)
+            cands.append(Candidate(name, d.token_ids, d.probs))
+        else:
+            m.extend(sampled)
+    best, claim = choose(cands, budget, calib)
+    if best is None:
+        st.last_src, st.last_claim = "", 0.0
+        src.empty += 1
+        return []
+    st.last_src, st.last_claim = best.source, claim
+    src.wins[best.source] += 1
+    src.drafted[best.source] += len(best.token_ids)
+    return best.token_ids
+
+
+def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
+         num_tokens: Sequence[int], k: int, max_model_len: int, params: DraftParams,
+         calib: Calibration, src: SourceStats, *, extend_index: bool = True,
+         keep_out: bool = False, drafts: Sequence[Sequence[int]] | None = None,
+         ) -> list[list[int]]:
     """Drafts for one engine step: ``reqs[i]`` emitted ``sampled[i]`` and holds
     ``num_tokens[i]`` tokens (before drafts); a draft has at most
-    ``min(k, max_model_len - num_tokens[i] - 1)`` tokens. ``extend_index``: append the
-    emitted tokens to each request's live sequence; ``keep_out``: keep them in ``out``."""
+    ``min(k, max_model_len - num_tokens[i] - 1)`` tokens.
+
+    ``extend_index``: append the emitted tokens to each request's live sequence in `index`;
+    ``keep_out``: keep them in ``out``; ``drafts``: send ``drafts[i]`` (cut to the budget)
+    instead of choosing among the sources (the wrapped vLLM proposers), counted the same way.
+    """
     if hasattr(num_tokens, "tolist"):
         num_tokens = num_tokens.tolist()
-    if len(reqs) < len(sampled) or len(num_tokens) < len(sampled):
-        raise ValueError("step: reqs and num_tokens need one entry per sampled list")
+    n = len(sampled)
+    if len(reqs) < n or len(num_tokens) < n or (drafts is not None and len(drafts) < n):
+        raise ValueError("step: reqs, num_tokens and drafts need one entry per sampled list")
+    if len({id(r) for r in reqs[:n]}) < n:
+        raise ValueError("step: a request appears twice in the batch")
     out: list[list[int]] = []
     for i, new in enumerate(sampled):
         st = reqs[i]
         if not new:  # partial prefill: nothing emitted, nothing to draft
             out.append([])
             continue
+        new = list(new)
         stats = st.stats
         stats[0] += 1
         if keep_out:
             st.out.extend(new)
         if st.last_draft:
-            stats[3] += len(new) - 1
-            if st.last_aligned:
-                stats[4] += len(new) - 1
+            acc = len(new) - 1
+            stats[3] += acc
+            if st.last_src:
+                if st.last_src == "aligned":
+                    stats[4] += acc
+                calib.record(st.last_src, st.last_claim, st.last_draft, acc)
+                src.accepted[st.last_src] += acc
         if extend_index:
             index.extend_sequence(st.seq_id, new)
         budget = min(k, max_model_len - int(num_tokens[i]) - 1)
-        tokens = st.aligned_draft(new, budget)
-        st.last_aligned = bool(tokens)
-        if tokens or budget <= 0:
+        aligned = follow_aligned(st, new, budget)
+        if drafts is not None:
+            tokens = list(drafts[i])[:max(budget, 0)]
             st.matcher.extend(new)
         else:
-            tokens = st.matcher.speculate(new, params).token_ids[:budget]
+            tokens = choose_draft(st, new, aligned, budget, params, calib, src)
         st.last_draft = len(tokens)
         if tokens:
             stats[1] += 1

@@ -10,25 +10,24 @@ length (`bubblespec.core.candidates`), counting per source the steps it won and 
 its drafts that were accepted (`source_stats`). It also counts, per request, forward passes,
 drafts, draft tokens and accepted tokens (vLLM keeps no per-request figures), and can wrap
 vLLM's own `ngram` / `suffix` proposers so the baselines are counted the same way.
+
+The per-request loop is `bubblespec.core.batch.step`, called once per engine step for the
+whole batch: one native call when `bubblespec_native` is built (`bubblespec.core.backend`).
+Requests that joined are registered (prompt, live sequence, matchers) before that call,
+requests that left are finished after it; while the batch keeps its requests in the same
+order, the step's request list is reused as is.
 Drafts never affect what is sampled: vLLM verifies them (see docs/design.md section 2).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 from bubblespec.core import DraftParams
-from bubblespec.core.backend import SuffixIndex
-from bubblespec.core.batch import RESYNC, follow_aligned
-from bubblespec.core.candidates import (
-    Calibration,
-    Candidate,
-    SourceStats,
-    aligned_candidate,
-    choose,
-)
+from bubblespec.core.backend import Request, SuffixIndex, step
+from bubblespec.core.batch import RESYNC
+from bubblespec.core.candidates import Calibration, SourceStats
 from bubblespec.engine.vllm_glue import (
     VllmProposer,
     batch_view,
@@ -41,24 +40,6 @@ from bubblespec.engine.vllm_glue import (
 from bubblespec.protocol.keys import parse_request_id
 
 _MAX_FINISHED_STATS = 200_000
-
-
-@dataclass
-class _Req:
-    group: str  # index group this request matches against
-    seq_id: tuple
-    matcher: Any  # over the request's group
-    gmatcher: Any = None  # over the global pool (when it is on)
-    # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response
-    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
-    last_draft: int = 0
-    last_src: str = ""  # source of the last draft (bubblespec mode)
-    last_claim: float = 0.0  # its expected accepted tokens as the source stated them
-    aligned: list[int] | None = None  # pre-generated response with this sample index
-    aligned_on: bool = True  # output equals the aligned response so far (or re-synced)
-    tail: list[int] = field(default_factory=list)  # the last RESYNC output tokens
-    n_out: int = 0  # output tokens so far
-    out: list[int] = field(default_factory=list)  # the output (kept for history / global)
 
 
 class BubbleSpecProposer:
@@ -78,7 +59,9 @@ class BubbleSpecProposer:
         self.global_pool = False
         self.params = DraftParams(max_spec_tokens=self.k)
         self.index = SuffixIndex(max_depth=64, token_budget=4_000_000)
-        self.reqs: dict[str, _Req] = {}
+        self.reqs: dict[str, Any] = {}  # request id -> backend Request
+        self._order: list[str] | None = None  # last step's request ids, in batch order
+        self._order_reqs: list[Any] = []  # and their Requests
         self.finished: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.prompts_added: set[str] = set()
         self.drafts_by_group: dict[str, list[tuple]] = {}
@@ -190,7 +173,7 @@ class BubbleSpecProposer:
 
     # ------------------------------------------------------------------ per step
     def _start(self, req_id: str, row: int, token_ids_cpu: Any, n_prompt: int,
-               n_tokens: int) -> _Req:
+               n_tokens: int) -> Any:
         gtok, sample, base = parse_request_id(req_id)
         group = gtok if self.siblings else f"{gtok}/{base}"
         prompt = token_ids_cpu[row, :n_prompt].tolist()
@@ -215,12 +198,13 @@ class BubbleSpecProposer:
                     if self.global_pool and self.inner is None else None)
         aligned = self.aligned.get((gtok, sample)) if self.pregen else None
         on = aligned is not None and aligned[: len(done)] == done
-        return _Req(group, seq_id, matcher, gmatcher, aligned=aligned, aligned_on=on,
-                    tail=done[-RESYNC:], n_out=len(done),
-                    out=list(done) if self.history or self.global_pool else [])
+        return Request(group, seq_id, matcher, gmatcher, aligned=aligned, aligned_on=on,
+                       tail=done[-RESYNC:], n_out=len(done),
+                       out=list(done) if self.history or self.global_pool else [])
 
     def _finish(self, req_id: str) -> None:
         st = self.reqs.pop(req_id)
+        self._order = None
         gtok = parse_request_id(req_id)[0]
         if self.siblings or self.self_context:
             self.index.finish_sequence(st.seq_id)
@@ -239,77 +223,41 @@ class BubbleSpecProposer:
         while len(self.finished) > _MAX_FINISHED_STATS:
             self.finished.popitem(last=False)
 
+    def _requests(self, ids: list[str], sampled: list[list[int]], num_tokens: Any,
+                  n_prompt: Any, token_ids_cpu: Any) -> list[Any]:
+        """The Requests of this step in batch order, registering the requests that joined."""
+        reqs = []
+        for i, rid in enumerate(ids):
+            st = self.reqs.get(rid)
+            if st is None:
+                n_done = int(num_tokens[i]) - len(sampled[i])
+                st = self.reqs[rid] = self._start(rid, i, token_ids_cpu, int(n_prompt[i]),
+                                                  n_done)
+            reqs.append(st)
+        return reqs
+
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
                 token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
         batch = batch_view(self.runner)
-        req_ids, n_prompt = batch.req_ids, batch.num_prompt_tokens
+        ids = list(batch.req_ids[: len(sampled_token_ids)])
+        fresh = ids != self._order
+        reqs = (self._requests(ids, sampled_token_ids, num_tokens_no_spec,
+                               batch.num_prompt_tokens, token_ids_cpu)
+                if fresh else self._order_reqs)
+        inner = None
         if self.inner is not None:
             inner = self.inner.propose(self.k, sampled_token_ids, num_tokens_no_spec,
                                        token_ids_cpu, self.runner)
-        out: list[list[int]] = []
-        for i, sampled in enumerate(sampled_token_ids):
-            rid = req_ids[i]
-            st = self.reqs.get(rid)
-            n_tok = int(num_tokens_no_spec[i])
-            if st is None:
-                n_done = n_tok - len(sampled)
-                st = self.reqs[rid] = self._start(rid, i, token_ids_cpu, int(n_prompt[i]), n_done)
-            if not sampled:  # partial prefill: nothing emitted, nothing to draft
-                out.append([])
-                continue
-            stats = st.stats
-            stats[0] += 1
-            if self.history or self.global_pool:
-                st.out.extend(sampled)
-            if st.last_draft:
-                acc = len(sampled) - 1
-                stats[3] += acc
-                if st.last_src:
-                    if st.last_src == "aligned":
-                        stats[4] += acc
-                    self.calib.record(st.last_src, st.last_claim, st.last_draft, acc)
-                    self.src_stats.accepted[st.last_src] += acc
-            if self.siblings or self.self_context:
-                self.index.extend_sequence(st.seq_id, sampled)
-            budget = min(self.k, self.max_model_len - n_tok - 1)
-            aligned = follow_aligned(st, sampled, budget)
-            if self.inner is not None:
-                tokens = list(inner[i])[:max(budget, 0)]
-                st.matcher.extend(sampled)
-            else:
-                tokens = self._choose(st, sampled, aligned, budget)
-            st.last_draft = len(tokens)
-            if tokens:
-                stats[1] += 1
-                stats[2] += len(tokens)
-            out.append(tokens)
-        live = set(req_ids[: len(sampled_token_ids)])
-        for rid in [r for r in self.reqs if r not in live]:
-            self._finish(rid)
+        out = step(self.index, reqs, sampled_token_ids, num_tokens_no_spec, self.k,
+                   self.max_model_len, self.params, self.calib, self.src_stats,
+                   extend_index=self.siblings or self.self_context,
+                   keep_out=self.history or self.global_pool, drafts=inner)
+        if fresh:
+            live = set(ids)
+            for rid in [r for r in self.reqs if r not in live]:
+                self._finish(rid)
+            self._order, self._order_reqs = ids, reqs
         return out
-
-    def _choose(self, st: _Req, sampled: list[int], aligned: list[int],
-                budget: int) -> list[int]:
-        """Draft from every source and keep the candidate with the highest expected accepted
-        length (see `bubblespec.core.candidates`); count the winner."""
-        cands = [aligned_candidate(aligned, self.calib.aligned_rate())] if aligned else []
-        for name, m in (("group", st.matcher), ("global", st.gmatcher)):
-            if m is None:
-                continue
-            if budget > 0:
-                d = m.speculate(sampled, self.params)
-                cands.append(Candidate(name, d.token_ids, d.probs))
-            else:
-                m.extend(sampled)
-        best, claim = choose(cands, budget, self.calib)
-        if best is None:
-            st.last_src, st.last_claim = "", 0.0
-            self.src_stats.empty += 1
-            return []
-        st.last_src, st.last_claim = best.source, claim
-        self.src_stats.wins[best.source] += 1
-        self.src_stats.drafted[best.source] += len(best.token_ids)
-        return best.token_ids
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No draft model to load."""

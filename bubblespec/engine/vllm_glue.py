@@ -264,15 +264,23 @@ def _expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.
     output.copy_(torch.repeat_interleave(vals, counts, output_size=output.shape[0]))
 
 
+_cpu_fix_installed = False
+
+
 def install_cpu_sampler_fix() -> bool:
-    """Override the broken CPU expand kernel; True if installed (CPU platform only)."""
+    """Override the broken CPU expand kernel; True if installed (CPU platform only). Once
+    per process: vLLM's kernel registry cannot re-register a kernel it already rebound (a
+    second proposer in one process, as the draft-batch bench makes, would fail)."""
+    global _cpu_fix_installed
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
-    from vllm.triton_utils.dispatcher import register_kernels
+    if not _cpu_fix_installed:
+        from vllm.triton_utils.dispatcher import register_kernels
 
-    register_kernels({_EXPAND_KERNEL: _expand})
+        register_kernels({_EXPAND_KERNEL: _expand})
+        _cpu_fix_installed = True
     return True
 
 

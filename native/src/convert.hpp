@@ -5,6 +5,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -75,12 +76,34 @@ inline std::vector<int32_t> tokens_of(nb::handle obj) {
   return out;
 }
 
+// A new reference to the int `t`. Ids below 2**20 share one int object per id, made on
+// first use and kept for the life of the process (ints are immutable): a step's drafts then
+// allocate only their lists, not one object per drafted token.
+inline PyObject* token_obj(int32_t t) {
+  constexpr size_t kCached = size_t(1) << 20;
+  static std::vector<PyObject*> cache;
+  const size_t i = static_cast<size_t>(t);
+  if (i >= kCached) return PyLong_FromLong(t);
+  if (i >= cache.size()) cache.resize(std::min(kCached, std::max(2 * i + 1, size_t(1) << 15)));
+  PyObject*& o = cache[i];
+  if (!o) {
+    o = PyLong_FromLong(t);
+    if (!o) return nullptr;
+  }
+  Py_INCREF(o);
+  return o;
+}
+
 inline nb::list to_list(const int32_t* p, size_t n) {
   PyObject* l = PyList_New(static_cast<Py_ssize_t>(n));
   if (!l) throw nb::python_error();
-  for (size_t i = 0; i < n; ++i)
-    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(i), PyLong_FromLong(p[i]));
-  return nb::steal<nb::list>(l);
+  nb::list out = nb::steal<nb::list>(l);
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* o = token_obj(p[i]);
+    if (!o) throw nb::python_error();
+    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(i), o);
+  }
+  return out;
 }
 
 inline nb::list to_list(const std::vector<int32_t>& v) { return to_list(v.data(), v.size()); }

@@ -63,8 +63,8 @@ inline int32_t budget_of(int32_t l, const Params& p) {
 // (token, target, count) of the most frequent transition of a branching state, ties by
 // lowest token id; memoised per automaton version for high-fanout states.
 inline void best_child(Sam& s, int32_t v, int32_t& bc, int32_t& bt, int32_t& bk) {
-  const Kids& k = s.kids[s.st[v].fto];
-  const size_t n = k.tok.size();
+  const Edge* k = s.pool.data() + s.st[v].fto;
+  const int32_t n = k[0].tok;
   Best* memo = nullptr;
   if (n > 8) {
     memo = &s.best[v];
@@ -74,9 +74,9 @@ inline void best_child(Sam& s, int32_t v, int32_t& bc, int32_t& bt, int32_t& bk)
     }
   }
   bc = -1, bt = -1, bk = -1;
-  for (size_t i = 0; i < n; ++i) {
-    int32_t c = k.tok[i], cnt = s.st[k.to[i]].occ;
-    if (cnt > bk || (cnt == bk && c < bc)) bc = c, bt = k.to[i], bk = cnt;
+  for (int32_t i = 1; i <= n; ++i) {
+    const int32_t c = k[i].tok, cnt = s.st[k[i].to].occ;
+    if (cnt > bk || (cnt == bk && c < bc)) bc = c, bt = k[i].to, bk = cnt;
   }
   if (memo) *memo = Best{s.version, bc, bt, bk};
 }
@@ -186,9 +186,11 @@ inline void tree_draft(Sam& s, int32_t v, int32_t l, int32_t max_tokens, double 
 
 // Draft from the longest match and the shorter ones (draft.py: best_draft). For path
 // drafts, path_toks/states receive the path drafted from (v, l).
+// `d` is scratch space for the shorter candidates (kept by the caller so that its buffers
+// are reused across calls).
 inline void best_draft(Sam& s, int32_t v, int32_t l, const Params& p,
                        std::vector<int32_t>* path_toks, std::vector<int32_t>* states,
-                       Draft& best) {
+                       Draft& best, Draft& d) {
   int32_t n = budget_of(l, p);
   if (p.tree) {
     tree_draft(s, v, l, n, p.minp, best);
@@ -199,7 +201,6 @@ inline void best_draft(Sam& s, int32_t v, int32_t l, const Params& p,
   }
   best.match_len = l;
   if (!p.shorter) return;
-  Draft d;
   for (int32_t u = s.st[v].link; u > 0; u = s.st[u].link) {
     int32_t lu = s.st[u].len;
     n = budget_of(lu, p);

@@ -30,6 +30,7 @@ void Index::add_sequence(nb::handle seq_id, nb::handle group, std::vector<int32_
     Seq& r = seqs[si];
     r.cur = Cursor();
     r.has_cur = true;
+    r.gslot = gi;
     g.sam->extend(r.cur, r.tokens.data(), r.tokens.size());
     g.seqs.push_back(si);
     g.ntokens += n;
@@ -58,7 +59,8 @@ void Index::extend_sequence(int32_t si, const int32_t* toks, size_t n) {
   const int32_t* t = r.tokens.data() + old;
   int32_t gi = -1;
   if (r.has_cur) {
-    gi = touch_group(r.group, true);
+    gi = r.gslot;
+    touch_slot(gi);
     Group& g = groups[gi];
     g.sam->extend(r.cur, t, n);
     g.ntokens += static_cast<int64_t>(n);
@@ -75,7 +77,7 @@ void Index::finish_sequence(nb::handle seq_id) {
   Seq& r = seq_of(seq_id);
   if (!r.live) return;
   r.live = false;
-  if (r.has_cur) groups[find_group(r.group)].nlive -= 1;
+  if (r.has_cur) groups[r.gslot].nlive -= 1;
   if (r.has_gcur) global.nlive -= 1;
 }
 
@@ -102,7 +104,7 @@ void Index::remove_sequences(const std::vector<nb::object>& ids) {
     const bool cur = r.has_cur, gcur = r.has_gcur;
     // the record leaves the id table first (suffix_index.py pops it before detaching)
     if (cur) {
-      int32_t gi = find_group(r.group);
+      int32_t gi = r.gslot;
       detach(groups[gi], s);
       touch(gi);
     }

@@ -23,6 +23,7 @@ struct Seq {
   nb::object group;  // group key (None: global only)
   std::vector<int32_t> tokens;
   bool live = false, has_cur = false, has_gcur = false, used = false;
+  int32_t gslot = -1;  // slot of its keyed group while has_cur (groups outlive their seqs)
   Cursor cur, gcur;
 };
 
@@ -111,14 +112,19 @@ class Index {
     return out;
   }
 
+  // Mark the group in slot gi most recently used.
+  void touch_slot(int32_t gi) {
+    if (gi != tail) {
+      unlink(gi);
+      push_back(gi);
+    }
+  }
+
   // The group of `key` marked most recently used (created if `create`); -1 if absent.
   int32_t touch_group(nb::handle key, bool create) {
     int32_t gi = find_group(key);
     if (gi >= 0) {
-      if (gi != tail) {
-        unlink(gi);
-        push_back(gi);
-      }
+      touch_slot(gi);
       return gi;
     }
     if (!create) return -1;

@@ -83,6 +83,8 @@ class Matcher {
   int32_t v = ROOT, l = 0, gv = ROOT, gl = 0;
   int64_t ver, gver;
   std::vector<int32_t> ctx, ptoks, pstates, gptoks, gpstates;
+  int64_t mark = -1;  // last batch step that used it as a global matcher (sharing check)
+  Draft other, scratch;  // buffers of draft(), reused across calls
 
   Matcher(Index* index, nb::object owner_, nb::object key, Mode m, SamPtr fixed,
           bool use_gl)
@@ -138,12 +140,11 @@ class Matcher {
     if (s->version != ver || gs->version != gver) sync();
     ptoks.clear();
     pstates.clear();
-    best_draft(*s, v, l, p, &ptoks, &pstates, best);
+    best_draft(*s, v, l, p, &ptoks, &pstates, best, scratch);
     if (use_global && gs->st[ROOT].occ) {
       gptoks.clear();
       gpstates.clear();
-      Draft other;
-      best_draft(*gs, gv, gl, p, &gptoks, &gpstates, other);
+      best_draft(*gs, gv, gl, p, &gptoks, &gpstates, other, scratch);
       if (other.score > best.score) std::swap(best, other);
     }
   }

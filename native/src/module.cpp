@@ -202,32 +202,40 @@ NB_MODULE(bubblespec_native, mod) {
 
   nb::class_<Request>(mod, "Request", "Per-request state of the batch step (batch.Request).")
       .def("__init__", [](Request* r, nb::object group, nb::object seq_id, nb::object matcher,
-                          nb::handle aligned, bool aligned_on, nb::handle tail, int64_t n_out,
-                          nb::handle out) {
+                          nb::object gmatcher, nb::handle aligned, bool aligned_on,
+                          nb::handle tail, int64_t n_out, nb::handle out) {
+        Matcher* m = &nb::cast<Matcher&>(matcher);
+        Matcher* gm = gmatcher.is_none() ? nullptr : &nb::cast<Matcher&>(gmatcher);
         new (r) Request();
         r->group = std::move(group);
         r->seq_id = std::move(seq_id);
-        r->m = &nb::cast<Matcher&>(matcher);
+        r->m = m;
         r->matcher_obj = std::move(matcher);
+        r->gm = gm;
+        r->gmatcher_obj = std::move(gmatcher);
         r->has_aligned = !aligned.is_none();
         if (r->has_aligned) r->aligned = tokens_of(aligned);
         r->aligned_on = aligned_on;
         r->tail = tokens_of(tail);
         r->n_out = n_out;
         if (!out.is_none()) r->out = tokens_of(out);
-      }, nb::arg("group").none(), nb::arg("seq_id").none(), nb::arg("matcher").none(), nb::kw_only(),
+      }, nb::arg("group").none(), nb::arg("seq_id").none(), nb::arg("matcher"),
+         nb::arg("gmatcher").none() = nb::none(), nb::kw_only(),
          nb::arg("aligned").none() = nb::none(), nb::arg("aligned_on") = true,
-         nb::arg("tail").none() = nb::tuple(), nb::arg("n_out") = 0, nb::arg("out").none() = nb::none())
+         nb::arg("tail").none() = nb::tuple(), nb::arg("n_out") = 0,
+         nb::arg("out").none() = nb::none())
       .def_ro("group", &Request::group)
       .def_ro("seq_id", &Request::seq_id)
       .def_ro("matcher", &Request::matcher_obj)
+      .def_ro("gmatcher", &Request::gmatcher_obj)
       .def_prop_ro("stats", [](const Request& r) {
         nb::list l;
         for (int64_t x : r.stats) l.append(x);
         return l;
       })
       .def_ro("last_draft", &Request::last_draft)
-      .def_ro("last_aligned", &Request::last_aligned)
+      .def_prop_ro("last_src", [](const Request& r) { return nb::str(SRC_NAMES[r.last_src]); })
+      .def_ro("last_claim", &Request::last_claim)
       .def_prop_ro("aligned", [](const Request& r) {
         if (!r.has_aligned) return nb::object(nb::none());
         return nb::object(to_list(r.aligned));
@@ -238,12 +246,13 @@ NB_MODULE(bubblespec_native, mod) {
       .def_prop_ro("out", [](const Request& r) { return to_list(r.out); });
 
   mod.def("step", [](Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
-                     int64_t k, int64_t max_model_len, nb::handle params, bool extend_index,
-                     bool keep_out) {
-    return step(idx, reqs, sampled, num_tokens, k, max_model_len, params, extend_index,
-                keep_out);
-  }, nb::arg("index").none(), nb::arg("reqs").none(), nb::arg("sampled").none(), nb::arg("num_tokens").none(),
-     nb::arg("k"), nb::arg("max_model_len"), nb::arg("params").none() = nb::none(), nb::kw_only(),
-     nb::arg("extend_index") = true, nb::arg("keep_out") = false,
+                     int64_t k, int64_t max_model_len, nb::handle params, nb::handle calib,
+                     nb::handle src, bool extend_index, bool keep_out, nb::handle drafts) {
+    return step(idx, reqs, sampled, num_tokens, k, max_model_len, params, calib, src,
+                extend_index, keep_out, drafts);
+  }, nb::arg("index"), nb::arg("reqs"), nb::arg("sampled"), nb::arg("num_tokens"),
+     nb::arg("k"), nb::arg("max_model_len"), nb::arg("params").none(), nb::arg("calib"),
+     nb::arg("src"), nb::kw_only(), nb::arg("extend_index") = true,
+     nb::arg("keep_out") = false, nb::arg("drafts").none() = nb::none(),
      "One proposer engine step for a whole batch (bubblespec.core.batch.step).");
 }

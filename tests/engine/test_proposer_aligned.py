@@ -4,17 +4,16 @@ noise is keyed by position), never for a shifted re-join."""
 
 from __future__ import annotations
 
-from bubblespec.core.batch import RESYNC, follow_aligned
-from bubblespec.engine.proposer import _Req
+from bubblespec.core.batch import RESYNC, Request, follow_aligned
 
 AL = list(range(100, 140))
 
 
-def req() -> _Req:
-    return _Req(group="g", seq_id=("out", "r", 0), matcher=None, aligned=list(AL))
+def req() -> Request:
+    return Request(group="g", seq_id=("out", "r", 0), matcher=None, aligned=list(AL))
 
 
-def step(st: _Req, sampled: list[int], budget: int = 3) -> list[int]:
+def step(st: Request, sampled: list[int], budget: int = 3) -> list[int]:
     return follow_aligned(st, sampled, budget)
 
 
