@@ -80,6 +80,11 @@ class GatewayConfig(BaseConfig):
     """Most prompt keys whose response length is remembered (oldest forgotten first)."""
     split_samples: bool = True
     """When a batch has fewer prompts than live ranks, split a prompt's samples over ranks."""
+    sglang_quiet_s: float = Field(0.05, gt=0, le=60)
+    """SGLang-compatible /generate: queued requests become one step once none arrived for
+    this long (seconds)."""
+    sglang_max_wait_s: float = Field(1.0, gt=0, le=600)
+    """... or at most this long after the first queued request (seconds)."""
     keep_steps: int = Field(64, ge=1)
     """Rollout summaries kept for GET /v1/steps/{step}."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
