@@ -83,8 +83,12 @@ async def parse(request: Request, model: type[M], empty_ok: bool = False) -> M:
         body = json.loads(raw)
     except ValueError as e:
         raise ApiError(400, f"body is not JSON: {e}", "body") from None
+    except RecursionError:
+        raise ApiError(400, "body is nested too deeply", "body") from None
     try:
         return model.model_validate(body)
+    except RecursionError:
+        raise ApiError(400, "body is nested too deeply", "body") from None
     except ValidationError as e:
         err = e.errors()[0]
         where = error_field({**err, "loc": ("body", *err["loc"])}, body)
@@ -149,6 +153,9 @@ class SglangFront:
         if body.next_input_ids:
             self.batcher.add_next(body.next_input_ids)
         sp = body.sampling_params
+        if sp.n > self.gw.config.max_n:
+            raise ApiError(400, f"at most {self.gw.config.max_n} samples per prompt",
+                           "sampling_params.n")
         sampling = sp.to_sampling()
         asks = []
         for prompt, rid in zip(body.prompts(), body.rids()):
