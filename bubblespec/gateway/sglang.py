@@ -10,9 +10,14 @@ Routes (SGLang's names, bodies and answers; bodies in `bubblespec.protocol.sglan
   prompts ahead;
 - POST /v1/next_prompts  the next step's prompts alone (bubblespec);
 - POST /update_weights_from_disk  {model_path, weight_version}: every rank reloads;
-- POST /abort_request  {rid} or {abort_all}; POST /pause_generation, /continue_generation;
-  GET|POST /flush_cache;
-- GET /get_model_info, /get_server_info (= /server_info), /get_weight_version, /v1/loads.
+- POST /abort_request  {rid}: that request if still queued; {abort_all}: every queued
+  request, and the running step on every rank (its unfinished samples answer with finish
+  reason abort and the tokens they have, which AReaL re-sends as prompt + partial output);
+- POST /pause_generation  no new step until /continue_generation; mode "abort" (SGLang's
+  default) aborts as abort_all does, "retract"/"in_place" let the running step finish;
+- GET|POST /flush_cache (nothing to flush: 200);
+- GET /get_model_info, /get_server_info (= /server_info), /get_weight_version, /v1/loads,
+  and the SGLang router's /workers (the gateway itself: slime drains through it).
 
 The mutating routes need the gateway's bearer token when one is configured, as SGLang's
 `--api-key` does. Errors are SGLang's `{"error": {"message"}}` with the gateway's `detail`
@@ -21,6 +26,7 @@ and `field` beside it; anything the caller got wrong is a 400 naming the field.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -167,6 +173,19 @@ class SglangFront:
         outs = [self.out(body, a, ans, t0) for a, ans in zip(asks, answers)]
         return outs if body.batched or sp.n > 1 else outs[0]
 
+    async def abort_running(self) -> int:
+        """Abort the step now running on every rank (its unfinished samples answer with
+        finish reason abort and the tokens they have); how many asks it holds."""
+        if not self.batcher.running:
+            return 0
+        rollouts = self.gw.rollouts
+        step = rollouts.last_step
+        d = await rollouts.discover()
+        await asyncio.gather(*(rollouts.pool.post(r, "/v1/abort_step", {"step": step},
+                                                  self.gw.config.probe_timeout_s)
+                               for r in d.ready), return_exceptions=True)
+        return len(self.batcher.running)
+
     async def weight_version(self) -> int:
         d = await self.gw.rollouts.discover()
         return max((r.weight_version or 0 for r in d.ready), default=0)
@@ -241,10 +260,10 @@ async def abort_request(request: Request) -> JSONResponse:
         body = await parse(request, AbortIn)
     except ApiError as e:
         return api_error(e)
-    b = front(request).batcher
-    n = b.abort(None if body.abort_all else body.rid)
-    return JSONResponse({"success": True, "aborted_queued": n,
-                         "running": len(b.running)})
+    f = front(request)
+    n = f.batcher.abort(None if body.abort_all else body.rid)
+    running = await f.abort_running() if body.abort_all else 0
+    return JSONResponse({"success": True, "aborted_queued": n, "aborted_running": running})
 
 
 @protected.post("/pause_generation")
@@ -253,11 +272,12 @@ async def pause_generation(request: Request) -> JSONResponse:
         body = await parse(request, PauseIn, empty_ok=True)
     except ApiError as e:
         return api_error(e)
-    b = front(request).batcher
-    b.pause()
-    aborted = b.abort() if body.mode == "abort" else 0
+    f = front(request)
+    f.batcher.pause()
+    queued = f.batcher.abort() if body.mode == "abort" else 0
+    running = await f.abort_running() if body.mode == "abort" else 0
     return JSONResponse({"success": True, "message": "Generation paused.",
-                         "aborted_queued": aborted})
+                         "aborted_queued": queued, "aborted_running": running})
 
 
 @protected.post("/continue_generation")
@@ -303,6 +323,13 @@ async def get_server_info(request: Request) -> JSONResponse:
         "internal_states": [{"num_running_reqs": len(f.batcher.running),
                              "num_waiting_reqs": len(f.batcher.queue),
                              "paused": f.batcher.paused}]})
+
+
+@public.get("/workers")
+async def workers(request: Request) -> JSONResponse:
+    """SGLang router's worker list: the gateway itself (slime aborts through each worker)."""
+    return JSONResponse({"workers": [{"id": "bubblespec-gateway",
+                                      "url": str(request.base_url).rstrip("/")}]})
 
 
 @public.get("/v1/loads")
