@@ -195,3 +195,43 @@ def test_pause_aborts_the_running_step_and_areal_resumes(cluster: LocalCluster,
             assert tail["meta_info"]["finish_reason"] == {"type": "length",
                                                           "length": budget - len(partial)}
             assert len(partial) + len(tail["output_ids"]) == budget
+
+
+def test_areal_remote_engine_through_a_pause(cluster: LocalCluster, task: Any) -> None:
+    """AReaL's own client (`areal.engine.sglang_remote.RemoteSGLangEngine`, areal 1.0.4):
+    `agenerate` against the gateway, interrupted by the pause AReaL sends before a weight
+    update; its loop re-sends prompt + partial output and ends with one full response.
+    Skipped unless areal imports (see tests/README.md for the install line)."""
+    sglang_remote = pytest.importorskip("areal.engine.sglang_remote")
+    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+    from areal.api.io_struct import ModelRequest
+
+    url = cluster.gateway_url
+    engine = sglang_remote.RemoteSGLangEngine(InferenceEngineConfig(
+        backend="sglang:d1", setup_timeout=60, request_timeout=300, request_retries=1))
+    engine.initialize(addr=url.removeprefix("http://"))
+    ids = list(task.make_prompt(3, 7, MAX_STEPS).input_ids)
+    budget = 600
+
+    async def run() -> Any:
+        req = ModelRequest(input_ids=ids, gconfig=GenerationHyperparameters(
+            max_new_tokens=budget, ignore_eos=True, stop_token_ids=[EOS_ID]))
+        gen = asyncio.ensure_future(engine.agenerate(req))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as a:
+            deadline = time.monotonic() + 60
+            while not (await a.get("/v1/loads")).json()["loads"][0]["num_running_reqs"]:
+                assert time.monotonic() < deadline and not gen.done()
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            paused = (await a.post("/pause_generation", json={})).json()
+            await asyncio.sleep(0.3)
+            await a.post("/continue_generation", json={})
+        return await gen, paused
+
+    try:
+        resp, paused = asyncio.run(run())
+    finally:
+        engine.destroy()
+    assert paused["aborted_running"] == 1, paused
+    assert resp.stop_reason == "length" and len(resp.output_tokens) == budget
+    assert len(resp.output_logprobs) == budget and all(lp <= 0 for lp in resp.output_logprobs)
