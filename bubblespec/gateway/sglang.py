@@ -44,6 +44,7 @@ from bubblespec.gateway.sglang_steps import Answer, Ask, StepBatcher
 from bubblespec.http.edge import protected_router
 from bubblespec.http.errors import error_field
 from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.gateway import RolloutRequest, RolloutResponse
 from bubblespec.protocol.rank import WeightUpdate
 from bubblespec.protocol.sglang import (
     AbortIn,
@@ -107,11 +108,22 @@ class SglangFront:
     def __init__(self, gw: GatewayService) -> None:
         c = gw.config
         self.gw = gw
+        self.running_step: int | None = None
         self.batcher = StepBatcher(self._run, c.sglang_quiet_s, c.sglang_max_wait_s,
                                    c.max_n)
 
-    async def _run(self, req: Any) -> Any:
-        return await self.gw.rollouts.rollout(req)
+    async def _run(self, req: RolloutRequest) -> RolloutResponse:
+        """One rollout step, numbered here so that an abort can name it while it runs."""
+        rollouts = self.gw.rollouts
+        if rollouts.last_step is None:
+            step = rollouts._next_step(await rollouts.discover())  # the rule /v1/rollout uses
+        else:
+            step = rollouts.last_step + 1
+        self.running_step = step
+        try:
+            return await rollouts.rollout(req.model_copy(update={"step": step}))
+        finally:
+            self.running_step = None
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         try:
@@ -176,10 +188,10 @@ class SglangFront:
     async def abort_running(self) -> int:
         """Abort the step now running on every rank (its unfinished samples answer with
         finish reason abort and the tokens they have); how many asks it holds."""
-        if not self.batcher.running:
+        step = self.running_step
+        if not self.batcher.running or step is None:
             return 0
         rollouts = self.gw.rollouts
-        step = rollouts.last_step
         d = await rollouts.discover()
         await asyncio.gather(*(rollouts.pool.post(r, "/v1/abort_step", {"step": step},
                                                   self.gw.config.probe_timeout_s)
