@@ -50,8 +50,8 @@ class GatewayConfig(BaseConfig):
     """Run seed: per-sample seeds are derived from (run seed, step, prompt key, sample index)
     when the trainer gives none, and the next step's pre-generation uses the same rule."""
     tokenizer: str = ""
-    """tokenizer.json, or a model directory holding one, for text prompts (empty: the
-    embedded task's tokenizer)."""
+    """tokenizer.json, or a model directory holding one, for text prompts and the `text` of
+    the SGLang-compatible /generate answers (empty: the embedded task's tokenizer)."""
     vocab_size: int = Field(0, ge=-1)
     """Token ids must be below this (0: the tokenizer's vocabulary size; -1: no check)."""
     max_prompts: int = Field(16_384, ge=1)
