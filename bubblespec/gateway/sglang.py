@@ -139,7 +139,7 @@ class SglangFront:
         reason = "abort" if s is None else s.finish_reason or "stop"
         finish: dict[str, Any] = {"type": reason if reason in ("stop", "length") else "abort"}
         text_ids = ids
-        if finish["type"] == "stop" and ids and not sp.ignore_eos:
+        if finish["type"] == "stop" and ids:
             finish["matched"] = ids[-1]
             if not sp.no_stop_trim:
                 text_ids = ids[:-1]
