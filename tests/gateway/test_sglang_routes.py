@@ -175,3 +175,40 @@ def test_hostile_bodies_never_get_a_5xx(gw: TestClient, route: str, model: Any,
             assert "field" in r.json()
 
     run()
+
+
+async def test_answer_shape(gw: TestClient) -> None:
+    """One sample as SGLang answers it: matched stop token, text with and without the stop
+    token, [logprob, id, text] triples, length and abort reasons (slime reads `text` and the
+    triples; AReaL reads `finish_reason.type` and `message`)."""
+    from bubblespec.gateway.sglang_steps import ABORT_BEFORE_PREFILL, Answer, Ask
+    from bubblespec.protocol.gateway import RolloutSample
+    from bubblespec.tasks import default_task
+
+    task = default_task()
+    front = gw.app.state.sglang
+    ids = task.encode("1 2 ; 3")
+    body = GenerateIn.model_validate({**GEN, "rid": "r7"})
+    ask = Ask([1, 5, 6], body.sampling_params.to_sampling(), None, "r7")
+    stop = RolloutSample(sample_index=0, output_ids=[*ids, task.eos_id],
+                         output_logprobs=[-0.25] * (len(ids) + 1), finish_reason="stop",
+                         weight_version=4, decode_steps=2, num_accepted_tokens=3)
+    out = front.out(body, ask, Answer(stop, [1, 5, 6], step=9), 0.0)
+    meta = out["meta_info"]
+    assert out["text"] == "1 2 ; 3" and out["output_ids"] == [*ids, task.eos_id]
+    assert meta["finish_reason"] == {"type": "stop", "matched": task.eos_id}
+    assert meta["output_token_logprobs"] == [[-0.25, t, None] for t in out["output_ids"]]
+    assert (meta["id"], meta["prompt_tokens"], meta["completion_tokens"]) == ("r7", 3, 5)
+    assert meta["weight_version"] == "4" and meta["bubblespec"]["step"] == 9
+    keep = GenerateIn.model_validate({**GEN, "return_text_in_logprobs": True,
+                                      "sampling_params": {"no_stop_trim": True,
+                                                          "skip_special_tokens": False}})
+    out = front.out(keep, ask, Answer(stop, [1, 5, 6]), 0.0)
+    assert out["text"].endswith("<eos>") and out["meta_info"]["output_token_logprobs"][0][2]
+    length = stop.model_copy(update={"finish_reason": "length"})
+    assert front.out(body, ask, Answer(length, [1]), 0.0)["meta_info"]["finish_reason"] == \
+        {"type": "length", "length": 5}
+    gone = front.out(body, ask, Answer(None, [1, 5, 6], message=ABORT_BEFORE_PREFILL), 0.0)
+    assert gone["output_ids"] == [] and gone["meta_info"]["output_token_logprobs"] == []
+    assert gone["meta_info"]["finish_reason"] == {"type": "abort",
+                                                  "message": ABORT_BEFORE_PREFILL}
