@@ -212,26 +212,29 @@ def test_areal_remote_engine_through_a_pause(cluster: LocalCluster, task: Any) -
     engine.initialize(addr=url.removeprefix("http://"))
     ids = list(task.make_prompt(3, 7, MAX_STEPS).input_ids)
     budget = 600
+    samples = 8  # one GRPO group, sent as AReaL sends it: one agenerate per sample
 
     async def run() -> Any:
-        req = ModelRequest(input_ids=ids, gconfig=GenerationHyperparameters(
-            max_new_tokens=budget, ignore_eos=True, stop_token_ids=[EOS_ID]))
-        gen = asyncio.ensure_future(engine.agenerate(req))
+        gens = asyncio.gather(*(engine.agenerate(ModelRequest(
+            input_ids=ids, gconfig=GenerationHyperparameters(
+                max_new_tokens=budget, ignore_eos=True, stop_token_ids=[])))
+            for _ in range(samples)))
         async with httpx.AsyncClient(base_url=url, timeout=60) as a:
             deadline = time.monotonic() + 60
             while not (await a.get("/v1/loads")).json()["loads"][0]["num_running_reqs"]:
-                assert time.monotonic() < deadline and not gen.done()
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)
+                assert time.monotonic() < deadline and not gens.done()
+                await asyncio.sleep(0.02)
             paused = (await a.post("/pause_generation", json={})).json()
             await asyncio.sleep(0.3)
             await a.post("/continue_generation", json={})
-        return await gen, paused
+        return await gens, paused
 
     try:
-        resp, paused = asyncio.run(run())
+        resps, paused = asyncio.run(run())
     finally:
         engine.destroy()
-    assert paused["aborted_running"] == 1, paused
-    assert resp.stop_reason == "length" and len(resp.output_tokens) == budget
-    assert len(resp.output_logprobs) == budget and all(lp <= 0 for lp in resp.output_logprobs)
+    assert paused["aborted_running"] == samples, paused
+    for resp in resps:
+        assert resp.stop_reason == "length" and len(resp.output_tokens) == budget
+        assert len(resp.output_logprobs) == budget
+        assert all(lp <= 0 for lp in resp.output_logprobs)
