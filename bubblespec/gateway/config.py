@@ -50,8 +50,8 @@ class GatewayConfig(BaseConfig):
     """Run seed: per-sample seeds are derived from (run seed, step, prompt key, sample index)
     when the trainer gives none, and the next step's pre-generation uses the same rule."""
     tokenizer: str = ""
-    """tokenizer.json, or a model directory holding one, for text prompts (empty: the
-    embedded task's tokenizer)."""
+    """tokenizer.json, or a model directory holding one, for text prompts and the `text` of
+    the SGLang-compatible /generate answers (empty: the embedded task's tokenizer)."""
     vocab_size: int = Field(0, ge=-1)
     """Token ids must be below this (0: the tokenizer's vocabulary size; -1: no check)."""
     max_prompts: int = Field(16_384, ge=1)
@@ -80,6 +80,11 @@ class GatewayConfig(BaseConfig):
     """Most prompt keys whose response length is remembered (oldest forgotten first)."""
     split_samples: bool = True
     """When a batch has fewer prompts than live ranks, split a prompt's samples over ranks."""
+    sglang_quiet_s: float = Field(0.05, gt=0, le=60)
+    """SGLang-compatible /generate: queued requests become one step once none arrived for
+    this long (seconds)."""
+    sglang_max_wait_s: float = Field(1.0, gt=0, le=600)
+    """... or at most this long after the first queued request (seconds)."""
     keep_steps: int = Field(64, ge=1)
     """Rollout summaries kept for GET /v1/steps/{step}."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -19,7 +19,7 @@ from bubblespec.protocol.gateway import PromptIn, RolloutRequest
 
 
 class PromptTokenizer:
-    """Text -> token ids (with BOS), and the vocabulary size ids are checked against."""
+    """Text -> token ids (with BOS) and back, and the vocabulary size ids are checked against."""
 
     def __init__(self, spec: str = "") -> None:
         self.spec = spec
@@ -56,6 +56,14 @@ class PromptTokenizer:
             return list(self._tok.encode(text).ids)
         assert self._task is not None
         return self._task.encode(text, add_bos=True)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids (the SGLang-compatible routes answer with it)."""
+        self._load()
+        if self._tok is not None:
+            return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+        assert self._task is not None
+        return self._task.decode(ids, skip_special=skip_special_tokens)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from bubblespec.gateway import routes
 from bubblespec.gateway.config import ENV_PREFIX, GatewayConfig
 from bubblespec.gateway.prepare import Preparer
 from bubblespec.gateway.service import GatewayService
+from bubblespec.gateway.sglang import install_sglang
 from bubblespec.gateway.status_page import install_status_page
 from bubblespec.http.edge import build_app
 from bubblespec.http.serve import http_main
@@ -26,6 +27,7 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
     app = build_app("bubblespec gateway", service, [routes.protected, routes.public],
                     token=config.token.get_secret_value() if config.token else None,
                     max_body_bytes=config.max_body_bytes, on_request=service.observe_request)
+    install_sglang(app, service)  # SGLang's native API: /generate, /update_weights_from_disk, ...
     install_status_page(app)  # GET / : ranks and the last steps' timelines, from the routes
     return app
 

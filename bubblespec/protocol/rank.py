@@ -100,6 +100,13 @@ class WeightUpdate(_Body):
                                            "loaded one (e.g. rolling back to a checkpoint).")
 
 
+class AbortStep(_Body):
+    """POST /v1/abort_step: end this rank's shard of `step` early (finish reason abort, the
+    tokens generated so far returned), as SGLang's abort of running requests does."""
+
+    step: Step
+
+
 class RankStateBody(_Body):
     """GET /v1/state of a rank (the heartbeat's `RankState` enum is the synchronizer's view)."""
 

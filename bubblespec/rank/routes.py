@@ -2,6 +2,8 @@
 
 - POST /v1/step_shard  this rank's share of a step, then pre-generation (bearer token)
 - POST /generate       SGLang-style token-in generation, single or batched (bearer token)
+- POST /v1/abort_step  end this rank's shard of a step early (bearer token): its unfinished
+                       samples return what they generated with finish reason abort
 - POST /v1/weights     validate, then reload weights from a directory (bearer token): 422
                        (field path) for a checkpoint that does not match the model, 409
                        (field version) for a version that does not go up without `force`
@@ -24,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from bubblespec.http.edge import app_service, protected_router
 from bubblespec.metrics import CONTENT_TYPE_LATEST
 from bubblespec.protocol.rank import (
+    AbortStep,
     DraftIndexBody,
     GenerateRequest,
     PaceBody,
@@ -85,6 +88,11 @@ async def step_shard(body: StepShard, rank: Rank) -> JSONResponse:
 @protected.post("/generate")
 async def generate(body: GenerateRequest, rank: Rank) -> JSONResponse:
     return JSONResponse(await rank.generate(body))
+
+
+@protected.post("/v1/abort_step")
+async def abort_step(body: AbortStep, rank: Rank) -> dict[str, Any]:
+    return rank.abort_step(body)
 
 
 @protected.post("/v1/weights")

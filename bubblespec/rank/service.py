@@ -30,6 +30,7 @@ from bubblespec.metrics.rank import new_rank_metrics, set_state
 from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.rank import (
+    AbortStep,
     DraftIndexBody,
     GenerateRequest,
     PaceBody,
@@ -252,6 +253,11 @@ class RankService:
         self.metrics.request_latency.labels(self.rank_id, "generate").observe(
             time.monotonic() - t)
         return outs if batched or body.n > 1 else outs[0]
+
+    def abort_step(self, body: AbortStep) -> dict[str, Any]:
+        """Abort this rank's shard of `body.step` (see `RankWorker.abort_step`)."""
+        return {"rank_id": self.rank_id, "step": body.step,
+                "aborted": self._ready().abort_step(body.step)}
 
     async def update_weights(self, body: WeightUpdate) -> dict[str, Any]:
         """Stop pre-generation, validate and reload the weights, report the new version

@@ -55,6 +55,8 @@ class RankWorker:
         self.done_step: int | None = None
         self._pregen_task: asyncio.Task | None = None
         self._pregen_stop = asyncio.Event()
+        self.aborted_step: int | None = None
+        """A step whose shard is aborted (`abort_step`): its samples end with what they have."""
         set_state(metrics, rank_id, "idle")
 
     def _set(self, state: str) -> None:
@@ -78,6 +80,13 @@ class RankWorker:
             await asyncio.gather(task, return_exceptions=True)
         self._pregen_task = None
 
+    def abort_step(self, step: int) -> bool:
+        """Abort the shard of `step` if it is decoding (within `poll_every` engine steps its
+        unfinished samples end with finish reason abort and the tokens they have); whether
+        it was decoding."""
+        self.aborted_step = step
+        return self.state == "decoding" and self.step == step
+
     # ------------------------------------------------------------------ shard
     async def run_shard(self, shard: StepShard) -> StepShardResult:
         """Decode this rank's share of `shard.step`, then start pre-generation."""
@@ -90,8 +99,13 @@ class RankWorker:
         self._set("decoding")
         self.step = shard.step
         fetched = await self._fetch_drafts(shard.step, reqs)
+
+        async def aborted() -> bool:
+            return self.aborted_step == shard.step
+
         try:
-            results = await self.engine.generate(reqs)
+            results = await self.engine.generate(reqs, should_stop=aborted,
+                                                 poll_every=self.cfg.poll_every)
         finally:
             await self.engine.release_groups([r.group_key() for r in reqs])
         t1 = time.time()

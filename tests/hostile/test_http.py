@@ -42,6 +42,7 @@ RANK_POSTS: dict[str, dict[str, Any]] = {
                                                     "sampling_params": SMALL}],
                        "pregen": False, "rerun": True},
     "/v1/weights": {"path": "/nonexistent/hostile-weights", "version": 1},
+    "/v1/abort_step": {"step": 10**6 + 1},
 }
 GETS = ["/health", "/health_generate", "/metrics", "/config", "/v1/state", "/v1/ranks", "/",
         "/openapi.json"]

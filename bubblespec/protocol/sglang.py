@@ -1,0 +1,268 @@
+"""HTTP bodies of the gateway's SGLang-compatible routes (`bubblespec.gateway.sglang`).
+
+slime and AReaL talk to their rollout servers through SGLang's native HTTP API; these models
+spell its request fields the way SGLang's `GenerateReqInput` and `SamplingParams` do, so
+that those clients switch to bubblespec by changing the server address. What bubblespec
+cannot honour exactly is refused by name (a 400 naming the field) instead of being ignored:
+
+- `min_p`: vLLM applies it in its sampler but not in speculative verification (vLLM 0.32
+  warns "min_p and logit_bias parameters won't work with speculative decoding"), so under
+  speculation it would silently not be applied; refused unless 0;
+- `frequency_penalty` / `presence_penalty`: vLLM's verification applies them, but the
+  sampling parameters bubblespec carries to its ranks have only `repetition_penalty`
+  (tested for exactness there); refused unless 0;
+- string stops (`stop`), streaming, top log-probs, images, LoRA adapters, constrained
+  decoding: refused when set (`stop_token_ids` is the token-level stop).
+
+Fields clients send that change nothing here are accepted: `skip_special_tokens`,
+`spaces_between_special_tokens`, `no_stop_trim` (they shape the returned `text`),
+`logprob_start_len`, `custom_params`. The bubblespec-only fields are `seed_mode` (keyed
+sampling) and `next_input_ids` (the next step's prompts, pre-generated in this step's bubble).
+Unknown keys are refused (SGLang refuses unknown sampling parameters too).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from bubblespec.protocol import limits as L
+from bubblespec.protocol.limits import Seed, TokenIds
+from bubblespec.protocol.sampling import SamplingParams, SeedMode
+
+BatchIds = Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)]
+Texts = Annotated[list[Annotated[str, Field(max_length=16 * L.MAX_PROMPT_TOKENS)]],
+                  Field(max_length=L.MAX_LIST)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _zero(value: float, name: str, why: str) -> float:
+    if value != 0:
+        raise ValueError(f"{name} = {value} is not supported: {why}; send 0 or leave it out")
+    return value
+
+
+class SglSamplingParams(_Body):
+    """SGLang's `sampling_params` of /generate (the subset bubblespec serves exactly)."""
+
+    max_new_tokens: int = Field(128, ge=1, le=L.MAX_NEW_TOKENS)
+    temperature: float = Field(1.0, ge=0, le=L.MAX_TEMPERATURE, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(-1, ge=-1, le=L.MAX_TOP_K, description="-1 or 0: off.")
+    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, ge=L.MIN_REPETITION_PENALTY,
+                                      le=L.MAX_REPETITION_PENALTY, allow_inf_nan=False)
+    min_new_tokens: int = Field(0, ge=0, le=0, description="Only 0 is supported.")
+    stop: str | list[str] | None = Field(None, description="Only empty: use stop_token_ids.")
+    stop_token_ids: list[L.TokenId] | None = Field(None, max_length=L.MAX_STOP_TOKEN_IDS)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = Field(1, ge=1, le=L.MAX_N)
+    sampling_seed: Seed | None = Field(None, description="Seed of this request's sample.")
+    custom_params: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
+    seed_mode: SeedMode = Field(SeedMode.DEFAULT, description="bubblespec: keyed sampling.")
+
+    @field_validator("min_p")
+    @classmethod
+    def _min_p(cls, v: float) -> float:
+        return _zero(v, "min_p", "vLLM does not apply it when verifying speculative drafts")
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _penalties(cls, v: float, info: Any) -> float:
+        return _zero(v, info.field_name, "bubblespec carries only repetition_penalty")
+
+    @field_validator("stop")
+    @classmethod
+    def _no_stop_strings(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v:
+            raise ValueError("string stops are not supported: use stop_token_ids")
+        return v
+
+    def to_sampling(self) -> SamplingParams:
+        """bubblespec's sampling parameters of one sample of this request."""
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+            top_p=self.top_p, top_k=self.top_k, repetition_penalty=self.repetition_penalty,
+            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+            seed_mode=self.seed_mode)
+
+
+def _off(value: Any, name: str, default: Any = None) -> Any:
+    if value not in (default, None) and value != [] and value != {}:
+        raise ValueError(f"{name} is not supported by bubblespec")
+    return value
+
+
+class GenerateIn(_Body):
+    """POST /generate: one prompt (`input_ids` or `text`) or a batch (lists of them)."""
+
+    input_ids: TokenIds | BatchIds | None = None
+    text: Annotated[str, Field(max_length=16 * L.MAX_PROMPT_TOKENS)] | Texts | None = None
+    sampling_params: SglSamplingParams = Field(default_factory=SglSamplingParams)
+    return_logprob: bool = False
+    logprob_start_len: int | None = Field(None, ge=-1, description="Accepted; only the "
+                                          "output's log-probs are returned.")
+    top_logprobs_num: int | None = Field(None, ge=0, le=0, description="Only 0 or null.")
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = Field(None, description="Request id(s), for /abort_request.")
+    image_data: Any = None
+    lora_path: Any = None
+    return_hidden_states: bool = False
+    return_routed_experts: bool = False
+    custom_logit_processor: Any = None
+    next_input_ids: BatchIds | None = Field(
+        None, description="bubblespec: the next step's prompts, pre-generated in the bubble "
+                          "of the step this request joins.")
+
+    @field_validator("stream", "return_hidden_states", "return_routed_experts")
+    @classmethod
+    def _false(cls, v: bool, info: Any) -> bool:
+        if v:
+            raise ValueError(f"{info.field_name} is not supported by bubblespec")
+        return v
+
+    @field_validator("image_data", "lora_path", "custom_logit_processor")
+    @classmethod
+    def _none(cls, v: Any, info: Any) -> Any:
+        return _off(v, info.field_name)
+
+    @field_validator("input_ids", "text", "next_input_ids")
+    @classmethod
+    def _not_empty(cls, v: Any) -> Any:
+        if v is not None and (not v or any(not p for p in v if isinstance(p, (list, str)))):
+            raise ValueError("empty prompt (or empty batch)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> GenerateIn:
+        if (self.input_ids is None) == (self.text is None):
+            raise ValueError("give exactly one of input_ids and text")
+        prompts = self.prompts()
+        if isinstance(self.rid, list) and len(self.rid) != len(prompts):
+            raise ValueError(f"rid: {len(self.rid)} ids for {len(prompts)} prompts")
+        return self
+
+    @property
+    def batched(self) -> bool:
+        """True when the prompts came as a list (the answer is then a list too)."""
+        value = self.input_ids if self.input_ids is not None else self.text
+        return isinstance(value, list) and bool(value) and not isinstance(value[0], int)
+
+    def prompts(self) -> list[list[int] | str]:
+        """The prompts, each as token ids or as text."""
+        value: Any = self.input_ids if self.input_ids is not None else self.text
+        if self.batched:
+            return list(value)
+        return [value]
+
+    def rids(self) -> list[str | None]:
+        """The request id of each prompt (None where the caller gave none)."""
+        n = len(self.prompts())
+        if isinstance(self.rid, list):
+            return list(self.rid)
+        return [self.rid] * n
+
+
+class WeightsFromDiskIn(BaseModel):
+    """POST /update_weights_from_disk. Other keys SGLang knows (`load_format`, `flush_cache`,
+    `abort_all_requests`, ...) are accepted and change nothing here except
+    `abort_all_requests` (queued requests are answered with finish reason abort)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_path: str = Field(..., min_length=1, max_length=4096)
+    weight_version: str | int | None = Field(
+        None, description="A non-negative integer (bubblespec versions are integers); "
+                          "default: the ranks' version + 1.")
+    abort_all_requests: bool = False
+
+    @field_validator("weight_version")
+    @classmethod
+    def _integer(cls, v: str | int | None) -> str | int | None:
+        if v is None:
+            return v
+        text = str(v).strip()
+        if not text.isdigit() or int(text) > L.MAX_WEIGHT_VERSION:
+            raise ValueError(f"must be an integer in [0, {L.MAX_WEIGHT_VERSION}]")
+        return v
+
+    def version(self) -> int | None:
+        return None if self.weight_version is None else int(str(self.weight_version))
+
+
+class AbortIn(_Body):
+    """POST /abort_request: one request by `rid`, or every request (`abort_all`)."""
+
+    rid: str = Field("", max_length=L.MAX_KEY_CHARS)
+    abort_all: bool = False
+    finished_reason: str | None = None
+    abort_message: str | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> AbortIn:
+        if not self.rid and not self.abort_all:
+            raise ValueError("give rid or abort_all")
+        return self
+
+
+class PauseIn(_Body):
+    """POST /pause_generation: `abort` answers queued requests with finish reason abort;
+    `retract` and `in_place` keep them queued until /continue_generation."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class NextPromptsIn(_Body):
+    """POST /v1/next_prompts (bubblespec): prompts of the next step, pre-generated in the
+    bubble of the next step that starts."""
+
+    input_ids: BatchIds = Field(..., min_length=1)
+
+    @field_validator("input_ids")
+    @classmethod
+    def _not_empty(cls, v: list[list[int]]) -> list[list[int]]:
+        for p in v:
+            if not p:
+                raise ValueError("a prompt is empty")
+        return v
+
+
+class FinishReason(BaseModel):
+    """`meta_info.finish_reason`: stop (with the `matched` token id), length or abort."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | None = None
+    length: int | None = None
+    message: str | None = None
+
+
+class SglMetaInfo(BaseModel):
+    """`meta_info` of one answer; `bubblespec` holds the speculation counters."""
+
+    id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    weight_version: str = "0"
+    e2e_latency: float = 0.0
+    output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    bubblespec: dict[str, Any] = Field(default_factory=dict)
+
+
+class GenerateOut(BaseModel):
+    """One answer of /generate (a list of them for a batch or n > 1)."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: SglMetaInfo
