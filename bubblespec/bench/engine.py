@@ -13,14 +13,18 @@ and bubblespec_live_keyed decode the very same tokens and compare drafters direc
 Per bubblespec row the proposer's per-source counters say which source won each step.
 Decode steps = target forward passes that emitted tokens, summed over requests. Since
 sampled lengths differ between modes, reductions are computed per generated token.
+`--out PATH` also writes the rows and the sampled responses of B0 and of the nospec row
+(token ids and log-probs, by prompt) as JSON: the input of `bubblespec bench workload-stats`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from bubblespec.engine import EngineConfig, GenRequest
 from bubblespec.engine.engine import RolloutEngine
@@ -40,6 +44,8 @@ class EngineBenchConfig:
     model: str
     """HF model directory ("": the embedded model)."""
     task: str = "addchain"
+    out: str = ""
+    """JSON path for the rows and responses ("": none)."""
 
 
 def requests(prompts: list, n: int, seed: int, max_new: int, eos: int,
@@ -64,12 +70,23 @@ def summarise(name: str, results: list, secs: float) -> dict:
             "wall_s": secs}
 
 
-async def run_mode(name: str, cfg: EngineConfig, reqs: list[GenRequest]) -> dict:
+def responses(results: list) -> list[list[dict]]:
+    """Every sample's token ids and log-probs, grouped by prompt (the JSON of `--out`)."""
+    return [[{"ids": list(s.output_ids), "logprobs": [round(x, 5) for x in s.output_logprobs]}
+             for s in r.samples] for r in results]
+
+
+async def run_mode(name: str, cfg: EngineConfig, reqs: list[GenRequest],
+                   keep: bool = False) -> dict:
+    """One fresh engine rolling out `reqs`: the row (with the responses when `keep`)."""
     eng = await RolloutEngine.start(cfg)
     try:
         t = time.monotonic()
         res = await eng.generate(reqs)
-        return summarise(name, res, time.monotonic() - t)
+        row = summarise(name, res, time.monotonic() - t)
+        if keep:
+            row["responses"] = responses(res)
+        return row
     finally:
         await eng.shutdown()
 
@@ -100,6 +117,8 @@ async def run(args: EngineBenchConfig) -> None:
                                       [task.reward(p, s.output_ids) for s in o.samples])
                               for p, o in zip(b0, out0)])
         trainer.save(new_dir)
+        grpo = {"b0_responses": responses(out0), **{k: float(stats[k]) for k in
+                ("mean_reward", "loss", "max_abs_logprob_gap")}}
         print(f"GRPO update on B0: mean reward {stats['mean_reward']:.3f}, loss "
               f"{stats['loss']:.4f}, max |logprob gap| {stats['max_abs_logprob_gap']:.2e}")
         await eng.update_weights(new_dir)
@@ -126,7 +145,8 @@ async def run(args: EngineBenchConfig) -> None:
             await eng.release_groups([r.group_key() for r in reqs])
     finally:
         await eng.shutdown()
-    rows.insert(0, await run_mode("nospec", EngineConfig(model=new_dir, spec_mode="none"), r1))
+    rows.insert(0, await run_mode("nospec", EngineConfig(model=new_dir, spec_mode="none"), r1,
+                                  keep=bool(args.out)))
     rows.insert(1, await run_mode("ngram", EngineConfig(model=new_dir, spec_mode="ngram"), r1))
     if importlib.util.find_spec("arctic_inference"):
         rows.insert(2, await run_mode("suffix", EngineConfig(model=new_dir, spec_mode="suffix"),
@@ -164,4 +184,9 @@ async def run(args: EngineBenchConfig) -> None:
           "bubblespec_siblings={bubblespec_siblings} bubblespec_pregen={bubblespec_pregen}"
           .format(**fmt) + f" bubblespec_live={red.get('bubblespec_live', float('nan')):.3f}"
           f" bubblespec_all={red.get('bubblespec_all', float('nan')):.3f}")
-
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(
+            {"config": asdict(args), "model": old_dir, "reductions": red, "grpo": grpo,
+             "rows": rows}))
+        print(f"wrote {args.out}")
