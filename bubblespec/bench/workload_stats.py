@@ -6,8 +6,9 @@
     bubblespec bench workload-stats out/engine-addchain.json out/engine-wordproblems.json
 
 Reads the JSON that `bubblespec bench engine --out` writes (one per workload: the responses
-of the no-speculation row, by prompt, with their log-probs, and every row's counters) and
-prints, side by side, the figures that explain why speculation gains more on one workload:
+of batch B0, sampled at T=1 with the starting weights, by prompt, with their log-probs, and
+every row's counters; a run cut short still has them) and prints, side by side, the figures
+that explain why speculation gains more on one workload:
 
 - entropy per token: the mean of -log p(token) over the sampled tokens. At temperature 1 the
   sampled token is drawn from p, so this mean is an unbiased estimate of the per-token
@@ -129,25 +130,34 @@ def source_acceptance(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, flo
     return out
 
 
+def reductions(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each row's cut in decode steps per generated token against the nospec row (empty
+    without it)."""
+    by = {r["mode"]: r for r in rows}
+    if "nospec" not in by:
+        return {}
+    base = by["nospec"]["steps"] / max(by["nospec"]["tokens"], 1)
+    return {m: 1 - (r["steps"] / max(r["tokens"], 1)) / base for m, r in by.items()}
+
+
 def workload_stats(doc: dict[str, Any]) -> dict[str, Any]:
     """The figures of one `bench engine --out` document (see the module docstring)."""
-    rows = {r["mode"]: r for r in doc["rows"]}
-    base = rows.get("nospec", {}).get("responses")
+    base = doc.get("b0", {}).get("responses")
     if not base:
-        raise ValueError("no responses in the nospec row: run `bubblespec bench engine` "
-                         "with --out")
+        raise ValueError("no B0 responses: write one with `bubblespec bench engine --out`")
     groups = [[s["ids"] for s in g] for g in base]
     cfg = doc.get("config", {})
+    rows = {r["mode"]: r for r in doc["rows"]}
     return {
         "workload": f"{cfg.get('task', '?')}: {cfg.get('prompts')} prompts x n={cfg.get('n')}",
         "model": Path(doc.get("model", "?")).name,
-        "reward_b0": doc.get("grpo", {}).get("mean_reward"),
+        "reward_b0": doc["b0"].get("mean_reward"),
         "entropy": entropy_stats([s["logprobs"] for g in base for s in g]),
         "length": length_stats([len(r) for g in groups for r in g]),
         "siblings": {**sibling_stats(groups), "lcs_ratio": lcs_ratio(groups)},
         "replay": replay_sibling_drafts(groups),
         "sources": source_acceptance(doc["rows"]),
-        "reductions": {m: doc.get("reductions", {}).get(m) for m in MODES},
+        "reductions": reductions(doc["rows"]),
         "tokens_per_forward": {m: rows[m]["tokens_per_forward"] for m in ("nospec", *MODES)
                                if m in rows},
     }

@@ -86,11 +86,11 @@ def _doc(task: str, seed: int, copy: float) -> dict:
         groups.append([{"ids": g, "logprobs": [-rng.random() for _ in g]} for g in group])
     src = {f"{s}_{c}": 4 for s in ("aligned", "group", "global")
            for c in ("wins", "drafted", "accepted")}
-    rows = [{"mode": "nospec", "tokens_per_forward": 1.0, "responses": groups},
-            {"mode": "bubblespec_siblings", "tokens_per_forward": 1.3, "sources": src}]
+    rows = [{"mode": "nospec", "steps": 100, "tokens": 100, "tokens_per_forward": 1.0},
+            {"mode": "bubblespec_siblings", "steps": 80, "tokens": 104,
+             "tokens_per_forward": 1.3, "sources": src}]
     return {"config": {"task": task, "prompts": 3, "n": 4}, "model": f"/m/{task}",
-            "reductions": {"bubblespec_siblings": 0.2}, "grpo": {"mean_reward": 0.5},
-            "rows": rows}
+            "b0": {"responses": groups, "mean_reward": 0.5}, "rows": rows}
 
 
 def test_workload_stats_of_a_document() -> None:
@@ -100,6 +100,7 @@ def test_workload_stats_of_a_document() -> None:
     assert (alike["replay"]["tokens_per_forward"]
             > apart["replay"]["tokens_per_forward"] >= 1.0)
     assert alike["tokens_per_forward"] == {"nospec": 1.0, "bubblespec_siblings": 1.3}
+    assert alike["reductions"]["bubblespec_siblings"] == pytest.approx(1 - 80 / 104)
     with pytest.raises(ValueError, match="--out"):
         workload_stats({"rows": [{"mode": "nospec"}]})
 
