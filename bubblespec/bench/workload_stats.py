@@ -20,7 +20,7 @@ that explain why speculation gains more on one workload:
   index, k tokens per draft, greedy acceptance = the draft agrees with the sampled tokens).
   Under plain sampling a drafted token is accepted with probability p(token), the chance that
   sampling draws it, so the replay's acceptance estimates real acceptance; complete siblings
-  make it an upper bound of the engine's live-sibling source (siblings decode concurrently);
+  make it optimistic against the engine's live-sibling source (siblings decode concurrently);
 - acceptance per draft source from the engine's own counters (aligned pre-generated response,
   prompt group, global pool: accepted / drafted tokens) and every mode's decode-step
   reduction per generated token against no speculation (all measured on real engines).
