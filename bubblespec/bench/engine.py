@@ -119,8 +119,8 @@ async def run(args: EngineBenchConfig) -> None:
         stats = trainer.step([Rollout(list(p.input_ids), [s.output_ids for s in o.samples],
                                       [s.output_logprobs for s in o.samples],
                                       [task.reward(p, s.output_ids) for s in o.samples])
-                              for p, o in zip(b0, out0)])
-        trainer.save(new_dir)
+                              for p, o in zip(b0, out0)], micro_batch=8)
+        trainer.save(new_dir)  # micro-batches of 8: the real model's logits are 49k wide
         doc["b0"] = {"responses": responses(out0), **{k: float(stats[k]) for k in
                      ("mean_reward", "loss", "max_abs_logprob_gap")}}
         save(args.out, doc)
