@@ -55,10 +55,12 @@ def model_task() -> Any:
     """The task of the test model: addchain on the embedded model; on any other
     ($BUBBLESPEC_TEST_MODEL, e.g. the real model) wordproblems, its chat prompts encoded by
     that model's own tokenizer."""
+    from pathlib import Path
+
     from bubblespec.tasks import default_model_dir, default_task, make_task
 
-    model = model_dir()
-    if model == str(default_model_dir()):
+    model = Path(model_dir()).resolve()
+    if model == default_model_dir().resolve():
         return default_task()
     return make_task("wordproblems", model)
 
