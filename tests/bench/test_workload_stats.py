@@ -118,3 +118,25 @@ def test_command_prints_workloads_side_by_side(tmp_path: Path, capsys) -> None:
     assert "entropy per token" in text and "bubblespec_siblings: aligned" in text
     assert len(json.loads(out.read_text())) == 2
     assert main(["workload-stats", str(tmp_path / "missing.json")]) == 2
+
+
+def test_engine_bench_document_feeds_the_stats(tmp_path: Path) -> None:
+    """The engine bench's own writers (`responses`, `save`) give a document the stats read."""
+    from bubblespec.bench.engine import responses, save
+    from bubblespec.engine.types import GenResult, SampleResult
+
+    def sample(i: int, ids: list[int]) -> SampleResult:
+        return SampleResult(ids, [-0.5] * len(ids), "stop", i, 0, decode_steps=len(ids))
+
+    results = [GenResult(f"g{g}", [sample(i, [g, 5, 6, 7, 8, 9, 2]) for i in range(3)])
+               for g in range(2)]
+    path = tmp_path / "engine.json"
+    save(str(path), {"config": {"task": "addchain", "prompts": 2, "n": 3}, "model": "/m/tiny",
+                     "b0": {"responses": responses(results), "mean_reward": 0.25},
+                     "rows": [{"mode": "nospec", "steps": 42, "tokens": 42,
+                               "tokens_per_forward": 1.0}]})
+    save("", {})  # no path: nothing written
+    stats = workload_stats(json.loads(path.read_text()))
+    assert stats["length"]["median"] == 7 and stats["siblings"]["identical"] == 1.0
+    assert stats["entropy"]["nats_per_token"] == pytest.approx(0.5)
+    assert stats["replay"]["accepted_share"] > 0.5
