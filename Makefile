@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install run up test bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean \
-	real-model bench-real
+	real-model bench-real exactness-real
 
 install: $(STAMP)
 
@@ -89,7 +89,14 @@ real-model: install
 # The engine bench on the real model and its word-problem task (next to `make bench-engine`;
 # a small lr: one AdamW step at the tiny model's 3e-4 moves a pretrained model far).
 bench-real: real-model
-	$(BIN)/bubblespec bench engine --task wordproblems --prompts 8 --n 4 --lr 1e-5
+	$(BIN)/bubblespec bench engine --task wordproblems --prompts 8 --n 4 --lr 1e-5 \
+		--out out/engine-wordproblems.json
+
+# The statistical exactness suites of tests/engine once on the real model and its task
+# (slow: not part of `make test`).
+exactness-real: real-model
+	BUBBLESPEC_TEST_MODEL=$$($(BIN)/bubblespec real-model) $(BIN)/python -m pytest -q \
+		-p no:cacheprovider tests/engine/test_exactness.py tests/engine/test_keyed_engine.py
 
 lint: install
 	$(BIN)/ruff check bubblespec tests

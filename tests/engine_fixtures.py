@@ -51,6 +51,20 @@ def model_dir() -> str:
     return os.environ.get("BUBBLESPEC_TEST_MODEL") or str(default_model_dir())
 
 
+def model_task() -> Any:
+    """The task of the test model: addchain on the embedded model; on any other
+    ($BUBBLESPEC_TEST_MODEL, e.g. the real model) wordproblems, its chat prompts encoded by
+    that model's own tokenizer."""
+    from pathlib import Path
+
+    from bubblespec.tasks import default_model_dir, default_task, make_task
+
+    model = Path(model_dir()).resolve()
+    if model == default_model_dir().resolve():
+        return default_task()
+    return make_task("wordproblems", model)
+
+
 def start_engine(runner: LoopRunner, **kw: Any) -> Any:
     """A `RolloutEngine` on the test model, started on `runner`'s loop."""
     from bubblespec.engine import EngineConfig

@@ -13,14 +13,19 @@ and bubblespec_live_keyed decode the very same tokens and compare drafters direc
 Per bubblespec row the proposer's per-source counters say which source won each step.
 Decode steps = target forward passes that emitted tokens, summed over requests. Since
 sampled lengths differ between modes, reductions are computed per generated token.
+`--out PATH` writes B0's responses (token ids and log-probs, by prompt), the update's figures
+and the rows as JSON, after B0 and again after every row (a run cut short keeps what it
+did): the input of `bubblespec bench workload-stats`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from bubblespec.engine import EngineConfig, GenRequest
 from bubblespec.engine.engine import RolloutEngine
@@ -40,6 +45,8 @@ class EngineBenchConfig:
     model: str
     """HF model directory ("": the embedded model)."""
     task: str = "addchain"
+    out: str = ""
+    """JSON path for B0's responses and the rows ("": none)."""
 
 
 def requests(prompts: list, n: int, seed: int, max_new: int, eos: int,
@@ -64,6 +71,19 @@ def summarise(name: str, results: list, secs: float) -> dict:
             "wall_s": secs}
 
 
+def responses(results: list) -> list[list[dict]]:
+    """Every sample's token ids and log-probs, grouped by prompt."""
+    return [[{"ids": list(s.output_ids), "logprobs": [round(x, 5) for x in s.output_logprobs]}
+             for s in r.samples] for r in results]
+
+
+def save(path: str, doc: dict) -> None:
+    """Write the `--out` document (nothing when `path` is "")."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(doc))
+
+
 async def run_mode(name: str, cfg: EngineConfig, reqs: list[GenRequest]) -> dict:
     eng = await RolloutEngine.start(cfg)
     try:
@@ -85,7 +105,8 @@ async def run(args: EngineBenchConfig) -> None:
     r1 = requests(b1, args.n, 1, task.max_new_tokens, task.eos_id)
     k1 = requests(b1, args.n, 1, task.max_new_tokens, task.eos_id, seed_mode="keyed")
     new_dir = tempfile.mkdtemp(prefix="bubblespec-newweights-")
-    rows = []
+    rows: list[dict] = []
+    doc = {"config": asdict(args), "model": old_dir, "rows": rows}
     # Old weights: sample B0 (the step that trains) and pre-generate B1 in "the bubble".
     # no global pool: it would hold the B1 pre-generation and blur the modes apart
     eng = await RolloutEngine.start(EngineConfig(model=old_dir, spec_mode="bubblespec",
@@ -98,8 +119,11 @@ async def run(args: EngineBenchConfig) -> None:
         stats = trainer.step([Rollout(list(p.input_ids), [s.output_ids for s in o.samples],
                                       [s.output_logprobs for s in o.samples],
                                       [task.reward(p, s.output_ids) for s in o.samples])
-                              for p, o in zip(b0, out0)])
-        trainer.save(new_dir)
+                              for p, o in zip(b0, out0)], micro_batch=8)
+        trainer.save(new_dir)  # micro-batches of 8: the real model's logits are 49k wide
+        doc["b0"] = {"responses": responses(out0), **{k: float(stats[k]) for k in
+                     ("mean_reward", "loss", "max_abs_logprob_gap")}}
+        save(args.out, doc)
         print(f"GRPO update on B0: mean reward {stats['mean_reward']:.3f}, loss "
               f"{stats['loss']:.4f}, max |logprob gap| {stats['max_abs_logprob_gap']:.2e}")
         await eng.update_weights(new_dir)
@@ -123,16 +147,20 @@ async def run(args: EngineBenchConfig) -> None:
             rows.append(summarise(name, await eng.generate(reqs), time.monotonic() - t))
             rows[-1]["sources"] = await eng.source_stats(reset=True)
             print(f"row {name} sources: {rows[-1]['sources']}", flush=True)
+            save(args.out, doc)
             await eng.release_groups([r.group_key() for r in reqs])
     finally:
         await eng.shutdown()
     rows.insert(0, await run_mode("nospec", EngineConfig(model=new_dir, spec_mode="none"), r1))
+    save(args.out, doc)
     rows.insert(1, await run_mode("ngram", EngineConfig(model=new_dir, spec_mode="ngram"), r1))
+    save(args.out, doc)
     if importlib.util.find_spec("arctic_inference"):
         rows.insert(2, await run_mode("suffix", EngineConfig(model=new_dir, spec_mode="suffix"),
                                       r1))
         rows.append(await run_mode("suffix_keyed",
                                    EngineConfig(model=new_dir, spec_mode="suffix"), k1))
+        save(args.out, doc)
     else:
         print("vLLM suffix: arctic-inference not installed (run `make bench-deps`)")
     base = rows[0]["steps"] / max(rows[0]["tokens"], 1)
@@ -164,4 +192,5 @@ async def run(args: EngineBenchConfig) -> None:
           "bubblespec_siblings={bubblespec_siblings} bubblespec_pregen={bubblespec_pregen}"
           .format(**fmt) + f" bubblespec_live={red.get('bubblespec_live', float('nan')):.3f}"
           f" bubblespec_all={red.get('bubblespec_all', float('nan')):.3f}")
-
+    if args.out:
+        print(f"wrote {args.out}")

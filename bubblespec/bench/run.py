@@ -7,7 +7,7 @@ time, per-rank busy / bubble / pre-gen seconds (from the synchronizer's timeline
 pre-generated in the bubble, draft tokens fetched at step start, decode steps (target
 forward passes: slowest rank, and summed over ranks), tokens per forward, draft acceptance
 and mean reward. `run_steps` is the loop to grow into GRPO (an `on_step` hook gets each
-step's prompts and results).
+step's prompts and results). `--task wordproblems` runs the real model on its task instead.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ class RunConfig:
     log_dir: str | None
     gateway_url: str | None
     json: str | None
+    task: str = "addchain"
+    """The prompts' task (`bubblespec.tasks.TASKS`); without `model`, the task's model."""
+
+    def model_dir(self) -> str:
+        """`model`, or the task's own model (FileNotFoundError when it is not built)."""
+        from bubblespec.tasks import task_model_dir
+
+        return self.model or str(task_model_dir(self.task))
 
 
 @dataclass
@@ -148,9 +156,9 @@ def run_and_report(args: RunConfig, url: str, sync_metrics: str | None = None
                    ) -> list[StepRecord]:
     """Roll out `args.steps` steps through the gateway at `url`, print the per-step table and
     the synchronizer's share of step wall time (from `sync_metrics`, its /metrics URL)."""
-    from bubblespec.tasks import default_task
+    from bubblespec.tasks import make_task
 
-    task = default_task()
+    task = make_task(args.task, args.model_dir())
     sampling = {"temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens or task.max_new_tokens}
     with BubbleSpecClient(url) as client:
@@ -183,7 +191,7 @@ def run_demo(args: RunConfig) -> list[StepRecord]:
         return run_and_report(args, args.gateway_url)
     print(f"starting a local cluster with {args.ranks} rank(s) (engines take ~20 s)...",
           flush=True)
-    with LocalCluster(ranks=args.ranks, model=args.model, rank_args=args.rank_arg,
+    with LocalCluster(ranks=args.ranks, model=args.model_dir(), rank_args=args.rank_arg,
                       log_dir=args.log_dir) as cluster:
         print(f"cluster ready: gateway {cluster.gateway_url}, logs {cluster.log_dir}",
               flush=True)

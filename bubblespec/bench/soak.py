@@ -11,6 +11,7 @@ level and budget (synchronizer GetState), each rank's draft index against its bu
 the records to `<out>/soak.json`, plots them, and ends with the least-squares RSS slope of
 each process after the warm-up, in % of its mean RSS per 100 steps, and the store and index
 maxima against their budgets.
+`--task wordproblems` soaks the real model (`make real-model`) on its task instead.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class SoakConfig:
     every: int = 10
     model: str | None = None
     out: str = "out/soak"
+    task: str = "addchain"
+    """The prompts' task (`bubblespec.tasks.TASKS`); without `model`, the task's model."""
     plot: str | None = None
 
 
@@ -292,9 +295,9 @@ async def soak_steps(cluster: LocalCluster, cfg: SoakConfig, model_dirs: tuple[P
                      ) -> tuple[list[SoakStep], dict[str, str]]:
     """Run `cfg.steps` steps against a started cluster: one `SoakStep` per step, and the
     command line of each named process."""
-    from bubblespec.tasks import default_task
+    from bubblespec.tasks import make_task
 
-    task = default_task()
+    task = make_task(cfg.task, model_dirs[0])
     sampling = {"temperature": cfg.temperature,
                 "max_new_tokens": cfg.max_new_tokens or task.max_new_tokens}
     roots = {"sync": cluster.children["sync"], "gateway": cluster.children["gateway"],
@@ -332,9 +335,9 @@ async def soak_steps(cluster: LocalCluster, cfg: SoakConfig, model_dirs: tuple[P
 def run_soak(cfg: SoakConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start a 2-rank LocalCluster, soak it, write `<out>/soak.json` (and the plot); return
     the summary (its `final_lines` are printed last)."""
-    from bubblespec.tasks import default_model_dir
+    from bubblespec.tasks import task_model_dir
 
-    src = Path(cfg.model) if cfg.model else default_model_dir()
+    src = Path(cfg.model) if cfg.model else task_model_dir(cfg.task)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bubblespec-soak-") as tmp:

@@ -8,6 +8,7 @@
     bubblespec bench per-request             # which response sets each step's critical path
     bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
     bubblespec bench soak [--steps 200]      # make soak: memory and budgets stay flat
+    bubblespec bench workload-stats A.json B.json  # entropy, siblings, lengths side by side
 
 Each benchmark's module is imported only when it runs (the engine bench imports vLLM).
 """
@@ -105,6 +106,9 @@ def _engine(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="", help="model dir (default: the task's model)")
     p.add_argument("--task", choices=TASKS, default="addchain",
                    help="addchain (tiny model) or wordproblems (`make real-model`)")
+    p.add_argument("--out", default="", metavar="PATH",
+                   help="also write the rows and every sampled response (token ids, "
+                        "log-probs) to this JSON, the input of `bench workload-stats`")
 
 
 def _suffix(sub: argparse._SubParsersAction) -> None:
@@ -168,15 +172,28 @@ def _soak(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=20, help="steps left out of the slopes")
     p.add_argument("--every", type=int, default=10, help="print the table every N steps")
-    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--model", default=None, help="HF model dir [the task's model]")
+    p.add_argument("--task", choices=TASKS, default="addchain",
+                   help="addchain (tiny model) or wordproblems (`make real-model`)")
     p.add_argument("--out", default="out/soak", help="soak.json, logs (and the plot)")
     p.add_argument("--plot", default=None, help="plot path [<out>/soak.png]")
+
+
+def _workload_stats(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("workload-stats", help="entropy, sibling similarity, lengths, "
+                       "acceptance per source, side by side",
+                       description="Per workload (a JSON of `bench engine --out`): entropy per "
+                       "token, response lengths, sibling similarity, replayed sibling drafts, "
+                       "acceptance per draft source and every mode's step cut, side by side.")
+    p.add_argument("paths", nargs="+", metavar="ENGINE_JSON")
+    p.add_argument("--out", default="", help="also write the figures (JSON)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for add in (_service, _paced, _engine, _suffix, _draft_batch, _per_request, _sync, _soak):
+    for add in (_service, _paced, _engine, _suffix, _draft_batch, _per_request, _sync, _soak,
+                _workload_stats):
         add(sub)
     return p
 
@@ -188,7 +205,7 @@ def _run_service(args: argparse.Namespace) -> int:
 
     cfg = ServiceBenchConfig(**{k: v for k, v in vars(args).items() if k != "bench"})
     try:
-        model_dir = resolve_model(cfg.model or _task_model(cfg.task))
+        model_dir = resolve_model(cfg.model, cfg.task)
         modes = mode_by_name([m for m in cfg.modes.split(",") if m])
     except (FileNotFoundError, ValueError) as e:
         print(f"bench: {e}", file=sys.stderr)
@@ -227,16 +244,6 @@ def _run_paced(args: argparse.Namespace) -> int:
     return 0
 
 
-def _task_model(task: str) -> str | None:
-    """The model a task runs on by default: None (the embedded one) for addchain, the
-    built real model for wordproblems (FileNotFoundError if `make real-model` was not run)."""
-    if task == "wordproblems":
-        from bubblespec.models import real_model_dir
-
-        return str(real_model_dir())
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bubblespec bench`."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -246,14 +253,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_paced(args)
     if args.bench == "engine":
         from bubblespec.bench.engine import EngineBenchConfig, run
+        from bubblespec.train.demo import resolve_model
 
         try:
-            model = args.model or _task_model(args.task) or ""
+            model = resolve_model(args.model, args.task)
         except FileNotFoundError as e:
             print(f"bench: {e}", file=sys.stderr)
             return 2
         asyncio.run(run(EngineBenchConfig(args.prompts, args.n, args.seed, args.lr,
-                                          model, args.task)))
+                                          model, args.task, args.out)))
     elif args.bench == "suffix":
         from bubblespec.bench.suffix import run_bench as run_suffix
 
@@ -283,7 +291,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("bench soak: --steps >= 2, --prompts, --n and --every >= 1", file=sys.stderr)
             return 2
         cfg = SoakConfig(**{k: v for k, v in vars(args).items() if k != "bench"})
-        return 0 if run_soak(cfg)["flat"] else 1
+        try:
+            return 0 if run_soak(cfg)["flat"] else 1
+        except FileNotFoundError as e:
+            print(f"bench soak: {e}", file=sys.stderr)
+            return 2
+    elif args.bench == "workload-stats":
+        from bubblespec.bench.workload_stats import run as run_stats
+
+        try:
+            run_stats(args.paths, args.out)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"bench workload-stats: {e}", file=sys.stderr)
+            return 2
     elif args.bench == "per-request":
         from bubblespec.bench.per_request import run_per_request
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from bubblespec.cluster import ClusterError
+from bubblespec.tasks import TASKS
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -25,7 +26,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=0, help="0: the task's budget")
     p.add_argument("--seed", type=int, default=0, help="prompt seed of the first step")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--model", default=None, help="HF model dir [the task's model]")
+    p.add_argument("--task", choices=TASKS, default="addchain",
+                   help="addchain (tiny model) or wordproblems (`make real-model`)")
     p.add_argument("--rank-arg", action="append", default=[], metavar="ARG")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--gateway-url", default=None, help="use a running gateway")
@@ -45,6 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterError as e:
         print(f"run: cluster failed: {e}", file=sys.stderr)
         return 1
-    except BubbleSpecError as e:
+    except (BubbleSpecError, FileNotFoundError) as e:
         print(f"run: {e}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from bubblespec.cluster import ClusterError
 from bubblespec.protocol.sampling import SeedMode
+from bubblespec.tasks import TASKS
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -39,7 +40,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--epoch-steps", type=int, default=0,
                    help="repeat the prompt batches every K steps (0: fresh prompts each step)")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--model", default=None, help="HF model dir [the task's model]")
+    p.add_argument("--task", choices=TASKS, default="addchain",
+                   help="addchain (tiny model) or wordproblems (`make real-model`; use a small "
+                        "--lr such as 1e-5 on a pretrained model)")
     p.add_argument("--rank-arg", action="append", default=[], metavar="ARG")
     p.add_argument("--gateway", default=None, metavar="URL", help="use a running gateway "
                    "(its ranks must be able to read --out)")
@@ -55,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cfg = DemoConfig(**vars(parse_args(sys.argv[1:] if argv is None else argv)))
     try:
-        model_dir = resolve_model(cfg.model)
+        model_dir = resolve_model(cfg.model, cfg.task)
     except FileNotFoundError as e:
         print(f"train-demo: {e}; pass --model DIR", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ from pathlib import Path
 from bubblespec.tasks.addchain import AddChainTask, Prompt, Slips
 
 __all__ = ["TASKS", "AddChainTask", "Prompt", "Slips", "default_model_dir", "default_task",
-           "make_task"]
+           "make_task", "task_model_dir"]
 
 _ASSET = "tiny-llama"
 
@@ -55,3 +55,16 @@ def make_task(name: str = "addchain", model_dir: str | Path | None = None):  # -
 
         return WordProblemsTask(Path(model_dir) if model_dir else real_model_dir())
     raise ValueError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
+
+
+def task_model_dir(name: str = "addchain") -> Path:
+    """The model a task runs on when no ``--model`` is given: the embedded tiny model for
+    addchain, the real model built by `make real-model` for wordproblems
+    (FileNotFoundError, saying how to build it, when it is missing)."""
+    if name == "wordproblems":
+        from bubblespec.models import real_model_dir
+
+        return real_model_dir()
+    if name != "addchain":
+        raise ValueError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
+    return default_model_dir()

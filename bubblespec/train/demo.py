@@ -35,15 +35,18 @@ class DemoConfig:
     gateway: str | None
     out: str
     log_dir: str | None
+    task: str = "addchain"
+    """The task (`bubblespec.tasks.TASKS`) whose prompts and reward the loop uses."""
 
 
-def resolve_model(model: str | None) -> str:
-    """`model`, or the embedded model directory (FileNotFoundError when it is missing)."""
+def resolve_model(model: str | None, task: str = "addchain") -> str:
+    """`model`, or the task's own model directory (`bubblespec.tasks.task_model_dir`:
+    the embedded model for addchain; FileNotFoundError when it is missing)."""
     if model:
         return model
-    from bubblespec.tasks import default_model_dir
+    from bubblespec.tasks import task_model_dir
 
-    return str(default_model_dir())
+    return str(task_model_dir(task))
 
 
 def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str) -> bool:
@@ -74,9 +77,9 @@ def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str
 def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]:
     """Run the schedule against the gateway at `url`; print, log and plot it."""
     from bubblespec.client import BubbleSpecClient
-    from bubblespec.tasks import default_task
+    from bubblespec.tasks import make_task
 
-    task = default_task()
+    task = make_task(args.task, model_dir)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sampling = {"temperature": args.temperature, "max_new_tokens": task.max_new_tokens,
@@ -95,7 +98,7 @@ def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]
     print(f"\nreward: first {q} steps {sum(ys[:q]) / q:.3f} -> last {q} steps "
           f"{sum(ys[-q:]) / q:.3f}; max |logprob gap| "
           f"{max((r['max_abs_logprob_gap'] for r in records), default=0):.2e}")
-    if plot_rewards(records, out / "grpo_reward.png", f"GRPO on the embedded task "
+    if plot_rewards(records, out / "grpo_reward.png", f"GRPO on the {args.task} task "
                     f"({args.prompts}x{args.n}/step)"):
         print(f"wrote {out / 'grpo_log.json'} and {out / 'grpo_reward.png'}")
     else:

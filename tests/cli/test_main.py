@@ -7,7 +7,8 @@ import pytest
 
 from bubblespec.cli.main import COMMANDS, main
 
-BENCHES = ("service", "engine", "suffix", "draft-batch", "per-request", "sync", "soak")
+BENCHES = ("service", "engine", "suffix", "draft-batch", "per-request", "sync", "soak",
+           "workload-stats")
 
 
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

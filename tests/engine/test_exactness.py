@@ -1,4 +1,5 @@
-"""Exactness contract (docs/design.md section 2) on real vLLM engines with the tiny model.
+"""Exactness contract (docs/design.md section 2) on real vLLM engines with the tiny model
+(or $BUBBLESPEC_TEST_MODEL with its task, e.g. `make exactness-real` on the real model).
 
 - greedy: speculation on (every draft source, right and deliberately wrong drafts) gives
   the same token ids as plain decoding;
@@ -19,8 +20,7 @@ from scipy.stats import chi2_contingency
 
 from bubblespec.engine import GenRequest
 from bubblespec.protocol.sampling import SamplingParams
-from bubblespec.tasks import default_task
-from tests.engine_fixtures import model_dir, start_engine
+from tests.engine_fixtures import model_dir, model_task, start_engine
 
 pytestmark = pytest.mark.engine
 
@@ -29,7 +29,7 @@ SEQ_LEN = 3
 
 
 def _prompts(n: int, seed: int) -> list:
-    return default_task().make_prompts(n, seed)
+    return model_task().make_prompts(n, seed)
 
 
 _HIGH_ENTROPY: list[list[int]] = []
@@ -40,7 +40,7 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
     deterministic on its own task, which would make the distribution tests powerless):
     the most uncertain of a few seeded off-task contexts, by a pilot run."""
     if not _HIGH_ENTROPY:
-        task, rng = default_task(), random.Random(0)
+        task, rng = model_task(), random.Random(0)
         best, best_h = [], -1.0
         for _ in range(6):
             ids = [task.bos_id] + [rng.randrange(3, task.vocab_size) for _ in range(6)]
@@ -59,7 +59,7 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
 def test_greedy_identical_with_every_source_and_wrong_drafts(loop_runner, plain_engine,
                                                              spec_engine) -> None:
     prompts = _prompts(6, seed=11)
-    eos = default_task().eos_id
+    eos = model_task().eos_id
     sp = SamplingParams(max_new_tokens=160, temperature=0.0, stop_token_ids=[eos])
     reqs = [GenRequest(input_ids=list(p.input_ids), n=2, sampling=sp) for p in prompts]
     base = loop_runner.run(plain_engine.generate(reqs))
@@ -168,7 +168,7 @@ def test_logprobs_match_independent_scoring(loop_runner, spec_engine) -> None:
     from transformers import LlamaForCausalLM
 
     prompts = _prompts(3, seed=21)
-    eos = default_task().eos_id
+    eos = model_task().eos_id
     reqs = [GenRequest(input_ids=list(p.input_ids), n=2,
                        sampling=SamplingParams(max_new_tokens=96, temperature=1.0,
                                                stop_token_ids=[eos])) for p in prompts]

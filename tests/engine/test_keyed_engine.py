@@ -14,9 +14,8 @@ import pytest
 from bubblespec.core.context_keys import CONTEXT_LEN
 from bubblespec.engine import GenRequest
 from bubblespec.protocol.sampling import SamplingParams
-from bubblespec.tasks import default_task
 from tests.engine.test_exactness import N_SAMPLES, SEQ_LEN, _p_values, high_entropy_prompt
-from tests.engine_fixtures import start_engine
+from tests.engine_fixtures import model_task, start_engine
 
 pytestmark = pytest.mark.engine
 
@@ -27,7 +26,7 @@ MODES = ["keyed", "keyed_context"]
 def _keyed_reqs(prompts: list, n: int, seed0: int, top_p: float = 1.0,
                 max_new: int = 200, mode: str = "keyed") -> list[GenRequest]:
     sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, top_p=top_p,
-                        stop_token_ids=[default_task().eos_id], seed_mode=mode)
+                        stop_token_ids=[model_task().eos_id], seed_mode=mode)
     return [GenRequest(input_ids=list(p.input_ids), n=n, sampling=sp,
                        seeds=[seed0 + 1000 * i + j for j in range(n)])
             for i, p in enumerate(prompts)]
@@ -41,7 +40,7 @@ def _ids(results: list) -> list[list[list[int]]]:
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_keyed_spec_on_off_identical(loop_runner, plain_engine, spec_engine,
                                      top_p: float, mode: str) -> None:
-    reqs = _keyed_reqs(default_task().make_prompts(6, seed=31), n=4, seed0=7, top_p=top_p,
+    reqs = _keyed_reqs(model_task().make_prompts(6, seed=31), n=4, seed0=7, top_p=top_p,
                        mode=mode)
     base = loop_runner.run(plain_engine.generate(reqs))
     rng = random.Random(3)
@@ -87,7 +86,7 @@ def test_keyed_marginals_equal_plain_sampling(loop_runner, plain_engine, spec_en
 
 
 def test_keyed_reproducible_across_batch_compositions(loop_runner, spec_engine) -> None:
-    prompts = default_task().make_prompts(12, seed=41)
+    prompts = model_task().make_prompts(12, seed=41)
     reqs = _keyed_reqs(prompts, n=2, seed0=99)
     together = _ids(loop_runner.run(spec_engine.generate(reqs)))
     alone = [_ids(loop_runner.run(spec_engine.generate([r])))[0] for r in reqs[:4]]
@@ -114,7 +113,7 @@ def repeating_prompt(runner, plain_engine) -> list[int]:
     """A context where the tiny model repeats itself at T=1 (runs of one token): most of
     its 8-token samples contain a 4-token context twice, yet they vary (a pilot run)."""
     if not _REPEATING:
-        task, best, best_score = default_task(), [], 0.0
+        task, best, best_score = model_task(), [], 0.0
         for x in (22, 48, 89, 136, 190):
             ids = [task.bos_id] + [x] * 6
             req = GenRequest(input_ids=ids, n=200, sampling=SamplingParams(
