@@ -144,17 +144,19 @@ class ProposerDriver:
                               for ri, r in enumerate(g[:STORED])])
         n = len(work) * SIBS
         first = [work[i // SIBS][STORED + i % SIBS][0] for i in range(n)]
-        self.prop.runner = ns(input_batch=ns(
+        self.batch = ns(
             req_ids=[f"bs.g{i // SIBS}.{i % SIBS}.u{i}" for i in range(n)],
             num_prompt_tokens=np.zeros(n, dtype=np.int32),
             num_tokens_no_spec=np.ones(n, dtype=np.int32),
-            token_ids_cpu=np.array(first, dtype=np.int32).reshape(n, 1)))
+            token_ids_cpu=np.array(first, dtype=np.int32).reshape(n, 1))
+        """The stand-in runner's input batch (what `vllm_glue.batch_view` reads)."""
+        self.prop.runner = ns(input_batch=self.batch)
 
     def prepare(self, b: Batch) -> None:
-        self.prop.runner.input_batch.num_tokens_no_spec[:] = b.pos
+        self.batch.num_tokens_no_spec[:] = b.pos
 
     def __call__(self, b: Batch, new: list[list[int]]) -> list[list[int]]:
-        ib = self.prop.runner.input_batch
+        ib = self.batch
         return self.prop.propose(new, ib.num_tokens_no_spec, ib.token_ids_cpu)
 
 
