@@ -17,15 +17,18 @@ import tomllib
 
 verl = pytest.importorskip("verl")
 
-from safetensors.torch import load_file
-
 from bubblespec.engine.checkpoint import CheckpointError, read_manifest, validate_checkpoint
 from bubblespec.integrations.verl.adapter import collect, write_version
 from bubblespec.integrations.verl.hook import NextBatchPeeker, distinct_in_order
 from bubblespec.integrations.verl.settings import BubbleSpecSettings
 from bubblespec.tasks import default_model_dir
 from tests.cluster.helpers import REPO_ROOT
-from tests.integrations.verl_helpers import verl_config, write_dataset
+from tests.integrations.verl_helpers import (
+    trainer_loader,
+    trainer_weights,
+    verl_config,
+    write_dataset,
+)
 
 
 def test_verl_finds_the_backend_through_its_external_modules() -> None:
@@ -67,52 +70,25 @@ def test_settings_come_from_the_rollout_config(tmp_path: Path) -> None:
     assert BubbleSpecSettings.from_rollout_config(cfg.actor_rollout_ref.rollout).ranks is None
 
 
-def _trainer_weights() -> list[tuple[str, Any]]:
-    """What an FSDP trainer's `get_per_tensor_param` yields for the embedded model: every
-    tensor in HF naming, in bf16 (the usual training dtype), plus a tied `lm_head.weight`."""
-    import torch
-
-    state = load_file(str(default_model_dir() / "model.safetensors"))
-    pairs = [(k, v.to(torch.bfloat16)) for k, v in state.items()]
-    emb = state.get("model.embed_tokens.weight")
-    if emb is not None and "lm_head.weight" not in state:
-        pairs.append(("lm_head.weight", emb.to(torch.bfloat16)))
-    return pairs
-
-
 def test_weight_push_is_written_as_the_ranks_model_and_passes_their_check(
         tmp_path: Path) -> None:
     import asyncio
 
     manifest = read_manifest(default_model_dir())
-    tensors = asyncio.run(collect(iter(_trainer_weights()), manifest, keep=True))
+    tensors = asyncio.run(collect(iter(trainer_weights()), manifest, keep=True))
     out = write_version(tensors, str(tmp_path), 3)
     assert out == tmp_path / "v3" and not list(tmp_path.glob(".v3*"))
     validate_checkpoint(out, manifest)  # what a rank checks before its engine reloads
     # a non-leader drains the generator (FSDP gathers on every rank) and keeps nothing
-    assert asyncio.run(collect(iter(_trainer_weights()), manifest, keep=False)) == {}
+    assert asyncio.run(collect(iter(trainer_weights()), manifest, keep=False)) == {}
     # a tensor the engine's model needs but the trainer did not send is named
-    short = [(k, v) for k, v in _trainer_weights() if k != next(iter(manifest))]
+    short = [(k, v) for k, v in trainer_weights() if k != next(iter(manifest))]
     with pytest.raises(ValueError, match="missing"):
         asyncio.run(collect(iter(short), manifest, keep=True))
     # and a checkpoint written without it is refused by the rank's check too
     partial = {k: v for k, v in tensors.items() if k != next(iter(manifest))}
     with pytest.raises(CheckpointError):
         validate_checkpoint(write_version(partial, str(tmp_path), 4), manifest)
-
-
-def _trainer_loader(cfg: Any, model_config: Any) -> Any:
-    """The train dataloader exactly as verl's `RayPPOTrainer._create_dataloader` builds it."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
-    from verl.utils.dataset.rl_dataset import collate_fn
-
-    ds = create_rl_dataset(cfg.data.train_files, cfg.data, model_config.tokenizer,
-                           model_config.processor,
-                           max_samples=cfg.data.get("train_max_samples", -1))
-    return StatefulDataLoader(dataset=ds, batch_size=cfg.data.train_batch_size,
-                              num_workers=cfg.data.dataloader_num_workers, drop_last=True,
-                              collate_fn=collate_fn, sampler=create_rl_sampler(cfg.data, ds))
 
 
 def _objects(items: list[Any]) -> np.ndarray:
@@ -131,7 +107,7 @@ def test_twin_dataloader_peeks_the_trainers_next_batch_across_epochs(tmp_path: P
     by_text = {p.text: list(p.input_ids) for p in prompts}
     cfg = verl_config(str(default_model_dir()), data, batch_size=3, n=2)
     model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
-    loader = _trainer_loader(cfg, model)
+    loader = trainer_loader(cfg, model)
     trainer = [list(b["raw_prompt"]) for _ in range(3) for b in loader]  # 3 epochs x 3 steps
     peeker = NextBatchPeeker(cfg, model)
     for g in range(1, len(trainer)):  # verl's global steps count from 1

@@ -62,3 +62,33 @@ def verl_config(model: str, train_file: Path, batch_size: int, n: int,
         "bubblespec.integrations.verl.hook.BubbleSpecAgentLoopManager")
     r.engine_kwargs = {"bubblespec": dict(bubblespec)}
     return cfg
+
+
+def trainer_loader(cfg: Any, model_config: Any) -> Any:
+    """The train dataloader exactly as verl's `RayPPOTrainer._create_dataloader` builds it."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    ds = create_rl_dataset(cfg.data.train_files, cfg.data, model_config.tokenizer,
+                           model_config.processor,
+                           max_samples=cfg.data.get("train_max_samples", -1))
+    return StatefulDataLoader(dataset=ds, batch_size=cfg.data.train_batch_size,
+                              num_workers=cfg.data.dataloader_num_workers, drop_last=True,
+                              collate_fn=collate_fn, sampler=create_rl_sampler(cfg.data, ds))
+
+
+def trainer_weights() -> list[tuple[str, Any]]:
+    """What an FSDP trainer's `get_per_tensor_param` yields for the embedded model: every
+    tensor in HF naming, in bf16 (the usual training dtype), plus a tied `lm_head.weight`."""
+    import torch
+    from safetensors.torch import load_file
+
+    from bubblespec.tasks import default_model_dir
+
+    state = load_file(str(default_model_dir() / "model.safetensors"))
+    pairs = [(k, v.to(torch.bfloat16)) for k, v in state.items()]
+    emb = state.get("model.embed_tokens.weight")
+    if emb is not None and "lm_head.weight" not in state:
+        pairs.append(("lm_head.weight", emb.to(torch.bfloat16)))
+    return pairs
