@@ -6,6 +6,7 @@ and the next-batch twin dataloader against the loader verl's trainer builds."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,38 @@ def test_twin_dataloader_peeks_the_trainers_next_batch_across_epochs(tmp_path: P
 def test_distinct_in_order_undoes_verls_interleaved_repeat() -> None:
     a, b = [{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]
     assert distinct_in_order([a, a, b, b, a]) == [a, b]
+
+
+def _script_overrides(path: Path) -> list[str]:
+    """The Hydra overrides of an example script's `python3 -m verl.trainer.main_ppo` call."""
+    text = path.read_text().split("verl.trainer.main_ppo", 1)[1]
+    out = []
+    for line in text.splitlines():
+        line = re.sub(r"`#[^`]*`", "", line).replace("\\", "").replace("$@", "").strip()
+        if line:
+            out.append(line.replace("$HOME", str(Path.home())))
+    return out
+
+
+def test_example_script_composes_with_verls_own_config() -> None:
+    """The example's overrides against verl's Hydra config: it composes, the rollout config
+    validates, and the backend, hook and settings it names resolve."""
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.import_utils import load_class_from_fqn
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    import bubblespec.integrations.verl.plugin  # noqa: F401  (the entry point's module)
+    from bubblespec.integrations.verl.hook import BubbleSpecAgentLoopManager
+
+    overrides = _script_overrides(REPO_ROOT / "examples/verl/run_qwen2-7b_grpo_bubblespec.sh")
+    conf_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=conf_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert rollout.name == "bubblespec" and rollout.tensor_model_parallel_size == 1
+    assert get_rollout_replica_class(rollout.name).__name__ == "BubbleSpecReplica"
+    fqn = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert load_class_from_fqn(fqn, "AgentLoopManager") is BubbleSpecAgentLoopManager
+    assert BubbleSpecSettings.from_rollout_config(rollout).ranks == 8
+    assert cfg.trainer.use_v1 is False
