@@ -18,8 +18,9 @@ from bubblespec.protocol.sampling import PregenWindow, SeedMode
 
 NAMESPACE = "bubblespec"
 """Ray namespace of the server actor (and of the cluster's actors)."""
-SERVER_NAME = "bubblespec-verl-server"
-"""Name of the one server actor every replica and every trainer worker finds."""
+SERVER_NAME = "verl-bubblespec-server"
+"""Name of the one server actor every replica and every trainer worker finds (not
+prefixed `bubblespec-`: `bubblespec ray status/down` treat those as the cluster's actors)."""
 
 
 class BubbleSpecSettings(BaseModel):
@@ -37,7 +38,8 @@ class BubbleSpecSettings(BaseModel):
     rank_args: tuple[str, ...] = Field((), description="Extra `bubblespec rank` flags.")
     gateway_args: tuple[str, ...] = Field((), description="Extra `bubblespec gateway` flags.")
     sync_args: tuple[str, ...] = Field((), description="Extra `bubblespec sync` flags.")
-    cluster_name: str = Field("bubblespec", description="Prefix of the cluster's actor names.")
+    cluster_name: str = Field("bubblespec-verl", description="Prefix of the cluster's actor "
+                              "names (`bubblespec ray status --name bubblespec-verl`).")
     cpus_per_bundle: float = Field(1.0, gt=0, description="CPUs each rank's bundle reserves.")
     start_timeout_s: float = Field(600.0, gt=0)
     log_dir: str | None = Field(None, description="Per-node log directory of the cluster.")
