@@ -11,6 +11,8 @@ same batch size and `drop_last`; with the same seed the sampler draws the same o
 epoch). The twin's batch for global step g is checked against the batch the trainer really
 sent (its prompts, in order); on a mismatch (a custom sampler or dataset that is not
 deterministic) the hook logs it once and passes no next prompts, which costs speed only.
+The twin holds a second copy of the train dataset in the trainer's driver process, and
+reads each batch once more (in the driver, without worker processes).
 
 The next prompts are tokenized as verl's agent loop tokenizes a prompt: its Continuous
 Token builder (`build_initial_tokens` of the chat messages, cut to `rollout.prompt_length`
