@@ -148,3 +148,16 @@ def test_expect_refuses_an_empty_step() -> None:
     b = StepBatcher(Gateway())
     with pytest.raises(ValueError):
         b.expect(0, None)
+
+
+def test_full_determinism_request_ids_fix_each_trajectorys_sample() -> None:
+    """verl's `full_determinism` sends `det-<batch index>` request ids: the samples of a
+    prompt go to the calls in batch order, whatever order the calls arrived in."""
+    async def main() -> None:
+        gw = Gateway()
+        b = StepBatcher(gw, linger_s=0.01)
+        b.expect(4, None)
+        outs = await asyncio.gather(*[b.submit([5], HOT, f"det-{i}") for i in (3, 0, 2, 1)])
+        assert [s.output_ids[-1] - 100 for _, s in outs] == [3, 0, 2, 1]
+
+    asyncio.run(main())

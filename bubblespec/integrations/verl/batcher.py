@@ -67,6 +67,15 @@ class Call:
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
     future: asyncio.Future[tuple[int, RolloutSample]]
+    request_id: str = ""
+
+
+def sample_order(call: Call) -> int:
+    """Where a call goes among its prompt's samples: verl's `full_determinism` request ids
+    (`det-<index in the batch>`) in batch order, others as they arrived (a stable sort), so
+    that with keyed sampling each trajectory gets the same seed in every run."""
+    rid = call.request_id
+    return int(rid[4:]) if rid.startswith("det-") and rid[4:].isdigit() else -1
 
 
 @dataclass
@@ -93,6 +102,7 @@ def plan(calls: Sequence[Call]) -> list[Group]:
         n = math.gcd(*(len(cs) for cs in by_prompt.values()))
         g = Group(sampling=sp, n=n)
         for ids, cs in by_prompt.items():
+            cs.sort(key=sample_order)
             for k in range(0, len(cs), n):
                 g.prompts.append(ids)
                 g.calls.append(cs[k:k + n])
@@ -143,14 +153,14 @@ class StepBatcher:
     def resume(self) -> None:
         self._resumed.set()
 
-    async def submit(self, prompt_ids: Sequence[int],
-                     sampling: SamplingParams) -> tuple[int, RolloutSample]:
+    async def submit(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                     request_id: str = "") -> tuple[int, RolloutSample]:
         """Queue one call; its (step, sample) once its step ran."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run_forever())
         fut: asyncio.Future[tuple[int, RolloutSample]] = (
             asyncio.get_running_loop().create_future())
-        self._pending.append(Call(tuple(int(t) for t in prompt_ids), sampling, fut))
+        self._pending.append(Call(tuple(int(t) for t in prompt_ids), sampling, fut, request_id))
         self._arrived.set()
         return await fut
 

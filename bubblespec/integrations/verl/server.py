@@ -84,7 +84,7 @@ class BubbleSpecServer:
             raise ValueError(f"generate: unsupported arguments {sorted(kwargs)}")
         sp, logprobs = verl_sampling(sampling_params, self.response_length,
                                      self.settings.seed_mode)
-        step, s = await self.batcher.submit(prompt_ids, sp)
+        step, s = await self.batcher.submit(prompt_ids, sp, request_id)
         extra = {"global_steps": self.global_steps, "bubblespec_step": step,
                  "weight_version": s.weight_version, "num_draft_tokens": s.num_draft_tokens,
                  "num_accepted_tokens": s.num_accepted_tokens,
