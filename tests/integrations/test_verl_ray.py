@@ -62,7 +62,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     prompts = write_dataset(tmp / "train.parquet", 2 * BATCH, 5)
     cfg = verl_config(model, tmp / "train.parquet", BATCH, N, response_length=200,
                       seed_mode="keyed", weights_dir=str(tmp / "weights"),
-                      log_dir=str(tmp / "logs"), start_timeout_s=300)
+                      log_dir=str(tmp / "logs"), start_timeout_s=600)
     cfg.actor_rollout_ref.rollout.nnodes = 1  # standalone: 2 devices, tp 1 -> 2 replicas
     cfg.actor_rollout_ref.rollout.n_gpus_per_node = 2
     with pytest.MonkeyPatch.context() as mp:
