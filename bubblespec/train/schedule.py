@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bubblespec.protocol.keys import derive_seeds
 from bubblespec.protocol.sampling import PregenWindow
 from bubblespec.train.grpo import Rollout, Trainer
 
@@ -68,6 +69,15 @@ def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
     }
 
 
+def schedule_seeds(run_seed: int, step: int, num_prompts: int, n: int) -> list[list[int]]:
+    """The seeds of schedule step `step`: a pure function of (run seed, schedule step, prompt
+    position, sample index). The schedule passes them (and the next step's, for
+    pre-generation) with every rollout, so that every mode of a benchmark samples with the
+    same seeds whatever step number the gateway is at (the gateway's own derivation follows
+    its step counter, which differs between modes sharing one cluster)."""
+    return [derive_seeds(run_seed, step, f"p{j}", n) for j in range(num_prompts)]
+
+
 def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_step: int, n: int,
              sampling: dict[str, Any], seed: int = 0, lr: float = 1e-4, pregen: bool = True,
              work_dir: str | None = None, log: Callable[[str], None] = print,
@@ -79,19 +89,22 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
     `min_train_s`: the training window (train, save, push) lasts at least this long, as a
     larger model's would (paced benchmarks; pre-generation may use the window).
+    Every rollout carries the schedule's own seeds (`schedule_seeds`).
     Returns one dict per step (figures of `step_figures` plus trainer stats)."""
     trainer = Trainer(model_dir, lr=lr, seed=seed) if train else None
     own_tmp = work_dir is None
     wdir = Path(tempfile.mkdtemp(prefix="bubblespec-grpo-") if own_tmp else work_dir)
     batches = [task.make_prompts(prompts_per_step, seed + (k % epoch_steps if epoch_steps else k))
                for k in range(steps + 1)]
+    seeds = [schedule_seeds(seed, k, len(batches[k]), n) for k in range(steps + 1)]
     records: list[dict[str, Any]] = []
     prev_dir: Path | None = None
     try:
         for k in range(steps):
             nxt = batches[k + 1] if (pregen and k + 1 < steps) else None
             t0 = time.monotonic()
-            res = client.rollout(batches[k], n=n, sampling_params=sampling, next_prompts=nxt,
+            res = client.rollout(batches[k], n=n, sampling_params=sampling, seeds=seeds[k],
+                                 next_prompts=nxt, next_seeds=seeds[k + 1] if nxt else None,
                                  pregen=pregen, pregen_window=pregen_window)
             wall = time.monotonic() - t0
             groups = []

@@ -124,6 +124,21 @@ def test_explicit_seeds_reproduce_across_steps(client: BubbleSpecClient, task: A
     assert a.output_ids() == b.output_ids()
 
 
+def test_schedule_keyed_tokens_do_not_depend_on_the_gateway_step(client: BubbleSpecClient,
+                                                                  task: Any) -> None:
+    """`run_grpo` passes its own seeds: the same schedule run twice, at different gateway
+    steps, samples the same keyed tokens (what makes benchmark modes comparable)."""
+    from bubblespec.train.schedule import run_grpo
+
+    keyed = {"temperature": 1.0, "max_new_tokens": 48, "seed_mode": "keyed"}
+    runs = [run_grpo(client, task, "", steps=2, prompts_per_step=2, n=2, sampling=keyed,
+                     seed=5, train=False, timeline_settle_s=0.0, log=lambda _: None)
+            for _ in range(2)]
+    assert [r["service_step"] for r in runs[0]] != [r["service_step"] for r in runs[1]]
+    assert ([r["output_ids_sha256"] for r in runs[0]]
+            == [r["output_ids_sha256"] for r in runs[1]])
+
+
 def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task: Any) -> None:
     # one long and one short prompt: the short one's rank has a bubble to pre-generate in
     now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
