@@ -97,6 +97,7 @@ class PacedBenchConfig:
     model: str | None
     out: str
     timeline_step: int
+    task: str = "addchain"
 
     def seed_list(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",") if s.strip()]
@@ -109,7 +110,7 @@ class PacedBenchConfig:
             steps=self.steps, prompts=self.prompts, n=self.n, seed=seed,
             epoch_steps=self.epoch_steps, lr=self.lr, temperature=self.temperature,
             greedy_prompts=self.greedy_prompts, modes=self.modes, ranks=self.ranks,
-            extra_rank_args=pace.strip(), model=self.model, out=self.out,
+            extra_rank_args=pace.strip(), model=self.model, task=self.task, out=self.out,
             timeline_step=self.timeline_step)
 
 
@@ -265,11 +266,11 @@ def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
 
 def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
     """Every mode (plain ones once per seed), then the figures, files and final lines."""
-    from bubblespec.tasks import default_task
+    from bubblespec.tasks import make_task
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    task = default_task()
+    task = make_task(cfg.task, model_dir)
     modes = mode_by_name([m for m in cfg.modes.split(",") if m])
     seeds = cfg.seed_list()
     by_seed: dict[int, dict[str, dict[str, Any]]] = {s: {} for s in seeds}

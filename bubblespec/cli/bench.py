@@ -86,7 +86,9 @@ def _paced(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated (bubblespec.bench.paced.ALL_FRESH_MODES adds suffix, "
                         "ngram and ngram-keyed)")
     p.add_argument("--extra-rank-args", default="")
-    p.add_argument("--model", default=None, help="HF model dir [embedded tiny model]")
+    p.add_argument("--model", default=None, help="HF model dir [the task's model]")
+    p.add_argument("--task", choices=TASKS, default="addchain",
+                   help="addchain (tiny model) or wordproblems (`make real-model`)")
     p.add_argument("--out", default="out/bench-paced")
     p.add_argument("--timeline-step", type=int, default=1)
     p.add_argument("--report", default="", metavar="PATH",
@@ -232,7 +234,7 @@ def _run_paced(args: argparse.Namespace) -> int:
     cfg = PacedBenchConfig(**{k: v for k, v in vars(args).items()
                               if k not in ("bench", "report")})
     try:
-        model_dir = resolve_model(cfg.model)
+        model_dir = resolve_model(cfg.model, cfg.task)
         mode_by_name([m for m in cfg.modes.split(",") if m])
         if not cfg.seed_list() or cfg.steps < 2 or cfg.ranks < 1 or cfg.pace_scale <= 0:
             raise ValueError("--seeds needs a seed, --steps >= 2, --ranks >= 1, "

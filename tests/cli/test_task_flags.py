@@ -1,5 +1,5 @@
-"""`--task` on `run`, `train-demo`, `bench soak` and `bench engine`: addchain on the embedded
-model stays the default; wordproblems picks the real model, and when that is not built every
+"""`--task` on `run`, `train-demo` and `bench soak|engine|service|paced`: addchain on the
+embedded model stays the default; wordproblems picks the real model, and when that is not built every
 command stops with an error naming `make real-model` (before starting any engine)."""
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def test_missing_real_model_is_an_error_not_a_crash(no_real_model: Path,
                        str(no_real_model / "soak")]) == 2
     assert bench.main(["engine", "--task", "wordproblems"]) == 2
     assert bench.main(["service", "--task", "wordproblems"]) == 2
+    assert bench.main(["paced", "--task", "wordproblems"]) == 2
     err = capsys.readouterr().err
-    assert err.count("make real-model") == 5, err
+    assert err.count("make real-model") == 6, err
 
 
 def test_unknown_task_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
