@@ -1,6 +1,6 @@
 """`--task` on `run`, `train-demo` and `bench soak|engine|service|paced`: addchain on the
-embedded model stays the default; wordproblems picks the real model, and when that is not built every
-command stops with an error naming `make real-model` (before starting any engine)."""
+embedded model stays the default; wordproblems picks the real model, and when that is not
+built every command stops with an error naming `make real-model` (before starting any engine)."""
 
 from __future__ import annotations
 
