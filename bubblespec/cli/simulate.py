@@ -2,8 +2,8 @@
 
 A discrete-event model (bubblespec/sim) of one rollout step after another over R ranks, with
 per-rank continuous batching, a decode-step time model of a GPU engine, pre-generation in the
-bubble with PollStop every T decode steps, and acceptance figures per mode. Every figure it
-prints or writes is modelled, not measured.
+bubble (a continuous batch of lanes, stopped by the step stream), and acceptance figures per
+mode. Every figure it prints or writes is modelled, not measured.
 """
 
 from __future__ import annotations
@@ -86,12 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warmup-steps", type=int, default=1,
       help="leading steps left out of the summary (default 1: step 0 has no pre-generated "
       "drafts, as the bench reports steps after step 0)")
-    a("--poll-every", "-T", type=int, default=8,
-      help="T: decode steps between PollStop calls while pre-generating (default 8, "
-      "bubblespec/rank/config.py poll_every)")
-    a("--pregen-claim", type=int, default=64,
-      help="tasks claimed per pre-generation batch (default 64: bubblespec/rank/config.py "
-      "pregen_inflight, modelled as one batch)")
+    a("--pregen-inflight", type=int, default=64,
+      help="tasks a rank keeps decoding while pre-generating, refilled as lanes finish "
+      "(default 64: bubblespec/rank/config.py pregen_inflight)")
+    a("--train-s", type=float, default=0.0,
+      help="trainer seconds between steps: the training window of *window modes, and what "
+      "hides the pre-gen stop lag (default 0: every lag counts)")
     a("--pregen-order", choices=("breadth_first", "longest_first", "predicted", "predicted_deep"),
       default="breadth_first",
       help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
@@ -155,7 +155,7 @@ def scenario(args: argparse.Namespace) -> Scenario:
                     max_num_seqs=args.max_num_seqs, assign=args.assign,
                     lpt_noise=args.lpt_noise, prompt_len=args.prompt_len,
                     steps=args.steps, warmup_steps=args.warmup_steps,
-                    poll_every=args.poll_every, pregen_claim=args.pregen_claim,
+                    pregen_inflight=args.pregen_inflight, train_s=args.train_s,
                     pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
                     rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv, seed=args.seed)
     acceptance = "from " + Path(args.accept_json).name if args.accept_json else "assumed"

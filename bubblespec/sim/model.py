@@ -6,15 +6,22 @@ rollout steps (common random numbers: every mode sees the same lengths), and for
 
 1. step s: every rank decodes its shard (rollout.build_timeline); the step's rollout ends when
    the slowest rank finishes (F_max); the bubble of rank r is F_max - F_r;
-2. in a pre-generating mode, idle ranks pre-generate step s+1 in the bubble
+2. in a pre-generating mode, idle ranks pre-generate step s+1 in the bubble, and with the
+   TRAINING window also while the trainer trains for `train_s` after F_max
    (pregen.simulate_pregen); the covered prefixes feed step s+1's acceptance, and the step
-   is charged until the last rank stopped pre-generating (conservative: the stop lag counts);
+   is charged F_max plus whatever part of the pre-gen stop lag the trainer's `train_s` does
+   not hide (with the default `train_s` = 0 the whole lag counts: conservative);
 3. step 0 has no pre-generated drafts (nothing ran before it); the summary averages steps
    >= warmup_steps (default 1, as the bench reports "all steps after step 0").
+
+A mode's speed-up is its throughput (tokens per second of step time) over the baseline's;
+with common lengths that is the ratio of step times. `run_mode` also replays given steps
+(`calibrate`: a paced run's own lengths, assignment and per-step acceptance).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -49,11 +56,9 @@ class SimConfig:
     """Rollout steps simulated per mode."""
     warmup_steps: int = 1
     """Leading steps left out of the summary (step 0 has no pre-generated drafts)."""
-    poll_every: int = 8
-    """T: decode steps between PollStop calls while pre-generating."""
-    pregen_claim: int = 64
-    """Tasks a rank claims per pre-generation batch (the rank keeps up to `pregen_inflight`
-    = 64 tasks decoding and refills as each finishes; one batch of that size is the model)."""
+    pregen_inflight: int = 64
+    """Tasks a rank keeps decoding at once while pre-generating (refilled from the queue as
+    lanes finish; `bubblespec/rank/config.py` pregen_inflight)."""
     pregen_accepted: float = 0.0
     """Draft tokens accepted per forward while pre-generating (0: plain decoding)."""
     pregen_drafted: float = 0.0
@@ -64,6 +69,10 @@ class SimConfig:
     prediction)."""
     rpc_s: float = 0.5e-3
     """Latency of one synchronizer RPC (claim, push, poll answer)."""
+    train_s: float = 0.0
+    """Seconds between a step's rollout end and the next step (trainer, weight push): the
+    TRAINING window of modes that pre-generate in it, and the time that hides pre-gen stop
+    lag (0: none, every lag counts)."""
     accept_cv: float = 0.0
     """Coefficient of variation of per-request acceptance (gamma); 0 = every request at the
     mode's mean."""
@@ -157,13 +166,17 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
                     prefill=first.ravel(), prompt_len=float(cfg.prompt_len))
 
 
-def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec, et: EngineTime,
+def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et: EngineTime,
              drawn: dict[str, np.ndarray]) -> list[StepResult]:
-    """All steps of one mode at one R."""
+    """All steps of one mode at one R (`mode`: one spec, or one per step)."""
     L, A, M = drawn["lengths"], drawn["assign"], drawn["mult"]
+    specs = [mode] * cfg.steps if isinstance(mode, ModeSpec) else list(mode)
+    if len(specs) != cfg.steps:
+        raise ValueError(f"{len(specs)} mode specs for {cfg.steps} steps")
     covered = np.zeros(L[0].size, dtype=np.int64)
     out = []
     for s in range(cfg.steps):
+        mode = specs[s]
         req = _requests(cfg, L[s], A[s], M[s], covered, mode, et)
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
@@ -175,13 +188,14 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec, et: EngineTime,
         step_time = fmax
         covered = np.zeros(L[0].size, dtype=np.int64)
         if mode.uses_pregen and s + 1 < cfg.steps:
-            pg = simulate_pregen(F, L[s + 1], et, cfg.poll_every, cfg.pregen_claim,
-                                 cfg.rpc_s, cfg.prompt_len, cfg.pregen_accepted,
-                                 cfg.pregen_drafted, drawn["pregen_order"][s + 1])
+            pg = simulate_pregen(F, L[s + 1], et, cfg.pregen_inflight, cfg.rpc_s,
+                                 cfg.prompt_len, cfg.pregen_accepted, cfg.pregen_drafted,
+                                 drawn["pregen_order"][s + 1],
+                                 cfg.train_s if mode.pregen_window else 0.0)
             covered = pg.covered
             busy = float(pg.busy_in_bubble.sum())
-            step_time = max(fmax, float(pg.stop_t.max()))
-            lag = step_time - fmax
+            lag = max(0.0, float(pg.stop_t.max()) - fmax)
+            step_time = fmax + max(0.0, lag - cfg.train_s)
             ptok = pg.pregen_tokens
         out.append(StepResult(s, step_time, fmax, tokens, int(tl.finish_k[slow]),
                               int(tl.finish_k.sum()), float((fmax - F).sum()), busy, cov_share,
@@ -215,10 +229,15 @@ def run_scenario(cfg: SimConfig, ranks: int, modes: list[ModeSpec], et: EngineTi
            for m in modes]
     base = next((s for s, m in zip(out, modes) if m.is_baseline), out[0])
     for s in out:
-        s.speedup = base.step_time_s / s.step_time_s if s.step_time_s > 0 else 1.0
-        s.cp_reduction = (1.0 - s.cp_decode_steps / base.cp_decode_steps
-                          if base.cp_decode_steps > 0 else 0.0)
+        relate(s, base)
     return out
+
+
+def relate(s: Summary, base: Summary) -> None:
+    """Set `s`'s speed-up (throughput ratio) and critical-path cut against `base`."""
+    s.speedup = s.throughput_tok_s / base.throughput_tok_s if base.throughput_tok_s > 0 else 1.0
+    s.cp_reduction = (1.0 - s.cp_decode_steps / base.cp_decode_steps
+                      if base.cp_decode_steps > 0 else 0.0)
 
 
 def simulate(cfg: SimConfig, ranks: list[int], modes: list[ModeSpec], et: EngineTime,

@@ -28,8 +28,9 @@ def lines_preamble(cfg: SimConfig, et: EngineTime, lengths: LengthSource,
             f"{d['ridge_tokens']:.0f} tokens + {d['t_kv_ns']:.1f} ns per context token"),
            (f"{TAG} workload: {prompts} x n={cfg.n}, max_num_seqs {cfg.max_num_seqs}, "
             f"{cfg.assign} assignment, prompt {cfg.prompt_len} tokens, {cfg.steps} steps "
-            f"(first {cfg.warmup_steps} left out), T={cfg.poll_every}, claim "
-            f"{cfg.pregen_claim}, {cfg.pregen_order} pre-gen queue, seed {cfg.seed}"),
+            f"(first {cfg.warmup_steps} left out), {cfg.pregen_inflight} pre-gen lanes per "
+            f"rank, {cfg.pregen_order} pre-gen queue, trainer {cfg.train_s:g} s, seed "
+            f"{cfg.seed}"),
            f"{TAG} lengths: {lengths.description}",
            (f"{TAG} lengths drawn: median {length_stats['median']:.0f}, mean "
             f"{length_stats['mean']:.0f}, p99 {length_stats['p99']:.0f}, max "

@@ -48,8 +48,9 @@ class Projection:
 def project(s: Scenario) -> Projection:
     """Check the scenario (ValueError names the flag) and simulate it."""
     cfg = s.cfg
-    if cfg.steps < 1 or cfg.poll_every < 1 or cfg.pregen_claim < 1 or cfg.max_num_seqs < 1:
-        raise ValueError("--steps, -T, --pregen-claim and --max-num-seqs must be >= 1")
+    if cfg.steps < 1 or cfg.pregen_inflight < 1 or cfg.max_num_seqs < 1 or cfg.train_s < 0:
+        raise ValueError("--steps, --pregen-inflight and --max-num-seqs must be >= 1, "
+                         "--train-s >= 0")
     if cfg.prompts is not None and cfg.prompts < max(s.ranks):
         s.notes.append(f"{cfg.prompts} prompts over up to {max(s.ranks)} ranks: some ranks "
                        "get no prompt (all bubble)")
