@@ -9,6 +9,7 @@ mode. Every figure it prints or writes is modelled, not measured.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -96,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
       default="breadth_first",
       help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
       "is beyond the design; predicted(_deep): per-prompt predictions, bubblespec/sim/pregen_order.py)")
-    a("--pregen-accept", default="0/0",
-      help="ACC/DRAFTED per forward while pre-generating (default 0/0: plain decoding)")
+    a("--pregen-accept", default="mode",
+      help="ACC/DRAFTED per forward while pre-generating (default 'mode': each mode's "
+      "uncovered figures, as the rank's proposer drafts for pre-gen lanes; 0/0: plain "
+      "decoding)")
     a("--rpc-ms", type=float, default=0.5,
       help="synchronizer RPC latency in ms (default 0.5, assumed in-cluster gRPC; measure "
       "with bubblespec bench sync)")
@@ -120,7 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ridge-tokens", type=float, help="override the roofline ridge (tokens per forward)")
     a("--t-kv-ns", type=float, help="override t_kv (ns per context token read)")
     a("--seed", type=int, default=0, help="random seed; same seed, same output (default 0)")
-    a("--out", help="directory for simulate.json and simulate.png (modelled)")
+    a("--calibrate", metavar="PACED_JSON",
+      help="paced.json of `bubblespec bench paced`: replay that run (its ranks, lengths, "
+      "assignment and measured acceptance) and print measured beside modelled per mode "
+      "and step, last line sim_vs_paced_gap; the projection at --ranks then uses its "
+      "calibrated inputs (workload, acceptance and model flags above are ignored)")
+    a("--out", help="directory for simulate.json and simulate.png (modelled; with "
+      "--calibrate also calibrate.json)")
     return p
 
 
@@ -128,12 +137,32 @@ def _f(x: float | None, scale: float) -> float | None:
     return None if x is None else x * scale
 
 
-def scenario(args: argparse.Namespace) -> Scenario:
-    """The scenario the flags describe (ValueError, OSError or KeyError on bad input)."""
+def _ranks(args: argparse.Namespace) -> list[int]:
     ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
     if not ranks or min(ranks) < 1:
         raise ValueError("--ranks needs positive integers")
-    pa, pd = (float(x) for x in args.pregen_accept.split("/"))
+    return ranks
+
+
+def calibrated(args: argparse.Namespace, out: Path | None) -> None:
+    """`--calibrate`: the projection from the paced run's inputs, then the comparison."""
+    from bubblespec.sim import calreport
+
+    run, first, window = calreport.load(args.calibrate)
+    report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
+                                      args.seed)), out)
+    lines, doc = calreport.compare(run, first)
+    if out is not None:
+        (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
+    print("\n".join(lines))
+
+
+def scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario the flags describe (ValueError, OSError or KeyError on bad input)."""
+    ranks = _ranks(args)
+    pa = pd = None
+    if args.pregen_accept != "mode":
+        pa, pd = (float(x) for x in args.pregen_accept.split("/"))
     et = EngineTime.preset(args.gpu, args.params_b, 2.0, args.kv_bytes_per_token)
     et = et.with_overrides(t_fixed=_f(args.t_fixed_ms, 1e-3), t_token=_f(args.t_token_us, 1e-6),
                            t_flop=_f(args.t_flop_us, 1e-6), ridge=args.ridge_tokens,
@@ -166,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `bubblespec simulate`."""
     args = build_parser().parse_args(argv)
     t0 = time.monotonic()
+    if args.calibrate:
+        try:
+            calibrated(args, Path(args.out) if args.out else None)
+        except (ValueError, OSError, KeyError) as e:
+            print(f"{TAG} bubblespec simulate: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         projection = project(scenario(args))
     except (ValueError, OSError, KeyError) as e:

@@ -59,10 +59,14 @@ class SimConfig:
     pregen_inflight: int = 64
     """Tasks a rank keeps decoding at once while pre-generating (refilled from the queue as
     lanes finish; `bubblespec/rank/config.py` pregen_inflight)."""
-    pregen_accepted: float = 0.0
-    """Draft tokens accepted per forward while pre-generating (0: plain decoding)."""
-    pregen_drafted: float = 0.0
-    """Draft tokens verified per forward while pre-generating."""
+    pregen_accepted: float | None = None
+    """Draft tokens accepted per forward while pre-generating; None: the mode's uncovered
+    figure (the rank runs pre-generation lanes through its engine and proposer, which
+    drafts for them from their siblings among the lanes and their own output, as at
+    positions no pre-generated draft covers)."""
+    pregen_drafted: float | None = None
+    """Draft tokens verified per forward while pre-generating; None: the mode's uncovered
+    figure."""
     pregen_order: str = "breadth_first"
     """Task queue order: breadth_first (the synchronizer's) or longest_first (estimated
     length, with the `lpt_noise` error; beyond the design, to size the value of length
@@ -96,6 +100,8 @@ class StepResult:
     """Token share of this step covered by drafts pre-generated in the previous step."""
     pregen_tokens: int
     stop_lag_s: float
+    rank_forwards: list[int] = field(default_factory=list)
+    """Forwards (decode steps) of each rank in the step."""
 
 
 @dataclass
@@ -187,20 +193,27 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
         busy, lag, ptok = 0.0, 0.0, 0
         step_time = fmax
         covered = np.zeros(L[0].size, dtype=np.int64)
+        window = cfg.train_s if mode.pregen_window else 0.0
         if mode.uses_pregen and s + 1 < cfg.steps:
             pg = simulate_pregen(F, L[s + 1], et, cfg.pregen_inflight, cfg.rpc_s,
-                                 cfg.prompt_len, cfg.pregen_accepted, cfg.pregen_drafted,
-                                 drawn["pregen_order"][s + 1],
-                                 cfg.train_s if mode.pregen_window else 0.0)
+                                 cfg.prompt_len,
+                                 _or(cfg.pregen_accepted, mode.accepted),
+                                 _or(cfg.pregen_drafted, mode.drafted),
+                                 drawn["pregen_order"][s + 1], window)
             covered = pg.covered
             busy = float(pg.busy_in_bubble.sum())
-            lag = max(0.0, float(pg.stop_t.max()) - fmax)
-            step_time = fmax + max(0.0, lag - cfg.train_s)
+            over = max(0.0, float(pg.stop_t.max()) - fmax)  # until the last rank is free
+            step_time = fmax + max(0.0, over - cfg.train_s)
+            lag = max(0.0, over - window)  # past the stop signal
             ptok = pg.pregen_tokens
         out.append(StepResult(s, step_time, fmax, tokens, int(tl.finish_k[slow]),
                               int(tl.finish_k.sum()), float((fmax - F).sum()), busy, cov_share,
-                              ptok, lag))
+                              ptok, lag, [int(k) for k in tl.finish_k]))
     return out
+
+
+def _or(x: float | None, default: float) -> float:
+    return default if x is None else x
 
 
 def summarise(ranks: int, mode: str, steps: list[StepResult], warmup: int) -> Summary:
