@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--only-modes", help="comma-separated mode names to keep (the baseline is always kept)")
     a("--accept-cv", type=float, default=0.0,
       help="coefficient of variation of per-request acceptance (gamma; default 0 = means)")
+    a("--cover-cv", type=float, default=0.0,
+      help="coefficient of variation of per-request acceptance at covered positions only "
+      "(gamma; default 0; with --calibrate: the replay's sensitivity to it, over --draws)")
+    a("--draws", type=int, default=20,
+      help="with --calibrate and --cover-cv: replays drawn (default 20)")
     a("--gpu", choices=sorted(GPUS), default="h100", help="engine-time preset (default h100)")
     a("--params-b", type=float, default=8.03,
       help="model parameters in billions, bf16 (default 8.03, Llama-3.1-8B)")
@@ -150,8 +155,8 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
 
     run, first, window = calreport.load(args.calibrate)
     report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
-                                      args.seed)), out)
-    lines, doc = calreport.compare(run, first)
+                                      args.seed, args.cover_cv)), out)
+    lines, doc = calreport.compare(run, first, args.cover_cv, args.draws)
     if out is not None:
         (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
     print("\n".join(lines))
@@ -186,7 +191,8 @@ def scenario(args: argparse.Namespace) -> Scenario:
                     steps=args.steps, warmup_steps=args.warmup_steps,
                     pregen_inflight=args.pregen_inflight, train_s=args.train_s,
                     pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
-                    rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv, seed=args.seed)
+                    rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv,
+                    cover_cv=args.cover_cv, seed=args.seed)
     acceptance = "from " + Path(args.accept_json).name if args.accept_json else "assumed"
     return Scenario(cfg, ranks, modes, et, lengths, notes, acceptance)
 

@@ -40,7 +40,15 @@ import numpy as np
 from bubblespec.bench.modes import baseline_of
 from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
 from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.model import SimConfig, StepResult, Summary, relate, run_mode, summarise
+from bubblespec.sim.model import (
+    SimConfig,
+    StepResult,
+    Summary,
+    gamma_mult,
+    relate,
+    run_mode,
+    summarise,
+)
 from bubblespec.sim.policy import ModeSpec, solve_covered
 from bubblespec.sim.pregen import breadth_first
 
@@ -269,10 +277,11 @@ def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
                      train_s=run.train_s(name))
 
 
-def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False
-           ) -> dict[str, Replayed]:
+def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
+           cover_cv: float = 0.0, seed: int = 0) -> dict[str, Replayed]:
     """Every mode simulated on its own measured lengths and replayed assignment, with its
-    pooled measured acceptance (or each step's own, `per_step`)."""
+    pooled measured acceptance (or each step's own, `per_step`); `cover_cv` > 0 draws a
+    per-request spread of the covered acceptance (an assumption, `SimConfig.cover_cv`)."""
     et = EngineTime.preset(run.pace)
     assign = assignments(run)
     plen = run.prompt_len(first)
@@ -280,7 +289,9 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False
     for name in run.modes:
         cfg = replay_config(run, name, plen)
         L = run.lengths(name)
+        rng = np.random.default_rng([seed, 1 + list(run.modes).index(name)])
         drawn = {"lengths": L, "assign": assign[name], "mult": np.ones(L.shape),
+                 "mult_cov": gamma_mult(rng, cover_cv, L.shape),
                  "pregen_order": np.stack([breadth_first(run.prompts, run.n)] * run.steps)}
         spec = per_step_specs(run, name) if per_step else pooled_spec(run, name)
         summ = summarise(run.ranks, name, run_mode(cfg, run.ranks, spec, et, drawn), 1)

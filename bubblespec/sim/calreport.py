@@ -55,8 +55,9 @@ def load(path: str | Path) -> tuple[PacedRun, dict[str, Any], float]:
 
 
 def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[int],
-             steps: int, seed: int) -> Scenario:
-    """The projection of the paced run's workload at `ranks` with calibrated inputs."""
+             steps: int, seed: int, cover_cv: float = 0.0) -> Scenario:
+    """The projection of the paced run's workload at `ranks` with calibrated inputs (and
+    an assumed per-request spread `cover_cv` of the covered acceptance)."""
     groups = [np.asarray(g) for name in ("nospec", "nospec-keyed") if name in run.modes
               for step in run.lengths(name) for g in step]
     if not groups:
@@ -68,7 +69,8 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
     modes = [pooled_spec(run, n) for n in names]
     cfg = SimConfig(prompts_per_rank=max(1, run.prompts // run.ranks), n=run.n,
                     prompt_len=round(run.prompt_len(first)), steps=steps,
-                    pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, seed=seed)
+                    pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
+                    seed=seed)
     notes = [(f"calibrated from {run.path}: per-rank workload, lengths and pooled acceptance "
              f"of its {run.ranks}-rank run; trainer {window_s:g} s (its training window); "
              "the keyed baseline equals nospec in the model (same lengths)")]
@@ -128,6 +130,23 @@ def rank_lines(run: PacedRun, pooled: dict[str, Replayed]) -> list[str]:
     return out
 
 
+def spread_lines(run: PacedRun, first: dict[str, Any], cover_cv: float, draws: int
+                 ) -> list[str]:
+    """The replay's speed-ups with an ASSUMED per-request spread of the covered acceptance
+    (`cover_cv`), over `draws` draws: mean and 10th-90th percentiles against measured."""
+    reps = [replay(run, first, cover_cv=cover_cv, seed=k) for k in range(draws)]
+    out = [(f"{TAG} sensitivity (assumed, not measured): covered acceptance spread per "
+           f"request, gamma CV {cover_cv:g}, {draws} draws: modelled mean (p10-p90), gap")]
+    for name, r in reps[0].items():
+        if r.baseline == name:
+            continue
+        sp = np.array([rep[name].summary.speedup for rep in reps])
+        out.append(f"{TAG} {name:<24} measured {r.measured_speedup:.2f}x, modelled "
+                   f"{sp.mean():.2f}x ({np.percentile(sp, 10):.2f}-{np.percentile(sp, 90):.2f}),"
+                   f" gap {_pct(sp.mean() / r.measured_speedup - 1.0)}")
+    return out
+
+
 def gap_line(pooled: dict[str, Replayed]) -> str:
     """`sim_vs_paced_gap: ...` over the modes that ran (pooled acceptance)."""
     labels = {m.name: m.key for m in ALL_MODES}
@@ -143,8 +162,10 @@ def gap_line(pooled: dict[str, Replayed]) -> str:
     return f"sim_vs_paced_gap: {' '.join(cells)} (within 10%: {ok}/{n})"
 
 
-def compare(run: PacedRun, first: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The comparison's lines (the gap line last) and its JSON document."""
+def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: int = 20
+            ) -> tuple[list[str], dict[str, Any]]:
+    """The comparison's lines (the gap line last) and its JSON document; with `cover_cv`
+    also the sensitivity to a per-request spread of the covered acceptance."""
     pooled, stepwise = replay(run, first), replay(run, first, per_step=True)
     checks = assignment_check(run, assignments(run))
     head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
@@ -156,8 +177,9 @@ def compare(run: PacedRun, first: dict[str, Any]) -> tuple[list[str], dict[str, 
             "per-rank decode steps of " + (", ".join(
                 f"{k}: {'yes' if v else 'NO'}" for k, v in checks.items()) or "no mode")]
     head += [f"{TAG} input {pooled_spec(run, n).describe()}" for n in run.modes]
+    spread = spread_lines(run, first, cover_cv, draws) if cover_cv > 0 and draws > 0 else []
     lines = (head + mode_lines(run, pooled, stepwise) + step_lines(run, pooled)
-             + rank_lines(run, pooled) + [gap_line(pooled)])
+             + rank_lines(run, pooled) + spread + [gap_line(pooled)])
     doc = {"label": "measured (paced) beside modelled (simulator replay)", "path": run.path,
            "assignment_check": checks,
            "modes": {n: {"baseline": r.baseline, "measured_speedup": r.measured_speedup,

@@ -80,6 +80,10 @@ class SimConfig:
     accept_cv: float = 0.0
     """Coefficient of variation of per-request acceptance (gamma); 0 = every request at the
     mode's mean."""
+    cover_cv: float = 0.0
+    """Coefficient of variation of per-request acceptance at covered positions only (gamma,
+    mean 1): an aligned draft holds for some requests and is left early by others; 0 =
+    every request at the mode's covered mean."""
     seed: int = 0
 
 
@@ -137,11 +141,7 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
     L = np.stack([lengths.sample(rng, prompts, cfg.n) for _ in range(cfg.steps)])
     assign = np.stack([assign_prompts(L[s], ranks, cfg.assign, cfg.lpt_noise, rng)
                        for s in range(cfg.steps)])
-    if cfg.accept_cv > 0:
-        k = 1.0 / cfg.accept_cv ** 2
-        mult = rng.gamma(k, 1.0 / k, size=L.shape)
-    else:
-        mult = np.ones(L.shape)
+    mult = gamma_mult(rng, cfg.accept_cv, L.shape)
     if cfg.pregen_order == "breadth_first":
         order = np.stack([breadth_first(prompts, cfg.n)] * cfg.steps)
     elif cfg.pregen_order == "longest_first":
@@ -154,11 +154,22 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
                           for s in range(cfg.steps)])
     else:
         raise ValueError(f"unknown pregen order {cfg.pregen_order!r}")
-    return {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order}
+    return {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order,
+            "mult_cov": gamma_mult(rng, cfg.cover_cv, L.shape)}
+
+
+def gamma_mult(rng: np.random.Generator, cv: float, shape: tuple[int, ...]) -> np.ndarray:
+    """Per-request acceptance multipliers: gamma with mean 1 and coefficient of variation
+    `cv` (ones for cv = 0, drawing nothing)."""
+    if cv <= 0:
+        return np.ones(shape)
+    k = 1.0 / cv ** 2
+    return rng.gamma(k, 1.0 / k, size=shape)
 
 
 def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
-              covered: np.ndarray, mode: ModeSpec, et: EngineTime) -> Requests:
+              mult_cov: np.ndarray, covered: np.ndarray, mode: ModeSpec,
+              et: EngineTime) -> Requests:
     prompts, n = L.shape
     size = prompts * n
     first = np.zeros((prompts, n))
@@ -166,7 +177,8 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     m = mult.ravel()
     cov = np.minimum(covered, L.ravel()) if mode.uses_pregen else np.zeros(size, np.int64)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
-                    acc_cov=mode.accepted_covered * m, acc_unc=mode.accepted * m,
+                    acc_cov=mode.accepted_covered * m * mult_cov.ravel(),
+                    acc_unc=mode.accepted * m,
                     drafted_cov=np.full(size, mode.drafted_covered),
                     drafted_unc=np.full(size, mode.drafted),
                     prefill=first.ravel(), prompt_len=float(cfg.prompt_len))
@@ -183,7 +195,7 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
     out = []
     for s in range(cfg.steps):
         mode = specs[s]
-        req = _requests(cfg, L[s], A[s], M[s], covered, mode, et)
+        req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et)
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
         fmax = float(F.max())

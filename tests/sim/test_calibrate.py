@@ -140,3 +140,16 @@ def test_cli(tmp_path, capsys):
     assert json.loads((out / "calibrate.json").read_text())["gap_line"] == text[-1]
     assert main(["--calibrate", str(tmp_path / "missing.json")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_covered_spread_slows_only_the_pre_generating_modes(paced):
+    run, first, _ = paced
+    uniform = replay(run, first)
+    spread = [replay(run, first, cover_cv=0.5, seed=k) for k in range(4)]
+    for name in ("nospec-keyed", "suffix"):
+        assert all(r[name].summary.speedup == uniform[name].summary.speedup for r in spread)
+    mean = np.mean([r["bubblespec-keyed-window"].summary.speedup for r in spread])
+    assert mean < uniform["bubblespec-keyed-window"].summary.speedup
+    lines, _ = compare(run, first, cover_cv=0.5, draws=2)
+    assert any("sensitivity (assumed, not measured)" in x for x in lines)
+    assert lines[-1].startswith("sim_vs_paced_gap: ")
