@@ -154,9 +154,10 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
     from bubblespec.sim import calreport
 
     run, first, window = calreport.load(args.calibrate)
-    report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
-                                      args.seed, args.cover_cv)), out)
     lines, doc = calreport.compare(run, first, args.cover_cv, args.draws)
+    measured = {n: (run.ranks, m["measured_speedup"]) for n, m in doc["modes"].items()}
+    report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
+                                      args.seed, args.cover_cv)), out, measured)
     if out is not None:
         (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
     print("\n".join(lines))
