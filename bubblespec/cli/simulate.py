@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="paced.json of `bubblespec bench paced`: replay that run (its ranks, lengths, "
       "assignment and measured acceptance) and print measured beside modelled per mode "
       "and step, last line sim_vs_paced_gap; the projection at --ranks then uses its "
-      "calibrated inputs (workload, acceptance and model flags above are ignored)")
+      "calibrated inputs (--ranks, --steps, --seed, --cover-cv apply; workload, "
+      "acceptance and engine flags are the run's)")
     a("--out", help="directory for simulate.json and simulate.png (modelled; with "
       "--calibrate also calibrate.json)")
     return p
