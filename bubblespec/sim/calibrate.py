@@ -109,6 +109,8 @@ class PacedRun:
     scale: float
     greedy_prompts: int
     modes: dict[str, PacedMode]
+    seeds: int = 1
+    """Seeds the run holds; only the first is read (its plain rows: one seed of several)."""
 
     @classmethod
     def load(cls, path: str | Path) -> PacedRun:
@@ -141,7 +143,7 @@ class PacedRun:
             raise ValueError(f"{path}: runs: no mode has steps")
         return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),
                    int(cfg["steps"]), str(cfg["pace"]), float(cfg["pace_scale"]),
-                   int(cfg.get("greedy_prompts", 0)), modes)
+                   int(cfg.get("greedy_prompts", 0)), modes, len(runs))
 
     def prompt_len(self, first: dict[str, Any]) -> float:
         """Prefill tokens per prompt of a mode without speculation (pace counters)."""

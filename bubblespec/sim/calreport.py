@@ -172,7 +172,9 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
             f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "
             f"own lengths and assignment, prompt {run.prompt_len(first):.0f} tokens (prefill "
             f"counters), {PREGEN_INFLIGHT} pre-gen lanes per rank; figures after step 0; "
-            "measured = paced wall s / scale, modelled = simulator"),
+            "measured = paced wall s / scale, modelled = simulator"
+            + (f"; first of {run.seeds} seeds only (the bench's plain rows average them)"
+               if run.seeds > 1 else "")),
             f"{TAG} assignment replay (gateway LPT over each cluster's modes) reproduces the "
             "per-rank decode steps of " + (", ".join(
                 f"{k}: {'yes' if v else 'NO'}" for k, v in checks.items()) or "no mode")]
