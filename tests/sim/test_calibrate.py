@@ -153,3 +153,20 @@ def test_covered_spread_slows_only_the_pre_generating_modes(paced):
     lines, _ = compare(run, first, cover_cv=0.5, draws=2)
     assert any("sensitivity (assumed, not measured)" in x for x in lines)
     assert lines[-1].startswith("sim_vs_paced_gap: ")
+
+
+def test_a_keyed_only_run(tmp_path):
+    doc = json.loads(FIXTURE.read_text())
+    for name in ("nospec", "bubblespec", "suffix"):
+        doc["runs"]["0"].pop(name)
+    doc["runs"]["0"]["nospec-keyed"]["cluster"] = {"pace": {"prefill_tokens": 3088}}
+    doc["runs"]["0"]["suffix"] = {"skipped": "arctic_inference not importable"}
+    path = tmp_path / "paced.json"
+    path.write_text(json.dumps(doc))
+    run, first, window = load(path)
+    assert set(run.modes) == {"nospec-keyed", "bubblespec-keyed", "bubblespec-keyed-window"}
+    lines, _ = compare(run, first)
+    assert lines[-1].startswith("sim_vs_paced_gap: keyed=")
+    assert "(within 10%:" in lines[-1] and "bubblespec=" not in lines[-1]
+    s = scenario(run, first, window, [8], 3, 0)
+    assert [m.name for m in s.modes] == list(run.modes)
