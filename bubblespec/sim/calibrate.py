@@ -110,11 +110,12 @@ class PacedRun:
     greedy_prompts: int
     modes: dict[str, PacedMode]
     seeds: int = 1
-    """Seeds the run holds; only the first is read (its plain rows: one seed of several)."""
+    """Seeds the run holds (plain modes ran once per seed, keyed ones on the first)."""
 
     @classmethod
-    def load(cls, path: str | Path) -> PacedRun:
-        """Read and check a paced.json (ValueError naming the field)."""
+    def load(cls, path: str | Path, seed: str | None = None) -> PacedRun:
+        """Read and check one seed of a paced.json (default the first; ValueError naming
+        the field)."""
         doc = json.loads(Path(path).read_text())
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError(f"{path}: schema: expected {SCHEMA!r}")
@@ -124,7 +125,10 @@ class PacedRun:
                 raise ValueError(f"{path}: config.{key} missing")
         if not runs:
             raise ValueError(f"{path}: runs: no seed ran")
-        first = runs[min(runs, key=int)]
+        key = min(runs, key=int) if seed is None else str(seed)
+        if key not in runs:
+            raise ValueError(f"{path}: runs.{key} missing")
+        first = runs[key]
         modes: dict[str, PacedMode] = {}
         for name, r in first.items():
             steps = r.get("steps") or []
@@ -259,13 +263,17 @@ def pooled_spec(run: PacedRun, name: str) -> ModeSpec:
 
 @dataclass
 class Replayed:
-    """One mode of the paced run, modelled (on its own lengths and assignment) and measured."""
+    """One mode of the paced run, modelled (on its own lengths and assignment) and measured:
+    generated tokens and (modelled) seconds of the steps after step 0, summed over seeds."""
 
     name: str
     baseline: str
     summary: Summary
-    measured_tok_s: float
+    """The simulated steps (of the first seed)."""
+    measured: tuple[float, float]
+    modelled: tuple[float, float]
     measured_speedup: float = 1.0
+    modelled_speedup: float = 1.0
 
     @property
     def steps(self) -> list[StepResult]:
@@ -280,13 +288,15 @@ def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
 
 
 def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
-           cover_cv: float = 0.0, seed: int = 0) -> dict[str, Replayed]:
-    """Every mode simulated on its own measured lengths and replayed assignment, with its
-    pooled measured acceptance (or each step's own, `per_step`); `cover_cv` > 0 draws a
-    per-request spread of the covered acceptance (an assumption, `SimConfig.cover_cv`)."""
+           cover_cv: float = 0.0, seed: int = 0, prompt_len: float | None = None
+           ) -> dict[str, Replayed]:
+    """Every mode of one seed simulated on its own measured lengths and replayed
+    assignment, with its pooled measured acceptance (or each step's own, `per_step`);
+    `cover_cv` > 0 draws a per-request spread of the covered acceptance (an assumption,
+    `SimConfig.cover_cv`)."""
     et = EngineTime.preset(run.pace)
     assign = assignments(run)
-    plen = run.prompt_len(first)
+    plen = run.prompt_len(first) if prompt_len is None else prompt_len
     out: dict[str, Replayed] = {}
     for name in run.modes:
         cfg = replay_config(run, name, plen)
@@ -297,11 +307,47 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
                  "pregen_order": np.stack([breadth_first(run.prompts, run.n)] * run.steps)}
         spec = per_step_specs(run, name) if per_step else pooled_spec(run, name)
         summ = summarise(run.ranks, name, run_mode(cfg, run.ranks, spec, et, drawn), 1)
-        tok, secs = run.measured(name)
-        out[name] = Replayed(name, run.modes[name].baseline, summ, tok / secs)
+        use = summ.steps[1:] or summ.steps[-1:]
+        out[name] = Replayed(name, run.modes[name].baseline, summ, run.measured(name),
+                             (float(sum(x.tokens for x in use)),
+                              sum(x.step_time_s for x in use)))
+    _speedups(out)
+    return out
+
+
+def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
+               seed: int = 0) -> dict[str, Replayed]:
+    """`replay` of every seed of a paced run, tokens and seconds summed per mode over the
+    seeds (as the bench sums them); steps shown are the first seed's."""
+    doc = json.loads(Path(path).read_text())
+    keys = [k for k in sorted(doc.get("runs") or {}, key=int)
+            if any((r or {}).get("steps") for r in doc["runs"][k].values())]
+    if not keys:
+        raise ValueError(f"{path}: runs: no mode has steps")
+    first = PacedRun.load(path, keys[0])
+    plen = first.prompt_len(doc["runs"][keys[0]])
+    reps = [replay(PacedRun.load(path, k), doc["runs"][k], per_step, cover_cv, seed, plen)
+            for k in keys]
+    out = reps[0]
+    for rep in reps[1:]:
+        for name, r in rep.items():
+            if name in out:
+                o = out[name]
+                o.measured = (o.measured[0] + r.measured[0], o.measured[1] + r.measured[1])
+                o.modelled = (o.modelled[0] + r.modelled[0], o.modelled[1] + r.modelled[1])
+    _speedups(out)
+    return out
+
+
+def _rate(x: tuple[float, float]) -> float:
+    return x[0] / x[1] if x[1] > 0 else 0.0
+
+
+def _speedups(out: dict[str, Replayed]) -> None:
+    """Each mode's measured and modelled speed-up against its baseline's throughput."""
     for r in out.values():
         base = out.get(r.baseline)
-        if base is not None:
+        if base is not None and _rate(base.measured) > 0 and _rate(base.modelled) > 0:
             relate(r.summary, base.summary)
-            r.measured_speedup = r.measured_tok_s / base.measured_tok_s
-    return out
+            r.measured_speedup = _rate(r.measured) / _rate(base.measured)
+            r.modelled_speedup = _rate(r.modelled) / _rate(base.modelled)

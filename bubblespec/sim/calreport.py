@@ -31,7 +31,7 @@ from bubblespec.sim.calibrate import (
     assignment_check,
     assignments,
     pooled_spec,
-    replay,
+    replay_all,
 )
 from bubblespec.sim.engine_time import EngineTime
 from bubblespec.sim.model import SimConfig
@@ -91,10 +91,10 @@ def mode_lines(run: PacedRun, pooled: dict[str, Replayed], stepwise: dict[str, R
     for name, r in pooled.items():
         if r.baseline == name:
             continue
-        gap = r.summary.speedup / r.measured_speedup - 1.0
-        s2 = stepwise[name].summary.speedup
+        gap = r.modelled_speedup / r.measured_speedup - 1.0
+        s2 = stepwise[name].modelled_speedup
         out.append(f"{TAG} " + fmt.format(
-            name, r.baseline, f"{r.measured_speedup:.2f}x", f"{r.summary.speedup:.2f}x",
+            name, r.baseline, f"{r.measured_speedup:.2f}x", f"{r.modelled_speedup:.2f}x",
             _pct(gap), "yes" if abs(gap) <= WITHIN else "NO", f"{s2:.2f}x",
             _pct(s2 / r.measured_speedup - 1.0)))
     return out
@@ -130,17 +130,16 @@ def rank_lines(run: PacedRun, pooled: dict[str, Replayed]) -> list[str]:
     return out
 
 
-def spread_lines(run: PacedRun, first: dict[str, Any], cover_cv: float, draws: int
-                 ) -> list[str]:
+def spread_lines(run: PacedRun, cover_cv: float, draws: int) -> list[str]:
     """The replay's speed-ups with an ASSUMED per-request spread of the covered acceptance
     (`cover_cv`), over `draws` draws: mean and 10th-90th percentiles against measured."""
-    reps = [replay(run, first, cover_cv=cover_cv, seed=k) for k in range(draws)]
+    reps = [replay_all(run.path, cover_cv=cover_cv, seed=k) for k in range(draws)]
     out = [(f"{TAG} sensitivity (assumed, not measured): covered acceptance spread per "
            f"request, gamma CV {cover_cv:g}, {draws} draws: modelled mean (p10-p90), gap")]
     for name, r in reps[0].items():
         if r.baseline == name:
             continue
-        sp = np.array([rep[name].summary.speedup for rep in reps])
+        sp = np.array([rep[name].modelled_speedup for rep in reps])
         out.append(f"{TAG} {name:<24} measured {r.measured_speedup:.2f}x, modelled "
                    f"{sp.mean():.2f}x ({np.percentile(sp, 10):.2f}-{np.percentile(sp, 90):.2f}),"
                    f" gap {_pct(sp.mean() / r.measured_speedup - 1.0)}")
@@ -155,7 +154,7 @@ def gap_line(pooled: dict[str, Replayed]) -> str:
         r = pooled.get(name)
         if r is None or r.baseline not in pooled:
             continue
-        gap = r.summary.speedup / r.measured_speedup - 1.0
+        gap = r.modelled_speedup / r.measured_speedup - 1.0
         n += 1
         ok += abs(gap) <= WITHIN
         cells.append(f"{labels.get(name, name)}={_pct(gap)}")
@@ -166,28 +165,28 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
             ) -> tuple[list[str], dict[str, Any]]:
     """The comparison's lines (the gap line last) and its JSON document; with `cover_cv`
     also the sensitivity to a per-request spread of the covered acceptance."""
-    pooled, stepwise = replay(run, first), replay(run, first, per_step=True)
+    pooled, stepwise = replay_all(run.path), replay_all(run.path, per_step=True)
     checks = assignment_check(run, assignments(run))
     head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
             f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "
             f"own lengths and assignment, prompt {run.prompt_len(first):.0f} tokens (prefill "
             f"counters), {PREGEN_INFLIGHT} pre-gen lanes per rank; figures after step 0; "
             "measured = paced wall s / scale, modelled = simulator"
-            + (f"; first of {run.seeds} seeds only (the bench's plain rows average them)"
-               if run.seeds > 1 else "")),
+            + (f"; {run.seeds} seeds: speed-ups over all of them (as the bench), steps "
+               "and ranks of the first" if run.seeds > 1 else "")),
             f"{TAG} assignment replay (gateway LPT over each cluster's modes) reproduces the "
             "per-rank decode steps of " + (", ".join(
                 f"{k}: {'yes' if v else 'NO'}" for k, v in checks.items()) or "no mode")]
     head += [f"{TAG} input {pooled_spec(run, n).describe()}" for n in run.modes]
-    spread = spread_lines(run, first, cover_cv, draws) if cover_cv > 0 and draws > 0 else []
+    spread = spread_lines(run, cover_cv, draws) if cover_cv > 0 and draws > 0 else []
     lines = (head + mode_lines(run, pooled, stepwise) + step_lines(run, pooled)
              + rank_lines(run, pooled) + spread + [gap_line(pooled)])
     doc = {"label": "measured (paced) beside modelled (simulator replay)", "path": run.path,
            "assignment_check": checks,
            "modes": {n: {"baseline": r.baseline, "measured_speedup": r.measured_speedup,
-                         "modelled_speedup": r.summary.speedup,
+                         "modelled_speedup": r.modelled_speedup,
                          "modelled_speedup_per_step_acceptance":
-                             stepwise[n].summary.speedup,
+                             stepwise[n].modelled_speedup,
                          "spec": asdict(pooled_spec(run, n)),
                          "steps": [asdict(s) for s in r.steps]}
                      for n, r in pooled.items()},

@@ -20,6 +20,7 @@ from bubblespec.sim.calibrate import (
     assignments,
     pooled_spec,
     replay,
+    replay_all,
     spec_of,
 )
 from bubblespec.sim.calreport import compare, load, scenario
@@ -99,7 +100,8 @@ def test_replay_of_modes_without_speculation_is_the_paced_model(paced):
             if raw["step"] > 0:  # step 0 carries the first rollout's start-up
                 assert sim.rollout_time_s == pytest.approx(raw["wall_s"] / run.scale,
                                                            rel=0.01)
-    assert rep["nospec"].measured_speedup == 1.0 and rep["nospec"].summary.speedup == 1.0
+    assert rep["nospec"].measured_speedup == 1.0 and rep["nospec"].modelled_speedup == 1.0
+    assert rep["suffix"].modelled_speedup == pytest.approx(rep["suffix"].summary.speedup)
     win = rep["bubblespec-keyed-window"]
     assert win.steps[0].pregen_tokens > rep["bubblespec-keyed"].steps[0].pregen_tokens
     assert win.steps[0].stop_lag_s < 0.05  # the window itself is not a lag
@@ -147,12 +149,31 @@ def test_covered_spread_slows_only_the_pre_generating_modes(paced):
     uniform = replay(run, first)
     spread = [replay(run, first, cover_cv=0.5, seed=k) for k in range(4)]
     for name in ("nospec-keyed", "suffix"):
-        assert all(r[name].summary.speedup == uniform[name].summary.speedup for r in spread)
-    mean = np.mean([r["bubblespec-keyed-window"].summary.speedup for r in spread])
-    assert mean < uniform["bubblespec-keyed-window"].summary.speedup
+        assert all(r[name].modelled_speedup == uniform[name].modelled_speedup for r in spread)
+    mean = np.mean([r["bubblespec-keyed-window"].modelled_speedup for r in spread])
+    assert mean < uniform["bubblespec-keyed-window"].modelled_speedup
     lines, _ = compare(run, first, cover_cv=0.5, draws=2)
     assert any("sensitivity (assumed, not measured)" in x for x in lines)
     assert lines[-1].startswith("sim_vs_paced_gap: ")
+
+
+def test_seeds_are_summed_as_the_bench_sums_them(tmp_path):
+    doc = json.loads(FIXTURE.read_text())
+    plain = {k: v for k, v in doc["runs"]["0"].items() if v["seed_mode"] != "keyed"}
+    doc["runs"]["1"] = json.loads(json.dumps(plain))
+    path = tmp_path / "paced.json"
+    path.write_text(json.dumps(doc))
+    one, two = replay_all(FIXTURE), replay_all(path)
+    assert PacedRun.load(path, "1").modes.keys() == plain.keys()
+    assert two["suffix"].measured == (2 * one["suffix"].measured[0],
+                                      2 * one["suffix"].measured[1])
+    for name in ("suffix", "bubblespec", "bubblespec-keyed"):
+        assert two[name].measured_speedup == pytest.approx(one[name].measured_speedup)
+        assert two[name].modelled_speedup == pytest.approx(one[name].modelled_speedup)
+    with pytest.raises(ValueError, match=r"runs\.7 missing"):
+        PacedRun.load(path, "7")
+    lines, _ = compare(PacedRun.load(path), doc["runs"]["0"])
+    assert "2 seeds" in lines[0]
 
 
 def test_a_keyed_only_run(tmp_path):
