@@ -2,13 +2,14 @@
 
 A discrete-event model (bubblespec/sim) of one rollout step after another over R ranks, with
 per-rank continuous batching, a decode-step time model of a GPU engine, pre-generation in the
-bubble with PollStop every T decode steps, and acceptance figures per mode. Every figure it
-prints or writes is modelled, not measured.
+bubble (a continuous batch of lanes, stopped by the step stream), and acceptance figures per
+mode. Every figure it prints or writes is modelled, not measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -86,18 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warmup-steps", type=int, default=1,
       help="leading steps left out of the summary (default 1: step 0 has no pre-generated "
       "drafts, as the bench reports steps after step 0)")
-    a("--poll-every", "-T", type=int, default=8,
-      help="T: decode steps between PollStop calls while pre-generating (default 8, "
-      "bubblespec/rank/config.py poll_every)")
-    a("--pregen-claim", type=int, default=64,
-      help="tasks claimed per pre-generation batch (default 64: bubblespec/rank/config.py "
-      "pregen_inflight, modelled as one batch)")
+    a("--pregen-inflight", type=int, default=64,
+      help="tasks a rank keeps decoding while pre-generating, refilled as lanes finish "
+      "(default 64: bubblespec/rank/config.py pregen_inflight)")
+    a("--train-s", type=float, default=0.0,
+      help="trainer seconds between steps: the training window of *window modes, and what "
+      "hides the pre-gen stop lag (default 0: every lag counts)")
     a("--pregen-order", choices=("breadth_first", "longest_first", "predicted", "predicted_deep"),
       default="breadth_first",
       help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
       "is beyond the design; predicted(_deep): per-prompt predictions, bubblespec/sim/pregen_order.py)")
-    a("--pregen-accept", default="0/0",
-      help="ACC/DRAFTED per forward while pre-generating (default 0/0: plain decoding)")
+    a("--pregen-accept", default="mode",
+      help="ACC/DRAFTED per forward while pre-generating (default 'mode': each mode's "
+      "uncovered figures, as the rank's proposer drafts for pre-gen lanes; 0/0: plain "
+      "decoding)")
     a("--rpc-ms", type=float, default=0.5,
       help="synchronizer RPC latency in ms (default 0.5, assumed in-cluster gRPC; measure "
       "with bubblespec bench sync)")
@@ -109,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--only-modes", help="comma-separated mode names to keep (the baseline is always kept)")
     a("--accept-cv", type=float, default=0.0,
       help="coefficient of variation of per-request acceptance (gamma; default 0 = means)")
+    a("--cover-cv", type=float, default=0.0,
+      help="coefficient of variation of per-request acceptance at covered positions only "
+      "(gamma; default 0; with --calibrate: the replay's sensitivity to it, over --draws)")
+    a("--draws", type=int, default=20,
+      help="with --calibrate and --cover-cv: replays drawn (default 20)")
     a("--gpu", choices=sorted(GPUS), default="h100", help="engine-time preset (default h100)")
     a("--params-b", type=float, default=8.03,
       help="model parameters in billions, bf16 (default 8.03, Llama-3.1-8B)")
@@ -120,7 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ridge-tokens", type=float, help="override the roofline ridge (tokens per forward)")
     a("--t-kv-ns", type=float, help="override t_kv (ns per context token read)")
     a("--seed", type=int, default=0, help="random seed; same seed, same output (default 0)")
-    a("--out", help="directory for simulate.json and simulate.png (modelled)")
+    a("--calibrate", metavar="PACED_JSON",
+      help="paced.json of `bubblespec bench paced`: replay that run (its ranks, lengths, "
+      "assignment and measured acceptance) and print measured beside modelled per mode "
+      "and step, last line sim_vs_paced_gap; the projection at --ranks then uses its "
+      "calibrated inputs (--ranks, --steps, --seed, --cover-cv apply; workload, "
+      "acceptance and engine flags are the run's)")
+    a("--out", help="directory for simulate.json and simulate.png (modelled; with "
+      "--calibrate also calibrate.json)")
     return p
 
 
@@ -128,12 +143,33 @@ def _f(x: float | None, scale: float) -> float | None:
     return None if x is None else x * scale
 
 
-def scenario(args: argparse.Namespace) -> Scenario:
-    """The scenario the flags describe (ValueError, OSError or KeyError on bad input)."""
+def _ranks(args: argparse.Namespace) -> list[int]:
     ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
     if not ranks or min(ranks) < 1:
         raise ValueError("--ranks needs positive integers")
-    pa, pd = (float(x) for x in args.pregen_accept.split("/"))
+    return ranks
+
+
+def calibrated(args: argparse.Namespace, out: Path | None) -> None:
+    """`--calibrate`: the projection from the paced run's inputs, then the comparison."""
+    from bubblespec.sim import calreport
+
+    run, first, window = calreport.load(args.calibrate)
+    lines, doc = calreport.compare(run, first, args.cover_cv, args.draws)
+    measured = {n: (run.ranks, m["measured_speedup"]) for n, m in doc["modes"].items()}
+    report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
+                                      args.seed, args.cover_cv)), out, measured)
+    if out is not None:
+        (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
+    print("\n".join(lines))
+
+
+def scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario the flags describe (ValueError, OSError or KeyError on bad input)."""
+    ranks = _ranks(args)
+    pa = pd = None
+    if args.pregen_accept != "mode":
+        pa, pd = (float(x) for x in args.pregen_accept.split("/"))
     et = EngineTime.preset(args.gpu, args.params_b, 2.0, args.kv_bytes_per_token)
     et = et.with_overrides(t_fixed=_f(args.t_fixed_ms, 1e-3), t_token=_f(args.t_token_us, 1e-6),
                            t_flop=_f(args.t_flop_us, 1e-6), ridge=args.ridge_tokens,
@@ -155,9 +191,10 @@ def scenario(args: argparse.Namespace) -> Scenario:
                     max_num_seqs=args.max_num_seqs, assign=args.assign,
                     lpt_noise=args.lpt_noise, prompt_len=args.prompt_len,
                     steps=args.steps, warmup_steps=args.warmup_steps,
-                    poll_every=args.poll_every, pregen_claim=args.pregen_claim,
+                    pregen_inflight=args.pregen_inflight, train_s=args.train_s,
                     pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
-                    rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv, seed=args.seed)
+                    rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv,
+                    cover_cv=args.cover_cv, seed=args.seed)
     acceptance = "from " + Path(args.accept_json).name if args.accept_json else "assumed"
     return Scenario(cfg, ranks, modes, et, lengths, notes, acceptance)
 
@@ -166,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `bubblespec simulate`."""
     args = build_parser().parse_args(argv)
     t0 = time.monotonic()
+    if args.calibrate:
+        try:
+            calibrated(args, Path(args.out) if args.out else None)
+        except (ValueError, OSError, KeyError) as e:
+            print(f"{TAG} bubblespec simulate: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         projection = project(scenario(args))
     except (ValueError, OSError, KeyError) as e:

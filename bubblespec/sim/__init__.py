@@ -2,10 +2,11 @@
 
 Everything here is MODELLED, never measured: per-rank continuous batching over R ranks
 (`rollout`), a decode-step time model of a GPU engine (`engine_time`), pre-generation of the
-next step in the bubble with PollStop every T decode steps (`pregen`), acceptance figures per
-rollout mode (`policy`), response lengths from a bench dump or a labelled synthetic default
-(`workload`), the step loop and summaries (`model`), the table / JSON / plot (`report`), and
-one `bubblespec simulate` run (`run`).
+next step in the bubble by a continuous batch of lanes per rank (`pregen`), acceptance
+figures per rollout mode (`policy`), response lengths from a bench dump or a labelled
+synthetic default (`workload`), the step loop and summaries (`model`), the table / JSON /
+plot (`report`), one `bubblespec simulate` run (`run`), and the replay of a paced
+benchmark run beside its measurement (`calibrate`).
 Pure Python + numpy; matplotlib only for the plot, imported when plotting.
 """
 

@@ -6,15 +6,22 @@ rollout steps (common random numbers: every mode sees the same lengths), and for
 
 1. step s: every rank decodes its shard (rollout.build_timeline); the step's rollout ends when
    the slowest rank finishes (F_max); the bubble of rank r is F_max - F_r;
-2. in a pre-generating mode, idle ranks pre-generate step s+1 in the bubble
+2. in a pre-generating mode, idle ranks pre-generate step s+1 in the bubble, and with the
+   TRAINING window also while the trainer trains for `train_s` after F_max
    (pregen.simulate_pregen); the covered prefixes feed step s+1's acceptance, and the step
-   is charged until the last rank stopped pre-generating (conservative: the stop lag counts);
+   is charged F_max plus whatever part of the pre-gen stop lag the trainer's `train_s` does
+   not hide (with the default `train_s` = 0 the whole lag counts: conservative);
 3. step 0 has no pre-generated drafts (nothing ran before it); the summary averages steps
    >= warmup_steps (default 1, as the bench reports "all steps after step 0").
+
+A mode's speed-up is its throughput (tokens per second of step time) over the baseline's;
+with common lengths that is the ratio of step times. `run_mode` also replays given steps
+(`calibrate`: a paced run's own lengths, assignment and per-step acceptance).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -49,24 +56,34 @@ class SimConfig:
     """Rollout steps simulated per mode."""
     warmup_steps: int = 1
     """Leading steps left out of the summary (step 0 has no pre-generated drafts)."""
-    poll_every: int = 8
-    """T: decode steps between PollStop calls while pre-generating."""
-    pregen_claim: int = 64
-    """Tasks a rank claims per pre-generation batch (the rank keeps up to `pregen_inflight`
-    = 64 tasks decoding and refills as each finishes; one batch of that size is the model)."""
-    pregen_accepted: float = 0.0
-    """Draft tokens accepted per forward while pre-generating (0: plain decoding)."""
-    pregen_drafted: float = 0.0
-    """Draft tokens verified per forward while pre-generating."""
+    pregen_inflight: int = 64
+    """Tasks a rank keeps decoding at once while pre-generating (refilled from the queue as
+    lanes finish; `bubblespec/rank/config.py` pregen_inflight)."""
+    pregen_accepted: float | None = None
+    """Draft tokens accepted per forward while pre-generating; None: the mode's uncovered
+    figure (the rank runs pre-generation lanes through its engine and proposer, which
+    drafts for them from their siblings among the lanes and their own output, as at
+    positions no pre-generated draft covers)."""
+    pregen_drafted: float | None = None
+    """Draft tokens verified per forward while pre-generating; None: the mode's uncovered
+    figure."""
     pregen_order: str = "breadth_first"
     """Task queue order: breadth_first (the synchronizer's) or longest_first (estimated
     length, with the `lpt_noise` error; beyond the design, to size the value of length
     prediction)."""
     rpc_s: float = 0.5e-3
     """Latency of one synchronizer RPC (claim, push, poll answer)."""
+    train_s: float = 0.0
+    """Seconds between a step's rollout end and the next step (trainer, weight push): the
+    TRAINING window of modes that pre-generate in it, and the time that hides pre-gen stop
+    lag (0: none, every lag counts)."""
     accept_cv: float = 0.0
     """Coefficient of variation of per-request acceptance (gamma); 0 = every request at the
     mode's mean."""
+    cover_cv: float = 0.0
+    """Coefficient of variation of per-request acceptance at covered positions only (gamma,
+    mean 1): an aligned draft holds for some requests and is left early by others; 0 =
+    every request at the mode's covered mean."""
     seed: int = 0
 
 
@@ -87,6 +104,8 @@ class StepResult:
     """Token share of this step covered by drafts pre-generated in the previous step."""
     pregen_tokens: int
     stop_lag_s: float
+    rank_forwards: list[int] = field(default_factory=list)
+    """Forwards (decode steps) of each rank in the step."""
 
 
 @dataclass
@@ -122,11 +141,7 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
     L = np.stack([lengths.sample(rng, prompts, cfg.n) for _ in range(cfg.steps)])
     assign = np.stack([assign_prompts(L[s], ranks, cfg.assign, cfg.lpt_noise, rng)
                        for s in range(cfg.steps)])
-    if cfg.accept_cv > 0:
-        k = 1.0 / cfg.accept_cv ** 2
-        mult = rng.gamma(k, 1.0 / k, size=L.shape)
-    else:
-        mult = np.ones(L.shape)
+    mult = gamma_mult(rng, cfg.accept_cv, L.shape)
     if cfg.pregen_order == "breadth_first":
         order = np.stack([breadth_first(prompts, cfg.n)] * cfg.steps)
     elif cfg.pregen_order == "longest_first":
@@ -139,11 +154,22 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
                           for s in range(cfg.steps)])
     else:
         raise ValueError(f"unknown pregen order {cfg.pregen_order!r}")
-    return {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order}
+    return {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order,
+            "mult_cov": gamma_mult(rng, cfg.cover_cv, L.shape)}
+
+
+def gamma_mult(rng: np.random.Generator, cv: float, shape: tuple[int, ...]) -> np.ndarray:
+    """Per-request acceptance multipliers: gamma with mean 1 and coefficient of variation
+    `cv` (ones for cv = 0, drawing nothing)."""
+    if cv <= 0:
+        return np.ones(shape)
+    k = 1.0 / cv ** 2
+    return rng.gamma(k, 1.0 / k, size=shape)
 
 
 def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
-              covered: np.ndarray, mode: ModeSpec, et: EngineTime) -> Requests:
+              mult_cov: np.ndarray, covered: np.ndarray, mode: ModeSpec,
+              et: EngineTime) -> Requests:
     prompts, n = L.shape
     size = prompts * n
     first = np.zeros((prompts, n))
@@ -151,20 +177,25 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     m = mult.ravel()
     cov = np.minimum(covered, L.ravel()) if mode.uses_pregen else np.zeros(size, np.int64)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
-                    acc_cov=mode.accepted_covered * m, acc_unc=mode.accepted * m,
+                    acc_cov=mode.accepted_covered * m * mult_cov.ravel(),
+                    acc_unc=mode.accepted * m,
                     drafted_cov=np.full(size, mode.drafted_covered),
                     drafted_unc=np.full(size, mode.drafted),
                     prefill=first.ravel(), prompt_len=float(cfg.prompt_len))
 
 
-def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec, et: EngineTime,
+def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et: EngineTime,
              drawn: dict[str, np.ndarray]) -> list[StepResult]:
-    """All steps of one mode at one R."""
+    """All steps of one mode at one R (`mode`: one spec, or one per step)."""
     L, A, M = drawn["lengths"], drawn["assign"], drawn["mult"]
+    specs = [mode] * cfg.steps if isinstance(mode, ModeSpec) else list(mode)
+    if len(specs) != cfg.steps:
+        raise ValueError(f"{len(specs)} mode specs for {cfg.steps} steps")
     covered = np.zeros(L[0].size, dtype=np.int64)
     out = []
     for s in range(cfg.steps):
-        req = _requests(cfg, L[s], A[s], M[s], covered, mode, et)
+        mode = specs[s]
+        req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et)
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
         fmax = float(F.max())
@@ -174,19 +205,27 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec, et: EngineTime,
         busy, lag, ptok = 0.0, 0.0, 0
         step_time = fmax
         covered = np.zeros(L[0].size, dtype=np.int64)
+        window = cfg.train_s if mode.pregen_window else 0.0
         if mode.uses_pregen and s + 1 < cfg.steps:
-            pg = simulate_pregen(F, L[s + 1], et, cfg.poll_every, cfg.pregen_claim,
-                                 cfg.rpc_s, cfg.prompt_len, cfg.pregen_accepted,
-                                 cfg.pregen_drafted, drawn["pregen_order"][s + 1])
+            pg = simulate_pregen(F, L[s + 1], et, cfg.pregen_inflight, cfg.rpc_s,
+                                 cfg.prompt_len,
+                                 _or(cfg.pregen_accepted, mode.accepted),
+                                 _or(cfg.pregen_drafted, mode.drafted),
+                                 drawn["pregen_order"][s + 1], window)
             covered = pg.covered
             busy = float(pg.busy_in_bubble.sum())
-            step_time = max(fmax, float(pg.stop_t.max()))
-            lag = step_time - fmax
+            over = max(0.0, float(pg.stop_t.max()) - fmax)  # until the last rank is free
+            step_time = fmax + max(0.0, over - cfg.train_s)
+            lag = max(0.0, over - window)  # past the stop signal
             ptok = pg.pregen_tokens
         out.append(StepResult(s, step_time, fmax, tokens, int(tl.finish_k[slow]),
                               int(tl.finish_k.sum()), float((fmax - F).sum()), busy, cov_share,
-                              ptok, lag))
+                              ptok, lag, [int(k) for k in tl.finish_k]))
     return out
+
+
+def _or(x: float | None, default: float) -> float:
+    return default if x is None else x
 
 
 def summarise(ranks: int, mode: str, steps: list[StepResult], warmup: int) -> Summary:
@@ -215,10 +254,15 @@ def run_scenario(cfg: SimConfig, ranks: int, modes: list[ModeSpec], et: EngineTi
            for m in modes]
     base = next((s for s, m in zip(out, modes) if m.is_baseline), out[0])
     for s in out:
-        s.speedup = base.step_time_s / s.step_time_s if s.step_time_s > 0 else 1.0
-        s.cp_reduction = (1.0 - s.cp_decode_steps / base.cp_decode_steps
-                          if base.cp_decode_steps > 0 else 0.0)
+        relate(s, base)
     return out
+
+
+def relate(s: Summary, base: Summary) -> None:
+    """Set `s`'s speed-up (throughput ratio) and critical-path cut against `base`."""
+    s.speedup = s.throughput_tok_s / base.throughput_tok_s if base.throughput_tok_s > 0 else 1.0
+    s.cp_reduction = (1.0 - s.cp_decode_steps / base.cp_decode_steps
+                      if base.cp_decode_steps > 0 else 0.0)
 
 
 def simulate(cfg: SimConfig, ranks: list[int], modes: list[ModeSpec], et: EngineTime,

@@ -27,7 +27,9 @@ one taken with the uncovered acceptance),
 `pregen_coverage` (share of the mode's generated tokens whose position was covered by an
 aligned pre-generated draft; optional, 1.0 when missing), optional explicit
 `accepted_per_forward_covered`, `accepted_per_forward_uncovered`,
-`drafted_per_forward_covered`, `drafted_per_forward_uncovered`, `uses_pregen`.
+`drafted_per_forward_covered`, `drafted_per_forward_uncovered`, `uses_pregen`,
+`pregen_window` (pre-generates in the training window too; default: the name mentions
+"window").
 A mode uses pre-generation if `uses_pregen` says so, else if its name starts with
 "bubblespec" and does not mention "sibling". For such a mode without explicit split figures,
 the uncovered figure is taken from the "bubblespec_siblings" mode, else "suffix", else
@@ -66,6 +68,9 @@ class ModeSpec:
     drafted_covered: float = 0.0
     """Draft tokens verified per forward at covered positions."""
     source: str = "assumed default"
+    pregen_window: bool = False
+    """Pre-generation goes on while the trainer trains (the TRAINING window, for
+    `SimConfig.train_s` after the slowest rank finished), not only in the bubble."""
 
     @property
     def is_baseline(self) -> bool:
@@ -75,7 +80,8 @@ class ModeSpec:
         s = f"{self.name}: accepted/drafted per forward {self.accepted:.2f}/{self.drafted:.2f}"
         if self.uses_pregen:
             s += (f" uncovered, {self.accepted_covered:.2f}/{self.drafted_covered:.2f} covered "
-                  "by pre-generation")
+                  "by pre-generation" + (" (bubble + training window)" if self.pregen_window
+                                         else ""))
         return f"{s} ({self.source})"
 
 
@@ -180,7 +186,9 @@ def load_accept_json(path: str | Path) -> tuple[list[ModeSpec], list[str]]:
             if phi > 1e-9:
                 d_c = (float(d["drafted_per_forward"]) - (1.0 - phi) * d_u) / phi
         d_c = min(64.0, max(float(d_c), a_c)) if d_c is not None else a_c / DRAFT_ACCEPT_RATE
-        out.append(ModeSpec(name, a_u, d_u, True, a_c, d_c, source=src))
+        win = d.get("pregen_window")
+        win = bool(win) if win is not None else "window" in name.lower()
+        out.append(ModeSpec(name, a_u, d_u, True, a_c, d_c, source=src, pregen_window=win))
     if not any(m.is_baseline for m in out):
         out.insert(0, ModeSpec("none", 0.0, 0.0, source="implicit baseline"))
     out.sort(key=lambda m: not m.is_baseline)

@@ -1,27 +1,32 @@
-"""Pre-generation in the bubble of one step (modelled), as the rank worker does it.
+"""Pre-generation of the next step by idle ranks (modelled), as the rank worker does it.
 
-A rank that finished its shard of step s at F_r < F_max (the slowest rank's finish) claims
-`claim` tasks of step s+1 from the synchronizer's queue (breadth-first: sample 0 of every
-prompt, then sample 1, ...; first done, first served), generates them as one batch with plain
-decoding (1 token per forward, old weights), pushes the (possibly partial) responses, and
-claims again. (The rank itself keeps up to `pregen_inflight` = 64 tasks decoding and
-refills each lane as it finishes, `bubblespec/rank/pregen.py`; a batch of that size is the
-model, which is exact while the queue fits in one batch.) While a batch runs it polls
-PollStop every T decode steps; the first poll at or after F_max stops it (answer after one RPC
-latency). A claim made at or after F_max is answered "stop". A rank that finds the queue empty
-waits on the stop stream (no lag). So a rank's stop lag is at most T forwards of its batch,
-plus the prefill of a batch claimed just before F_max, plus two RPCs: the T polling lag bound
-(tests/sim/test_pregen.py checks it).
+The rank (`bubblespec/rank/pregen.py`) keeps up to `inflight` (= `pregen_inflight`, 64)
+claimed tasks decoding at once as one continuous batch and claims more from the
+synchronizer's queue whenever lanes finish, so the batch stays full while the queue lasts.
+The queue is breadth-first (sample 0 of every prompt, then sample 1, ...; first come, first
+served across ranks). Each lane stops within one decode step of the stop signal, which the
+synchronizer's step stream delivers at once (PollStop every T decode steps is only the
+fallback when the stream is down); its partial response is pushed with one RPC. The stop
+comes when the slowest rank finished (F_max) in the BUBBLE window, or when the step closes
+(F_max + the trainer's time) in the TRAINING window, where every rank, the slowest
+included, pre-generates while the trainer trains. A claim at or after the stop is answered
+"stop"; a rank that finds the queue empty and has no lane left waits on the stream.
 
 The task of (prompt p, sample j) of step s+1 is taken to produce the prefix of that request's
 actual response (same prompt, sample index and keyed seed: docs/design.md section 3), so its
-progress when stopped is the number of covered leading positions in step s+1.
+progress when stopped is the number of covered leading positions in step s+1. Prefill is
+charged once per prompt and rank (the prompt's KV is then in the rank's prefix cache), at
+the first forward after its first task joined.
+
+Between two events of a rank (a lane finishing, new lanes joining, the stop) its batch is
+constant, so the forwards' time is an arithmetic series (`EngineTime.segment`); ranks
+interact only through the shared queue, so an event heap over ranks in time order is exact.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,83 +38,36 @@ IDLE_EPS_S = 1e-9
 
 @dataclass
 class PregenResult:
-    """Outcome of one bubble's pre-generation."""
+    """Outcome of one step's pre-generation."""
 
     covered: np.ndarray
     """Per next-step request (index = prompt * n + sample): covered leading tokens."""
     busy_in_bubble: np.ndarray
-    """Per rank: seconds spent pre-generating (claim RPC, prefill, decode) before F_max."""
+    """Per rank: seconds spent pre-generating before F_max."""
     stop_t: np.ndarray
     """Per rank: time it was free for the next step (F_r for ranks that did nothing)."""
     tasks_claimed: int
     pregen_tokens: int
+    window_tokens: int = 0
+    """Of `pregen_tokens`, those generated after F_max (TRAINING window)."""
 
 
 @dataclass
-class BatchProfile:
-    """Timeline of one pre-generation batch whose tasks all start at forward 0."""
+class _Rank:
+    """One rank's pre-generation state."""
 
-    breaks: np.ndarray
-    """Forward indices 0, then each task's completion (sorted)."""
-    tcum: np.ndarray
-    """Seconds elapsed at each break."""
-    running: np.ndarray
-    """Tasks running in [breaks[i], breaks[i+1])."""
-    growth: np.ndarray
-    """Tokens emitted per forward by the running tasks in that interval."""
-    tokens: np.ndarray
-    """Forward tokens (1 + drafted per running task) in that interval."""
-    prompt_len: float
-
-    @classmethod
-    def build(cls, lengths: np.ndarray, prompt_len: float, et: EngineTime,
-              accepted: float = 0.0, drafted: float = 0.0) -> BatchProfile:
-        """Profile of tasks of `lengths` decoded at 1 + `accepted` tokens per forward."""
-        f = np.ceil(lengths / (1.0 + accepted) - 1e-9).astype(np.int64)
-        order = np.argsort(f, kind="stable")
-        fs, g = f[order], (lengths[order] / f[order]).astype(float)
-        breaks = np.concatenate([[0], fs])
-        running = len(fs) - np.arange(len(fs), dtype=float)
-        growth = np.cumsum(g[::-1])[::-1]
-        tokens = running * (1.0 + drafted)
-        m = np.diff(breaks).astype(float)
-        ctx0 = running * prompt_len + growth * breaks[:-1]
-        seg = et.segment(m, tokens, ctx0, growth)
-        return cls(breaks, np.concatenate([[0.0], np.cumsum(seg)]), running, growth, tokens,
-                   prompt_len)
-
-    @property
-    def end(self) -> int:
-        return int(self.breaks[-1])
-
-    def time_at(self, k: int, et: EngineTime) -> float:
-        """Seconds for the first `k` forwards."""
-        if k >= self.breaks[-1]:
-            return float(self.tcum[-1])
-        i = int(np.searchsorted(self.breaks, k, side="right") - 1)
-        b = float(self.breaks[i])
-        ctx0 = self.running[i] * self.prompt_len + self.growth[i] * b
-        return float(self.tcum[i] + et.segment(k - b, self.tokens[i], ctx0, self.growth[i]))
-
-
-def first_poll_reaching(need: float, poll_every: int, prof: BatchProfile,
-                        et: EngineTime) -> int | None:
-    """Forward index of the first poll (multiples of `poll_every`) whose elapsed time is
-    >= `need`, if it comes before the batch completes; else None."""
-    end = prof.end
-    last = (end - 1) // poll_every  # polls at j * poll_every < end, j = 1..last
-    if last < 1:
-        return None
-    if prof.time_at(last * poll_every, et) < need:
-        return None
-    lo, hi = 1, last
-    while lo < hi:  # elapsed time is monotone in the poll index
-        mid = (lo + hi) // 2
-        if prof.time_at(mid * poll_every, et) >= need:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo * poll_every
+    t: float
+    start: float
+    idx: list[int] = field(default_factory=list)
+    """Tasks (request indices) of the running lanes."""
+    left: list[int] = field(default_factory=list)
+    """Forwards each lane still needs to finish its response."""
+    done: list[int] = field(default_factory=list)
+    """Forwards each lane has run."""
+    prompts: set[int] = field(default_factory=set)
+    """Prompts whose prefill this rank computed."""
+    prefill_s: float = 0.0
+    """Prefill seconds charged to the next forward."""
 
 
 def breadth_first(prompts: int, n: int) -> np.ndarray:
@@ -118,54 +76,88 @@ def breadth_first(prompts: int, n: int) -> np.ndarray:
 
 
 def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime,
-                    poll_every: int = 8, claim: int = 16, rpc_s: float = 0.5e-3,
-                    prompt_len: float = 0.0, accepted: float = 0.0,
-                    drafted: float = 0.0, order: np.ndarray | None = None) -> PregenResult:
-    """Pre-generation of step s+1 (lengths `next_lengths`, shape (prompts, n)) in the bubble
-    of a step whose ranks finished at `finish` (see the module docstring). Pre-generation
-    decodes at 1 + `accepted` tokens per forward verifying `drafted` draft tokens (default
-    plain decoding: breadth-first batches hold no siblings to draft from). `order` replaces
-    the breadth-first queue (request indices, prompt * n + sample)."""
-    if poll_every < 1 or claim < 1:
-        raise ValueError("poll_every and claim must be >= 1")
+                    inflight: int = 64, rpc_s: float = 0.5e-3, prompt_len: float = 0.0,
+                    accepted: float = 0.0, drafted: float = 0.0,
+                    order: np.ndarray | None = None, window_s: float = 0.0) -> PregenResult:
+    """Pre-generation of step s+1 (lengths `next_lengths`, shape (prompts, n)) by the ranks of
+    a step that finished at `finish` (see the module docstring). Lanes decode at 1 +
+    `accepted` tokens per forward verifying `drafted` draft tokens (default plain
+    decoding); `order` replaces the breadth-first queue (request indices, prompt * n +
+    sample); `window_s` > 0 is the TRAINING window: pre-generation goes on until
+    F_max + window_s on every rank."""
+    if inflight < 1 or window_s < 0:
+        raise ValueError("inflight must be >= 1 and window_s >= 0")
     prompts, n = next_lengths.shape
     ranks = len(finish)
     fmax = float(finish.max()) if ranks else 0.0
-    # breadth-first queue: (p, j) in order j-major; request index = p * n + j
-    if order is None:
-        order = breadth_first(prompts, n)
+    end = fmax + window_s
+    order = breadth_first(prompts, n) if order is None else order
     flat = next_lengths.ravel()
+    rate = 1.0 + accepted
+    need = np.ceil(flat / rate - 1e-9).astype(np.int64)
     covered = np.zeros(prompts * n, dtype=np.int64)
     busy = np.zeros(ranks)
     stop_t = finish.astype(float).copy()
-    q = 0
     eps = IDLE_EPS_S * max(1.0, fmax)  # float noise of equal work is not a bubble
-    heap = [(float(finish[r]), int(r)) for r in range(ranks) if finish[r] < fmax - eps]
+    state = {r: _Rank(float(finish[r]), float(finish[r])) for r in range(ranks)
+             if finish[r] < end - eps and (window_s > 0 or finish[r] < fmax - eps)}
+    heap = [(s.t, r) for r, s in state.items()]
     heapq.heapify(heap)
-    prefill_s = prompt_len * et.t_flop
+    q = 0
+    window_tok = 0.0
     while heap:
-        t, r = heapq.heappop(heap)
-        if t >= fmax:  # this claim is answered "stop"
-            stop_t[r] = t
+        _, r = heapq.heappop(heap)
+        s = state[r]
+        if s.t < end and q < len(order):  # claim the free lanes
+            if not s.idx:
+                s.t += rpc_s  # an idle rank waits for the claim; a busy one keeps decoding
+            take = order[q:q + inflight - len(s.idx)]
+            q += len(take)
+            for i in take:
+                s.idx.append(int(i))
+                s.left.append(int(need[i]))
+                s.done.append(0)
+                if i // n not in s.prompts:
+                    s.prompts.add(int(i // n))
+                    s.prefill_s += prompt_len * et.t_flop
+        if not s.idx:  # nothing to decode: free (waits on the stream)
+            stop_t[r] = max(s.t, float(finish[r]))
+            busy[r] = max(0.0, min(s.t, fmax) - s.start)
             continue
-        if q >= len(order):  # queue empty: wait on the stop stream, free at F_max
-            stop_t[r] = fmax
+        left, done = np.asarray(s.left), np.asarray(s.done)
+        m = int(left.min())
+        ks = np.arange(1, m + 1, dtype=float)
+        lanes = float(len(left))
+        ctx0 = float((prompt_len + np.minimum(flat[s.idx], done * rate)).sum())
+        ts = s.t + s.prefill_s + et.segment(ks, lanes * (1.0 + drafted), ctx0, lanes * rate)
+        if ts[-1] >= end:  # stopped: the first forward that ends at or after the stop
+            k = int(np.searchsorted(ts, end, side="left")) + 1
+            t_stop = float(ts[k - 1])
+            for i, d in zip(s.idx, done + k):
+                covered[i] = min(int(flat[i]), int(np.floor(d * rate + 1e-9)))
+            window_tok += _tokens_after(fmax, s.t, ts[:k], lanes * rate) if window_s else 0.0
+            stop_t[r] = t_stop + rpc_s  # push the partial drafts
+            busy[r] = max(0.0, min(t_stop, fmax) - s.start)
             continue
-        idx = order[q:q + claim]
-        q += len(idx)
-        lens = flat[idx]
-        t0 = t + rpc_s + prefill_s * len(idx)
-        prof = BatchProfile.build(lens, prompt_len, et, accepted, drafted)
-        kp = first_poll_reaching(fmax - t0, poll_every, prof, et)
-        if kp is None:  # batch completes
-            covered[idx] = lens
-            t_end = t0 + float(prof.tcum[-1]) + rpc_s  # push drafts
-            busy[r] += min(t_end, fmax) - t
-            heapq.heappush(heap, (t_end, r))
-        else:
-            rate = lens / np.ceil(lens / (1.0 + accepted) - 1e-9)
-            covered[idx] = np.minimum(lens, np.floor(rate * kp + 1e-9)).astype(np.int64)
-            t_stop = t0 + prof.time_at(kp, et) + rpc_s
-            busy[r] += fmax - t
-            stop_t[r] = t_stop
-    return PregenResult(covered, busy, stop_t, int(q), int(covered.sum()))
+        if window_s:
+            window_tok += _tokens_after(fmax, s.t, ts, lanes * rate)
+        s.t, s.prefill_s = float(ts[-1]), 0.0
+        keep = []
+        for j, i in enumerate(s.idx):
+            if left[j] == m:
+                covered[i] = int(flat[i])
+            else:
+                keep.append(j)
+        s.idx = [s.idx[j] for j in keep]
+        s.left = [int(left[j] - m) for j in keep]
+        s.done = [int(done[j] + m) for j in keep]
+        heapq.heappush(heap, (s.t, r))
+    tokens = int(covered.sum())
+    return PregenResult(covered, busy, stop_t, int(q), tokens, round(window_tok))
+
+
+def _tokens_after(fmax: float, t0: float, ends: np.ndarray, per_forward: float) -> float:
+    """Tokens of the forwards ending after `fmax` (the TRAINING window's share)."""
+    if len(ends) == 0 or ends[-1] <= fmax:
+        return 0.0
+    return per_forward * float((ends > max(fmax, t0)).sum())

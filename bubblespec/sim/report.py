@@ -28,8 +28,9 @@ def lines_preamble(cfg: SimConfig, et: EngineTime, lengths: LengthSource,
             f"{d['ridge_tokens']:.0f} tokens + {d['t_kv_ns']:.1f} ns per context token"),
            (f"{TAG} workload: {prompts} x n={cfg.n}, max_num_seqs {cfg.max_num_seqs}, "
             f"{cfg.assign} assignment, prompt {cfg.prompt_len} tokens, {cfg.steps} steps "
-            f"(first {cfg.warmup_steps} left out), T={cfg.poll_every}, claim "
-            f"{cfg.pregen_claim}, {cfg.pregen_order} pre-gen queue, seed {cfg.seed}"),
+            f"(first {cfg.warmup_steps} left out), {cfg.pregen_inflight} pre-gen lanes per "
+            f"rank, {cfg.pregen_order} pre-gen queue, trainer {cfg.train_s:g} s, seed "
+            f"{cfg.seed}"),
            f"{TAG} lengths: {lengths.description}",
            (f"{TAG} lengths drawn: median {length_stats['median']:.0f}, mean "
             f"{length_stats['mean']:.0f}, p99 {length_stats['p99']:.0f}, max "
@@ -74,18 +75,26 @@ def to_json(cfg: SimConfig, ranks: list[int], et: EngineTime, lengths: LengthSou
     }
 
 
-def plot(results: list[Summary], path: str | Path, subtitle: str = "") -> None:
-    """Speedup vs R per mode (left) and bubble share recovered by pre-generation (right)."""
+def plot(results: list[Summary], path: str | Path, subtitle: str = "",
+         measured: dict[str, tuple[int, float]] | None = None) -> None:
+    """Speedup vs R per mode (left) and bubble share recovered by pre-generation (right);
+    `measured` (mode -> (ranks, speed-up) of a paced run) adds those points as stars."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     modes = list(dict.fromkeys(s.mode for s in results))
+    starred = False
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for m in modes:
         rows = [s for s in results if s.mode == m]
         xs = [s.ranks for s in rows]
-        a1.plot(xs, [s.speedup for s in rows], marker="o", label=m)
+        (line,) = a1.plot(xs, [s.speedup for s in rows], marker="o", label=m)
+        if measured and m in measured:
+            r, v = measured[m]
+            a1.plot([r], [v], marker="*", markersize=12, linestyle="none",
+                    color=line.get_color(), label="_" if starred else "stars: measured (paced)")
+            starred = True
         a2.plot(xs, [s.bubble_fraction for s in rows], marker="o", label=f"{m}: bubble")
         if any(s.pregen_bubble_share > 0 for s in rows):
             a2.plot(xs, [s.pregen_bubble_share for s in rows], marker="s", linestyle="--",

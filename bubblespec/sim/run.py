@@ -48,8 +48,9 @@ class Projection:
 def project(s: Scenario) -> Projection:
     """Check the scenario (ValueError names the flag) and simulate it."""
     cfg = s.cfg
-    if cfg.steps < 1 or cfg.poll_every < 1 or cfg.pregen_claim < 1 or cfg.max_num_seqs < 1:
-        raise ValueError("--steps, -T, --pregen-claim and --max-num-seqs must be >= 1")
+    if cfg.steps < 1 or cfg.pregen_inflight < 1 or cfg.max_num_seqs < 1 or cfg.train_s < 0:
+        raise ValueError("--steps, --pregen-inflight and --max-num-seqs must be >= 1, "
+                         "--train-s >= 0")
     if cfg.prompts is not None and cfg.prompts < max(s.ranks):
         s.notes.append(f"{cfg.prompts} prompts over up to {max(s.ranks)} ranks: some ranks "
                        "get no prompt (all bubble)")
@@ -57,8 +58,10 @@ def project(s: Scenario) -> Projection:
     return Projection(s, stats, simulate(cfg, s.ranks, s.modes, s.engine, s.lengths))
 
 
-def report(p: Projection, out: Path | None) -> None:
-    """Print the preamble and the table; with `out`, write simulate.json and the plot."""
+def report(p: Projection, out: Path | None,
+           measured: dict[str, tuple[int, float]] | None = None) -> None:
+    """Print the preamble and the table; with `out`, write simulate.json and the plot
+    (with `measured` speed-ups of a paced run as points)."""
     s = p.scenario
     for line in (lines_preamble(s.cfg, s.engine, s.lengths, p.length_stats, s.modes, s.notes)
                  + lines_table(p.results)):
@@ -72,7 +75,8 @@ def report(p: Projection, out: Path | None) -> None:
     try:
         kind = "synthetic" if s.lengths.synthetic else "empirical"
         plot(p.results, out / "simulate.png",
-             f"{s.engine.gpu} engine model; {kind} lengths; acceptance {s.acceptance}")
+             f"{s.engine.gpu} engine model; {kind} lengths; acceptance {s.acceptance}",
+             measured)
         print(f"{TAG} wrote {out / 'simulate.json'} and {out / 'simulate.png'}")
     except ImportError:
         print(f"{TAG} wrote {out / 'simulate.json'}; no plot: matplotlib is not installed")

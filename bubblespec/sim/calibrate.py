@@ -1,0 +1,353 @@
+"""The simulator's inputs from a paced benchmark run, and its replay of that run.
+
+`bubblespec bench paced` runs the rollout on paced ranks: each engine forward lasts the
+simulator's own engine-time model (`engine_time`) x a scale, so its modelled seconds and the
+simulator's are the same unit. This module reads the run's `paced.json` and derives every
+simulator input from what was measured, with no free parameter:
+
+- configuration: ranks, prompts, n, steps, GPU profile, scale, pre-gen lanes (the rank's
+  default), the trainer's time between steps (measured per step; the TRAINING window of
+  the *-window modes);
+- prompt tokens: the prefill tokens the paced engines computed in a mode without
+  speculation, per prompt (prefix caching shares a prompt's prefill among its n samples);
+- lengths: each mode's own response lengths per step and prompt (`output_lengths`);
+- the assignment of prompts to ranks: the gateway's LPT with its length estimator
+  (`bubblespec.gateway.shard`, the same code), replayed over the modes in the order they
+  ran on one cluster, since a later mode's estimates come from the earlier modes' lengths
+  of the same prompts (checked against the per-rank decode steps of modes without
+  speculation, which equal their longest response);
+- acceptance per step: accepted and drafted tokens per forward of a request
+  (A / (T - A) and D / (T - A) from the step's accepted A, drafted D and generated T
+  tokens); for modes that pre-generate, the uncovered figures are the mode's own step 0
+  (no pre-generated drafts exist then) and the covered ones are solved from the step's
+  overall figure at the step's measured covered share (pre-generated draft tokens fetched
+  / T) by `policy.solve_covered`. `pooled` sums the steps after step 0 into one spec per
+  mode, the calibrated input of the projections.
+
+`replay` simulates each mode on its own lengths and assignment and puts modelled beside
+measured per step (`calreport` prints it). Every simulated figure is MODELLED.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bubblespec.bench.modes import baseline_of
+from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
+from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.model import (
+    SimConfig,
+    StepResult,
+    Summary,
+    gamma_mult,
+    relate,
+    run_mode,
+    summarise,
+)
+from bubblespec.sim.policy import ModeSpec, solve_covered
+from bubblespec.sim.pregen import breadth_first
+
+SCHEMA = "bubblespec.bench.paced/v1"
+PREGEN_INFLIGHT = 64
+"""The rank's default `pregen_inflight` (the paced bench does not change it)."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Token counts of one step (or steps summed) of one mode, as measured."""
+
+    tokens: float
+    accepted: float
+    drafted: float
+    fetched: float
+    """Pre-generated draft tokens the ranks fetched for the step."""
+
+    @classmethod
+    def of(cls, steps: list[dict[str, Any]]) -> Counts:
+        return cls(float(sum(s["completion_tokens"] for s in steps)),
+                   float(sum(s["accepted_tokens"] for s in steps)),
+                   float(sum(s["draft_tokens"] for s in steps)),
+                   float(sum(s.get("drafts_fetched_tokens", 0) for s in steps)))
+
+    @property
+    def forwards(self) -> float:
+        """Forwards of requests (each emits its accepted drafts plus one token)."""
+        return max(self.tokens - self.accepted, 1.0)
+
+    @property
+    def coverage(self) -> float:
+        return min(1.0, self.fetched / self.tokens) if self.tokens else 0.0
+
+
+@dataclass
+class PacedMode:
+    """One mode of the paced run, as measured."""
+
+    name: str
+    steps: list[dict[str, Any]]
+    pregen: bool
+    window: bool
+    cluster: str
+    baseline: str
+
+
+@dataclass
+class PacedRun:
+    """What `calibrate` reads from a paced run's paced.json."""
+
+    path: str
+    ranks: int
+    prompts: int
+    n: int
+    steps: int
+    pace: str
+    scale: float
+    greedy_prompts: int
+    modes: dict[str, PacedMode]
+    seeds: int = 1
+    """Seeds the run holds (plain modes ran once per seed, keyed ones on the first)."""
+
+    @classmethod
+    def load(cls, path: str | Path, seed: str | None = None) -> PacedRun:
+        """Read and check one seed of a paced.json (default the first; ValueError naming
+        the field)."""
+        doc = json.loads(Path(path).read_text())
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise ValueError(f"{path}: schema: expected {SCHEMA!r}")
+        cfg, runs = doc.get("config") or {}, doc.get("runs") or {}
+        for key in ("ranks", "prompts", "n", "steps", "pace", "pace_scale"):
+            if key not in cfg:
+                raise ValueError(f"{path}: config.{key} missing")
+        if not runs:
+            raise ValueError(f"{path}: runs: no seed ran")
+        key = min(runs, key=int) if seed is None else str(seed)
+        if key not in runs:
+            raise ValueError(f"{path}: runs.{key} missing")
+        first = runs[key]
+        modes: dict[str, PacedMode] = {}
+        for name, r in first.items():
+            steps = r.get("steps") or []
+            if not steps:
+                continue
+            for i, s in enumerate(steps):
+                L = np.asarray(s.get("output_lengths"), dtype=float)
+                if L.shape != (cfg["prompts"], cfg["n"]):
+                    raise ValueError(f"{path}: runs.{name}.steps[{i}].output_lengths: shape "
+                                     f"{L.shape}, expected ({cfg['prompts']}, {cfg['n']})")
+            modes[name] = PacedMode(name, steps, bool(r.get("pregen")),
+                                    r.get("pregen_window") == "training",
+                                    str(r.get("shared_cluster") or name),
+                                    baseline_of(name, first))
+        if not modes:
+            raise ValueError(f"{path}: runs: no mode has steps")
+        return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),
+                   int(cfg["steps"]), str(cfg["pace"]), float(cfg["pace_scale"]),
+                   int(cfg.get("greedy_prompts", 0)), modes, len(runs))
+
+    def prompt_len(self, first: dict[str, Any]) -> float:
+        """Prefill tokens per prompt of a mode without speculation (pace counters)."""
+        for name in ("nospec", "nospec-keyed"):
+            pace = (((first.get(name) or {}).get("cluster") or {}).get("pace") or {})
+            if pace.get("prefill_tokens"):
+                return pace["prefill_tokens"] / (self.steps * self.prompts
+                                                 + self.greedy_prompts)
+        return 0.0
+
+    def lengths(self, name: str) -> np.ndarray:
+        """(steps, prompts, n) response lengths of a mode."""
+        return np.stack([np.asarray(s["output_lengths"], dtype=np.int64)
+                         for s in self.modes[name].steps])
+
+    def train_s(self, name: str) -> float:
+        """Mean trainer time between steps of a mode, modelled seconds."""
+        st = self.modes[name].steps
+        return float(np.mean([s.get("train_s", 0.0) for s in st])) / self.scale
+
+    def measured(self, name: str) -> tuple[float, float]:
+        """(generated tokens, modelled rollout seconds) over the steps after step 0."""
+        st = self.modes[name].steps[1:]
+        return (float(sum(s["completion_tokens"] for s in st)),
+                sum(s["wall_s"] for s in st) / self.scale)
+
+
+def assignments(run: PacedRun) -> dict[str, np.ndarray]:
+    """Per mode: (steps, prompts) rank of each prompt, by the gateway's LPT replayed over
+    the modes of each cluster in the order they ran (see the module docstring)."""
+    ranks = [f"r{i}" for i in range(run.ranks)]
+    out: dict[str, np.ndarray] = {}
+    cap = max(int(run.lengths(m).max()) for m in run.modes)
+    clusters = dict.fromkeys(m.cluster for m in run.modes.values())
+    for cluster in clusters:
+        est = LengthEstimator()
+        for name in cluster.split("+"):
+            if name not in run.modes:
+                continue
+            rows = []
+            for s in run.modes[name].steps:
+                keys = list(s["prompt_keys"])
+                items = make_items(keys, [[0]] * len(keys), run.n, None, est, cap, run.ranks)
+                a = np.zeros(len(keys), dtype=np.int64)
+                for rank, its in lpt(items, ranks).items():
+                    for it in its:
+                        a[it.index] = ranks.index(rank)
+                rows.append(a)
+                for k, L in zip(keys, s["output_lengths"]):
+                    est.observe(k, sum(L) / len(L))
+            out[name] = np.stack(rows)
+    return out
+
+
+def assignment_check(run: PacedRun, assign: dict[str, np.ndarray]) -> dict[str, bool]:
+    """Modes without speculation: do the replayed assignments give the measured per-rank
+    decode steps (the longest response of each rank)?"""
+    out = {}
+    for name, m in run.modes.items():
+        if any(s["draft_tokens"] for s in m.steps) or name not in assign:
+            continue
+        ok = True
+        for s, a in zip(m.steps, assign[name]):
+            longest = np.asarray(s["output_lengths"]).max(axis=1)
+            per_rank = [int(longest[a == r].max(initial=0)) for r in range(run.ranks)]
+            ok &= per_rank == [int(s["rank_decode_steps"].get(f"r{r}", 0))
+                               for r in range(run.ranks)]
+        out[name] = bool(ok)
+    return out
+
+
+def spec_of(name: str, c: Counts, pregen: bool, window: bool, unc: Counts | None,
+            source: str) -> ModeSpec:
+    """The mode spec of measured counts `c` (uncovered figures from `unc` if pre-gen)."""
+    a, d = c.accepted / c.forwards, c.drafted / c.forwards
+    if not pregen:
+        return ModeSpec(name, a, max(d, a), source=source)
+    unc = unc or c
+    a_u, d_u = unc.accepted / unc.forwards, unc.drafted / unc.forwards
+    y = c.coverage
+    a_c = solve_covered(a, y, a_u)
+    f_c = y * c.tokens / (1.0 + a_c)
+    f_u = (1.0 - y) * c.tokens / (1.0 + a_u)
+    d_c = (c.drafted - f_u * d_u) / f_c if f_c > 0 else d_u
+    return ModeSpec(name, a_u, max(d_u, a_u), True, a_c, max(d_c, a_c), source=source,
+                    pregen_window=window)
+
+
+def per_step_specs(run: PacedRun, name: str) -> list[ModeSpec]:
+    """One spec per step of a mode, from that step's counts."""
+    m = run.modes[name]
+    unc = Counts.of(m.steps[:1])
+    pooled = pooled_spec(run, name)
+    out = []
+    for i, s in enumerate(m.steps):
+        c = Counts.of([s])
+        if m.pregen and (i == 0 or c.coverage == 0):  # nothing pre-generated for it
+            out.append(pooled)
+            continue
+        out.append(spec_of(name, c, m.pregen, m.window, unc,
+                           f"measured, {run.path} step {s.get('step', i)}"))
+    return out
+
+
+def pooled_spec(run: PacedRun, name: str) -> ModeSpec:
+    """One spec for a mode from its steps after step 0 summed (uncovered: step 0)."""
+    m = run.modes[name]
+    if not any(s["draft_tokens"] for s in m.steps) and not m.pregen:
+        return ModeSpec(name, 0.0, 0.0, source=f"measured, {run.path}")
+    return spec_of(name, Counts.of(m.steps[1:] or m.steps), m.pregen, m.window,
+                   Counts.of(m.steps[:1]), f"measured, {run.path} (steps after 0)")
+
+
+@dataclass
+class Replayed:
+    """One mode of the paced run, modelled (on its own lengths and assignment) and measured:
+    generated tokens and (modelled) seconds of the steps after step 0, summed over seeds."""
+
+    name: str
+    baseline: str
+    summary: Summary
+    """The simulated steps (of the first seed)."""
+    measured: tuple[float, float]
+    modelled: tuple[float, float]
+    measured_speedup: float = 1.0
+    modelled_speedup: float = 1.0
+
+    @property
+    def steps(self) -> list[StepResult]:
+        return self.summary.steps
+
+
+def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
+    """The simulator's configuration of one mode of the paced run."""
+    return SimConfig(prompts=run.prompts, n=run.n, prompt_len=round(prompt_len),
+                     steps=run.steps, warmup_steps=1, pregen_inflight=PREGEN_INFLIGHT,
+                     train_s=run.train_s(name))
+
+
+def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
+           cover_cv: float = 0.0, seed: int = 0, prompt_len: float | None = None
+           ) -> dict[str, Replayed]:
+    """Every mode of one seed simulated on its own measured lengths and replayed
+    assignment, with its pooled measured acceptance (or each step's own, `per_step`);
+    `cover_cv` > 0 draws a per-request spread of the covered acceptance (an assumption,
+    `SimConfig.cover_cv`)."""
+    et = EngineTime.preset(run.pace)
+    assign = assignments(run)
+    plen = run.prompt_len(first) if prompt_len is None else prompt_len
+    out: dict[str, Replayed] = {}
+    for name in run.modes:
+        cfg = replay_config(run, name, plen)
+        L = run.lengths(name)
+        rng = np.random.default_rng([seed, 1 + list(run.modes).index(name)])
+        drawn = {"lengths": L, "assign": assign[name], "mult": np.ones(L.shape),
+                 "mult_cov": gamma_mult(rng, cover_cv, L.shape),
+                 "pregen_order": np.stack([breadth_first(run.prompts, run.n)] * run.steps)}
+        spec = per_step_specs(run, name) if per_step else pooled_spec(run, name)
+        summ = summarise(run.ranks, name, run_mode(cfg, run.ranks, spec, et, drawn), 1)
+        use = summ.steps[1:] or summ.steps[-1:]
+        out[name] = Replayed(name, run.modes[name].baseline, summ, run.measured(name),
+                             (float(sum(x.tokens for x in use)),
+                              sum(x.step_time_s for x in use)))
+    _speedups(out)
+    return out
+
+
+def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
+               seed: int = 0) -> dict[str, Replayed]:
+    """`replay` of every seed of a paced run, tokens and seconds summed per mode over the
+    seeds (as the bench sums them); steps shown are the first seed's."""
+    doc = json.loads(Path(path).read_text())
+    keys = [k for k in sorted(doc.get("runs") or {}, key=int)
+            if any((r or {}).get("steps") for r in doc["runs"][k].values())]
+    if not keys:
+        raise ValueError(f"{path}: runs: no mode has steps")
+    first = PacedRun.load(path, keys[0])
+    plen = first.prompt_len(doc["runs"][keys[0]])
+    reps = [replay(PacedRun.load(path, k), doc["runs"][k], per_step, cover_cv, seed, plen)
+            for k in keys]
+    out = reps[0]
+    for rep in reps[1:]:
+        for name, r in rep.items():
+            if name in out:
+                o = out[name]
+                o.measured = (o.measured[0] + r.measured[0], o.measured[1] + r.measured[1])
+                o.modelled = (o.modelled[0] + r.modelled[0], o.modelled[1] + r.modelled[1])
+    _speedups(out)
+    return out
+
+
+def _rate(x: tuple[float, float]) -> float:
+    return x[0] / x[1] if x[1] > 0 else 0.0
+
+
+def _speedups(out: dict[str, Replayed]) -> None:
+    """Each mode's measured and modelled speed-up against its baseline's throughput."""
+    for r in out.values():
+        base = out.get(r.baseline)
+        if base is not None and _rate(base.measured) > 0 and _rate(base.modelled) > 0:
+            relate(r.summary, base.summary)
+            r.measured_speedup = _rate(r.measured) / _rate(base.measured)
+            r.modelled_speedup = _rate(r.modelled) / _rate(base.modelled)

@@ -1,0 +1,194 @@
+"""`bubblespec simulate --calibrate PACED_JSON`: the paced run beside its replay, and the
+projections from the calibrated inputs.
+
+Lines tagged "[calibration]" put measured (the paced run, modelled GPU seconds) beside
+MODELLED (the simulator's replay of the same steps, `calibrate.replay`): per mode the
+speed-up against its baseline with pooled acceptance (the calibrated input) and with each
+step's own acceptance, then per step the rollout seconds, critical-path forwards, bubble
+fraction, pre-generated tokens and covered share, then per rank the forwards of the steps
+with pre-generated drafts. The last line is
+`sim_vs_paced_gap: bubblespec=+x% suffix=... keyed=... suffix_keyed=... keyed_window=...`
+(modelled speed-up / measured - 1, pooled acceptance). `scenario` is the projection:
+every mode's pooled spec, the baselines' measured lengths per prompt, the run's prompts per
+rank, n, prompt tokens and trainer time, at any rank counts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bubblespec.bench.modes import ALL_MODES
+from bubblespec.sim.calibrate import (
+    PREGEN_INFLIGHT,
+    Counts,
+    PacedRun,
+    Replayed,
+    assignment_check,
+    assignments,
+    pooled_spec,
+    replay_all,
+)
+from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.model import SimConfig
+from bubblespec.sim.run import Scenario
+from bubblespec.sim.workload import LengthSource
+
+TAG = "[calibration]"
+WITHIN = 0.10
+"""The agreement asked of the replay: modelled speed-up within 10% of the measured one."""
+GAP_KEYS = ("bubblespec", "suffix", "bubblespec-keyed", "suffix-keyed",
+            "bubblespec-keyed-window", "ngram", "ngram-keyed")
+"""Modes of the last line, in its order (labels from `Mode.key`)."""
+
+
+def load(path: str | Path) -> tuple[PacedRun, dict[str, Any], float]:
+    """The run, its first seed's raw results and its train window (modelled s)."""
+    doc = json.loads(Path(path).read_text())
+    run = PacedRun.load(path)
+    first = doc["runs"][min(doc["runs"], key=int)]
+    return run, first, float(doc["config"].get("train_window_s", 0.0))
+
+
+def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[int],
+             steps: int, seed: int, cover_cv: float = 0.0) -> Scenario:
+    """The projection of the paced run's workload at `ranks` with calibrated inputs (and
+    an assumed per-request spread `cover_cv` of the covered acceptance)."""
+    groups = [np.asarray(g) for name in ("nospec", "nospec-keyed") if name in run.modes
+              for step in run.lengths(name) for g in step]
+    if not groups:
+        raise ValueError(f"{run.path}: no nospec or nospec-keyed lengths")
+    lengths = LengthSource(description=(
+        f"measured lengths from {run.path} (the baselines' steps: {len(groups)} prompt "
+        "groups)"), groups=groups)
+    names = [n for n in run.modes if n != "nospec-keyed" or "nospec" not in run.modes]
+    modes = [pooled_spec(run, n) for n in names]
+    cfg = SimConfig(prompts_per_rank=max(1, run.prompts // run.ranks), n=run.n,
+                    prompt_len=round(run.prompt_len(first)), steps=steps,
+                    pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
+                    seed=seed)
+    notes = [(f"calibrated from {run.path}: per-rank workload, lengths and pooled acceptance "
+             f"of its {run.ranks}-rank run; trainer {window_s:g} s (its training window); "
+             "the keyed baseline equals nospec in the model (same lengths)")]
+    return Scenario(cfg, ranks, modes, EngineTime.preset(run.pace), lengths, notes,
+                    f"calibrated from {Path(run.path).name}")
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def mode_lines(run: PacedRun, pooled: dict[str, Replayed], stepwise: dict[str, Replayed]
+               ) -> list[str]:
+    """Per mode: measured and modelled speed-ups and the gaps."""
+    fmt = "{:<24} {:<13} {:>8} {:>8} {:>7} {:>6} {:>9} {:>7}"
+    out = [f"{TAG} " + fmt.format("mode", "vs", "measured", "modelled", "gap", "<=10%",
+                                  "per-step", "gap")]
+    for name, r in pooled.items():
+        if r.baseline == name:
+            continue
+        gap = r.modelled_speedup / r.measured_speedup - 1.0
+        s2 = stepwise[name].modelled_speedup
+        out.append(f"{TAG} " + fmt.format(
+            name, r.baseline, f"{r.measured_speedup:.2f}x", f"{r.modelled_speedup:.2f}x",
+            _pct(gap), "yes" if abs(gap) <= WITHIN else "NO", f"{s2:.2f}x",
+            _pct(s2 / r.measured_speedup - 1.0)))
+    return out
+
+
+def step_lines(run: PacedRun, pooled: dict[str, Replayed]) -> list[str]:
+    """Per mode and step: measured / modelled figures."""
+    out = [(f"{TAG} per step, measured/modelled: rollout s | critical-path forwards | bubble "
+           "| pre-gen tokens made for the next step | covered share (fetched/T)")]
+    for name, r in pooled.items():
+        for raw, sim in zip(run.modes[name].steps, r.steps):
+            c = Counts.of([raw])
+            made = raw.get("pregen_tokens", 0) + raw.get("window_pregen_tokens", 0)
+            out.append(
+                f"{TAG} {name:<24} step {sim.step}: {raw['wall_s'] / run.scale:6.2f}/"
+                f"{sim.rollout_time_s:<6.2f} | {raw['decode_steps_critical']:>4}/"
+                f"{sim.cp_forwards:<4} | {raw['bubble_fraction']:.2f}/"
+                f"{sim.bubble_s / max(run.ranks * sim.rollout_time_s, 1e-12):.2f} | "
+                f"{made:>5}/{sim.pregen_tokens:<5} | {c.coverage:.2f}/{sim.coverage:.2f}")
+    return out
+
+
+def rank_lines(run: PacedRun, pooled: dict[str, Replayed]) -> list[str]:
+    """Per rank forwards of the steps that had pre-generated drafts (measured/modelled)."""
+    out = []
+    for name, r in pooled.items():
+        for raw, sim in zip(run.modes[name].steps, r.steps):
+            if not raw.get("drafts_fetched_tokens"):
+                continue
+            meas = [raw["rank_decode_steps"].get(f"r{k}", 0) for k in range(run.ranks)]
+            cells = " ".join(f"{a}/{b}" for a, b in zip(meas, sim.rank_forwards))
+            out.append(f"{TAG} {name:<24} step {sim.step} forwards per rank: {cells}")
+    return out
+
+
+def spread_lines(run: PacedRun, cover_cv: float, draws: int) -> list[str]:
+    """The replay's speed-ups with an ASSUMED per-request spread of the covered acceptance
+    (`cover_cv`), over `draws` draws: mean and 10th-90th percentiles against measured."""
+    reps = [replay_all(run.path, cover_cv=cover_cv, seed=k) for k in range(draws)]
+    out = [(f"{TAG} sensitivity (assumed, not measured): covered acceptance spread per "
+           f"request, gamma CV {cover_cv:g}, {draws} draws: modelled mean (p10-p90), gap")]
+    for name, r in reps[0].items():
+        if r.baseline == name:
+            continue
+        sp = np.array([rep[name].modelled_speedup for rep in reps])
+        out.append(f"{TAG} {name:<24} measured {r.measured_speedup:.2f}x, modelled "
+                   f"{sp.mean():.2f}x ({np.percentile(sp, 10):.2f}-{np.percentile(sp, 90):.2f}),"
+                   f" gap {_pct(sp.mean() / r.measured_speedup - 1.0)}")
+    return out
+
+
+def gap_line(pooled: dict[str, Replayed]) -> str:
+    """`sim_vs_paced_gap: ...` over the modes that ran (pooled acceptance)."""
+    labels = {m.name: m.key for m in ALL_MODES}
+    cells, ok, n = [], 0, 0
+    for name in GAP_KEYS:
+        r = pooled.get(name)
+        if r is None or r.baseline not in pooled:
+            continue
+        gap = r.modelled_speedup / r.measured_speedup - 1.0
+        n += 1
+        ok += abs(gap) <= WITHIN
+        cells.append(f"{labels.get(name, name)}={_pct(gap)}")
+    return f"sim_vs_paced_gap: {' '.join(cells)} (within 10%: {ok}/{n})"
+
+
+def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: int = 20
+            ) -> tuple[list[str], dict[str, Any]]:
+    """The comparison's lines (the gap line last) and its JSON document; with `cover_cv`
+    also the sensitivity to a per-request spread of the covered acceptance."""
+    pooled, stepwise = replay_all(run.path), replay_all(run.path, per_step=True)
+    checks = assignment_check(run, assignments(run))
+    head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
+            f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "
+            f"own lengths and assignment, prompt {run.prompt_len(first):.0f} tokens (prefill "
+            f"counters), {PREGEN_INFLIGHT} pre-gen lanes per rank; figures after step 0; "
+            "measured = paced wall s / scale, modelled = simulator"
+            + (f"; {run.seeds} seeds: speed-ups over all of them (as the bench), steps "
+               "and ranks of the first" if run.seeds > 1 else "")),
+            f"{TAG} assignment replay (gateway LPT over each cluster's modes) reproduces the "
+            "per-rank decode steps of " + (", ".join(
+                f"{k}: {'yes' if v else 'NO'}" for k, v in checks.items()) or "no mode")]
+    head += [f"{TAG} input {pooled_spec(run, n).describe()}" for n in run.modes]
+    spread = spread_lines(run, cover_cv, draws) if cover_cv > 0 and draws > 0 else []
+    lines = (head + mode_lines(run, pooled, stepwise) + step_lines(run, pooled)
+             + rank_lines(run, pooled) + spread + [gap_line(pooled)])
+    doc = {"label": "measured (paced) beside modelled (simulator replay)", "path": run.path,
+           "assignment_check": checks,
+           "modes": {n: {"baseline": r.baseline, "measured_speedup": r.measured_speedup,
+                         "modelled_speedup": r.modelled_speedup,
+                         "modelled_speedup_per_step_acceptance":
+                             stepwise[n].modelled_speedup,
+                         "spec": asdict(pooled_spec(run, n)),
+                         "steps": [asdict(s) for s in r.steps]}
+                     for n, r in pooled.items()},
+           "gap_line": lines[-1]}
+    return lines, doc
