@@ -60,13 +60,14 @@ def prompt_json(p: Any) -> dict[str, Any]:
 
 
 def sampling_json(sp: SamplingParams | Mapping[str, Any] | None) -> dict[str, Any]:
-    """Sampling parameters as the gateway wants them (a dict is sent as given)."""
+    """Sampling parameters as the gateway wants them (a dict is sent as given; a model
+    without its unset fields, so that an unset `seed_mode` stays the gateway's choice)."""
     if sp is None:
         return {}
     if isinstance(sp, Mapping):
         return dict(sp)
     if isinstance(sp, SamplingParams):
-        return sp.model_dump(mode="json")
+        return sp.model_dump(mode="json", exclude_unset=True)
     raise TypeError(f"sampling_params: expected a dict or SamplingParams, got "
                     f"{type(sp).__name__}")
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 
 from bubblespec.config import BaseConfig
-from bubblespec.protocol.sampling import PregenWindow
+from bubblespec.protocol.sampling import PregenWindow, SeedMode
 
 ENV_PREFIX = "BUBBLESPEC_GATEWAY_"
 MiB = 1024 * 1024
@@ -49,6 +49,11 @@ class GatewayConfig(BaseConfig):
     run_seed: int = Field(0, ge=0, lt=2**63)
     """Run seed: per-sample seeds are derived from (run seed, step, prompt key, sample index)
     when the trainer gives none, and the next step's pre-generation uses the same rule."""
+    handoff_seed_mode: SeedMode = SeedMode.KEYED
+    """Seed mode of a step that hands next prompts ahead (or whose prompts the step before
+    handed ahead) when its sampling_params leave seed_mode unset: "keyed" (exact, and
+    coupled to the drafts pre-generated with the same seeds), "keyed_context", or "default"
+    (vLLM's sampler). A request that sets seed_mode keeps it."""
     tokenizer: str = ""
     """tokenizer.json, or a model directory holding one, for text prompts and the `text` of
     the SGLang-compatible /generate answers (empty: the embedded task's tokenizer)."""

@@ -24,7 +24,7 @@ from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.dispatch import DispatchError, DispatchResult, dispatch
 from bubblespec.gateway.prepare import Prepared, Preparer
 from bubblespec.gateway.ranks import Discovery, RankCallError, RankEndpoint, RankPool
-from bubblespec.gateway.seeds import pregen_tasks, step_seeds
+from bubblespec.gateway.seeds import pregen_tasks, resolve_seed_mode, step_seeds
 from bubblespec.gateway.shard import (
     AssemblyError,
     LengthEstimator,
@@ -45,7 +45,7 @@ from bubblespec.protocol.gateway import (
     RolloutSample,
 )
 from bubblespec.protocol.rank import WeightUpdate
-from bubblespec.protocol.sampling import PregenWindow
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError, SyncUnavailable
 
@@ -84,6 +84,7 @@ class Rollouts:
         self.estimator = LengthEstimator(config.length_ema, config.length_keys)
         self.lock = asyncio.Lock()
         self.last_step: int | None = None
+        self.handed_ahead = False  # the last step passed next prompts ahead
         self.summaries: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self.last_discovery: Discovery | None = None
         self._unobserved: list[int] = []
@@ -214,7 +215,10 @@ class Rollouts:
         if not ready:
             known = "; ".join(f"{r.rank_id}: {r.error or r.state}" for r in d.ranks) or "none"
             raise ApiError(503, f"no rank is ready (known ranks: {known})")
-        sp = req.sampling_params
+        hands_ahead = bool(prep.next_prompts) and req.pregen
+        sp = resolve_seed_mode(req.sampling_params, hands_ahead or self.handed_ahead,
+                               c.handoff_seed_mode)
+        self.handed_ahead = hands_ahead
         seeds = step_seeds(c.run_seed, step, prep.keys, req.n, prep.seeds)
         tasks = []
         if prep.next_prompts and req.pregen:
@@ -273,9 +277,9 @@ class Rollouts:
             ordered = assemble(req.n, len(prep.prompts), res.samples)
         except AssemblyError as e:  # dispatch checked every reply: a bug if it happens
             raise ApiError(502, f"incomplete results: {e}") from None
-        return self._respond(step, req, prep, ordered, res, by_id, warnings, t0)
+        return self._respond(step, req, sp, prep, ordered, res, by_id, warnings, t0)
 
-    def _respond(self, step: int, req: RolloutRequest, prep: Prepared,
+    def _respond(self, step: int, req: RolloutRequest, sp: SamplingParams, prep: Prepared,
                  ordered: list[list[dict[str, Any]]], res: DispatchResult,
                  ranks: dict[str, RankEndpoint], warnings: list[str], t0: float
                  ) -> RolloutResponse:
@@ -321,6 +325,7 @@ class Rollouts:
         wall = time.monotonic() - t0
         resp = RolloutResponse(
             step=step, prompts=prompts, counters=k, ranks=list(per_rank.values()),
+            seed_mode=sp.seed_mode,
             weight_versions=sorted({s.weight_version for s in samples_all}),
             reruns=[Rerun(from_rank=a, to_rank=b, indices=ix, reason=why)
                     for a, b, ix, why in res.reruns],

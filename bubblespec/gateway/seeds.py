@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from bubblespec.protocol.domain import PregenTask
 from bubblespec.protocol.keys import derive_seeds, prompt_key
-from bubblespec.protocol.sampling import SamplingParams
+from bubblespec.protocol.sampling import SamplingParams, SeedMode
 
 
 def assign_keys(prompts: Sequence[Sequence[int]]) -> list[str]:
@@ -60,3 +60,19 @@ def pregen_tasks(run_seed: int, next_step: int, prompts: Sequence[Sequence[int]]
                    seed=all_seeds[p][i], sampling=sampling)
         for p, (key, ids) in enumerate(zip(keys, prompts)) for i in range(n)
     ]
+
+
+def resolve_seed_mode(sampling: SamplingParams, handoff: bool, handoff_mode: SeedMode
+                      ) -> SamplingParams:
+    """The sampling a step runs with: `handoff_mode` (the gateway's `handoff_seed_mode`) for a
+    step that hands next prompts ahead or whose prompts were handed ahead, when the request
+    leaves `seed_mode` unset and samples (temperature > 0); else the request's own.
+
+    Why keyed by default there: keyed sampling is as exact as vLLM's sampler and couples a
+    rollout to the drafts pre-generated for it with the same seeds, so far more of them are
+    accepted (README, "Paced ranks"). A request that names its seed mode keeps it.
+    """
+    if (not handoff or "seed_mode" in sampling.model_fields_set or sampling.temperature == 0
+            or handoff_mode is SeedMode.DEFAULT):
+        return sampling
+    return sampling.model_copy(update={"seed_mode": handoff_mode})

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seeds, Step, TokenIds
-from bubblespec.protocol.sampling import PregenWindow, SamplingParams
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams, SeedMode
 
 SeedLists = Annotated[list[Seeds], Field(max_length=L.MAX_LIST)]
 
@@ -141,6 +141,9 @@ class RolloutResponse(_Reply):
 
     step: int
     prompts: list[PromptResult]
+    seed_mode: SeedMode = SeedMode.DEFAULT
+    """The seed mode the step sampled with (the gateway's `handoff_seed_mode` when the
+    request left it unset and hands prompts ahead, see docs/design.md section 3)."""
     weight_versions: list[int] = Field(default_factory=list)
     counters: RolloutCounters = Field(default_factory=RolloutCounters)
     ranks: list[RankShard] = Field(default_factory=list)

@@ -60,3 +60,24 @@ def test_next_step_pregen_seeds_equal_the_next_rollouts_seeds() -> None:
 def test_pregen_tasks_take_the_trainers_next_seeds() -> None:
     tasks = pregen_tasks(0, 1, [[1, 2]], 2, SamplingParams(), [[11, 12]])
     assert [(t.sample_index, t.seed) for t in tasks] == [(0, 11), (1, 12)]
+
+
+def test_handoff_steps_sample_keyed_unless_the_request_names_its_seed_mode() -> None:
+    from bubblespec.gateway.seeds import resolve_seed_mode
+    from bubblespec.protocol.sampling import SeedMode
+
+    unset = SamplingParams(temperature=1.0)
+    assert resolve_seed_mode(unset, True, SeedMode.KEYED).seed_mode is SeedMode.KEYED
+    assert (resolve_seed_mode(unset, True, SeedMode.KEYED_CONTEXT).seed_mode
+            is SeedMode.KEYED_CONTEXT)
+    # no hand-off, the gateway set to vLLM's sampler, greedy, or a named mode: unchanged
+    assert resolve_seed_mode(unset, False, SeedMode.KEYED) == unset
+    assert resolve_seed_mode(unset, True, SeedMode.DEFAULT) == unset
+    greedy = SamplingParams(temperature=0.0)
+    assert resolve_seed_mode(greedy, True, SeedMode.KEYED) == greedy
+    named = SamplingParams.model_validate({"temperature": 1.0, "seed_mode": "default"})
+    assert resolve_seed_mode(named, True, SeedMode.KEYED).seed_mode is SeedMode.DEFAULT
+    # everything else of the request is kept
+    rich = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=33, stop_token_ids=(5,))
+    out = resolve_seed_mode(rich, True, SeedMode.KEYED)
+    assert out.model_dump(exclude={"seed_mode"}) == rich.model_dump(exclude={"seed_mode"})

@@ -139,6 +139,19 @@ def test_schedule_keyed_tokens_do_not_depend_on_the_gateway_step(client: BubbleS
             == [r["output_ids_sha256"] for r in runs[1]])
 
 
+def test_handoff_steps_default_to_keyed_sampling(client: BubbleSpecClient, task: Any) -> None:
+    """A step that hands prompts ahead, and the step that receives them, sample keyed when
+    the request leaves seed_mode unset; a named seed mode and a step without hand-off keep
+    theirs."""
+    small = {"temperature": 1.0, "max_new_tokens": 16}
+    a, b = task.make_prompts(2, 303), task.make_prompts(2, 304)
+    assert client.rollout(a, n=1, sampling_params=small, next_prompts=b).seed_mode == "keyed"
+    assert client.rollout(b, n=1, sampling_params=small).seed_mode == "keyed"
+    assert client.rollout(a, n=1, sampling_params=small).seed_mode == "default"
+    named = {**small, "seed_mode": "default"}
+    assert client.rollout(a, n=1, sampling_params=named, next_prompts=b).seed_mode == "default"
+
+
 def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task: Any) -> None:
     # one long and one short prompt: the short one's rank has a bubble to pre-generate in
     now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]

@@ -40,7 +40,7 @@ _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "ignore
 
 
 def verl_sampling(params: Mapping[str, Any], default_max_new_tokens: int,
-                  seed_mode: SeedMode = SeedMode.DEFAULT) -> tuple[SamplingParams, bool]:
+                  seed_mode: SeedMode | None = None) -> tuple[SamplingParams, bool]:
     """verl's sampling dict (what `AgentLoopWorker` sends: temperature, top_p, top_k,
     repetition_penalty, logprobs; optionally max_tokens / max_new_tokens) as bubblespec's
     `SamplingParams`, and whether log-probs were asked for. An unknown key is a ValueError
@@ -55,8 +55,9 @@ def verl_sampling(params: Mapping[str, Any], default_max_new_tokens: int,
         raise ValueError(f"sampling_params: bubblespec does not support {', '.join(unknown)}")
     if "stop_token_ids" in p:
         p["stop_token_ids"] = tuple(int(t) for t in p["stop_token_ids"] or ())
-    sp = SamplingParams(max_new_tokens=max(1, int(max_new or default_max_new_tokens)),
-                        seed_mode=seed_mode, **p)
+    if seed_mode is not None:  # unset: the gateway's choice
+        p["seed_mode"] = seed_mode
+    sp = SamplingParams(max_new_tokens=max(1, int(max_new or default_max_new_tokens)), **p)
     return sp, logprobs
 
 

@@ -43,9 +43,10 @@ class BubbleSpecSettings(BaseModel):
     cpus_per_bundle: float = Field(1.0, gt=0, description="CPUs each rank's bundle reserves.")
     start_timeout_s: float = Field(600.0, gt=0)
     log_dir: str | None = Field(None, description="Per-node log directory of the cluster.")
-    seed_mode: SeedMode = Field(
-        SeedMode.DEFAULT, description="`keyed`: keyed-noise sampling, bit-reproducible with "
-        "speculation on or off and coupled to the pre-generated drafts.")
+    seed_mode: SeedMode | None = Field(
+        None, description="`keyed`: keyed-noise sampling, bit-reproducible with speculation "
+        "on or off and coupled to the pre-generated drafts; `default`: vLLM's sampler. "
+        "Unset: the gateway's choice (keyed on steps that hand the next batch ahead).")
     pregen: bool = Field(True, description="Pre-generate the next batch in each step's bubble.")
     pregen_window: PregenWindow | None = Field(
         None, description="`training`: also through the training window until the weight "
