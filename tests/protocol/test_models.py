@@ -70,7 +70,10 @@ def test_client_reuses_the_protocol_models() -> None:
         assert getattr(client, name) is getattr(gateway, name)
     assert client.SamplingParams is SamplingParams and client.PregenWindow is PregenWindow
     sp = SamplingParams(stop_token_ids=[2], seed_mode="keyed")
-    assert sampling_json(sp) == sp.model_dump(mode="json")
+    # only the fields the caller set travel, so an unset seed_mode stays the gateway's choice
+    assert sampling_json(sp) == {"stop_token_ids": [2], "seed_mode": "keyed"}
+    assert SamplingParams.model_validate(sampling_json(sp)) == sp
+    assert "seed_mode" not in sampling_json(SamplingParams(temperature=0.5))
     body = rollout_body([[1]], 2, sp, None, None, None, None, True, True,
                         PregenWindow.TRAINING)
     assert body["pregen_window"] == "training"
