@@ -58,8 +58,9 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
     sequences for the distribution tests to have power, by a pilot run. First the most
     uncertain of a few seeded off-task contexts (the tiny model is nearly deterministic on
     its own task); where those give nearly all-distinct continuations (a real model's
-    vocabulary: SmolLM2 gave 281-300 distinct of 300), contexts cut from the model's own
-    greedy answers to task prompts, where natural text has a few likely next words."""
+    vocabulary: SmolLM2 gave 281-300 distinct of 300), 12-token windows of the model's own
+    greedy answers to task prompts, where natural text has a few likely next words (short,
+    as the n samples of a request each prefill their context)."""
     if not _HIGH_ENTROPY:
         task, rng = model_task(), random.Random(0)
         best, best_h = [], -1.0
@@ -71,15 +72,15 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
                 best, best_h, best_counts = ids, h, counts
         best_h = _testable_entropy(best_counts)
         if best_h <= 1.0:
-            greedy = SamplingParams(max_new_tokens=48, temperature=0.0, ignore_eos=True)
+            greedy = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
             for p in task.make_prompts(2, 5):
-                ids = list(p.input_ids)
-                out = runner.run(plain_engine.generate(
-                    [GenRequest(input_ids=ids, n=1, sampling=greedy)]))[0].samples[0].output_ids
-                for cut in range(0, 48, 6):
-                    h = _testable_entropy(_pilot(runner, plain_engine, ids + out[:cut]))
+                out = runner.run(plain_engine.generate([GenRequest(
+                    input_ids=list(p.input_ids), n=1, sampling=greedy)]))[0].samples[0].output_ids
+                for cut in range(12, 61, 8):  # 12-token windows: short, so 1,500 prefills stay cheap
+                    ids = [task.bos_id, *out[cut - 12:cut]]
+                    h = _testable_entropy(_pilot(runner, plain_engine, ids))
                     if h > best_h:
-                        best, best_h = ids + out[:cut], h
+                        best, best_h = ids, h
         assert best_h > 1.0, f"no testable uncertain context found (entropy {best_h:.2f} nats)"
         _HIGH_ENTROPY.append(best)
     return _HIGH_ENTROPY[0]
