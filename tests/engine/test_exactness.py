@@ -43,19 +43,26 @@ def _pilot(runner, plain_engine, ids: list[int]) -> Counter:
 
 
 def _testable_entropy(counts: Counter) -> float:
-    """Entropy (nats) of the pilot's sequences as the chi-square test sees them: sequences
-    seen fewer than 3 times pooled into one class, and 0 when that pool holds over 30% (a
-    context whose continuations are nearly all distinct leaves the test without power)."""
+    """Entropy (nats) of the pilot's sequences after their first token, where drafts act
+    (the first token comes from the prefill forward), as the chi-square test sees them:
+    sequences seen fewer than 3 times pooled into one class. 0 when that pool holds over
+    30% of the pilot: nearly all-distinct continuations leave the test without power."""
     common = [c for c in counts.values() if c >= 3]
     rest = PILOT - sum(common)
     if rest > 0.3 * PILOT:
         return 0.0
-    return float(-sum(c / PILOT * np.log(c / PILOT) for c in [*common, rest] if c))
+    first = Counter()
+    for seq, c in counts.items():
+        first[seq[0]] += c
+
+    def h(cs: list[int]) -> float:
+        return float(-sum(c / PILOT * np.log(c / PILOT) for c in cs if c))
+    return h([*common, rest]) - h(list(first.values()))
 
 
 def high_entropy_prompt(runner, plain_engine) -> list[int]:
-    """A context whose next three tokens are uncertain at T=1 yet fall on few enough
-    sequences for the distribution tests to have power, by a pilot run. First the most
+    """A context whose tokens after the first (where drafts act) are uncertain at T=1, yet
+    fall on few enough sequences for the distribution tests to have power (a pilot run). First the most
     uncertain of a few seeded off-task contexts (the tiny model is nearly deterministic on
     its own task); where those give nearly all-distinct continuations (a real model's
     vocabulary: SmolLM2 gave 281-300 distinct of 300), 12-token windows of the model's own
@@ -71,7 +78,7 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
             if h > best_h:
                 best, best_h, best_counts = ids, h, counts
         best_h = _testable_entropy(best_counts)
-        if best_h <= 1.0:
+        if best_h <= 0.5:
             greedy = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
             for p in task.make_prompts(2, 5):
                 out = runner.run(plain_engine.generate([GenRequest(
@@ -81,7 +88,7 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
                     h = _testable_entropy(_pilot(runner, plain_engine, ids))
                     if h > best_h:
                         best, best_h = ids, h
-        assert best_h > 1.0, f"no testable uncertain context found (entropy {best_h:.2f} nats)"
+        assert best_h > 0.5, f"no testable uncertain context found (entropy {best_h:.2f} nats)"
         _HIGH_ENTROPY.append(best)
     return _HIGH_ENTROPY[0]
 
@@ -145,8 +152,9 @@ def _chi2_p(a: Counter, b: Counter) -> float:
 
 def _adversarial_drafts(counts: Counter) -> list[list[int]]:
     """The most likely path (mode token at each position, from the plain samples): a
-    verifier that over-accepts drafts over-produces exactly these tokens. Many copies so
-    the index always proposes it."""
+    verifier that over-accepts drafts over-produces exactly these tokens. One aligned copy
+    per sample, so every sample verifies it: a real model's index matches the short path
+    against few contexts, and drafts for a few samples hid a biased verifier there."""
     path: list[int] = []
     for pos in range(SEQ_LEN):
         nxt = Counter()
@@ -154,7 +162,7 @@ def _adversarial_drafts(counts: Counter) -> list[list[int]]:
             if list(seq[:pos]) == path:
                 nxt[seq[pos]] += c
         path.append(nxt.most_common(1)[0][0])
-    return [path + path for _ in range(48)]
+    return [path + path for _ in range(N_SAMPLES)]
 
 
 def _p_values(a: Counter, b: Counter) -> tuple[float, float]:
