@@ -62,8 +62,8 @@ def _testable_entropy(counts: Counter) -> float:
 
 def high_entropy_prompt(runner, plain_engine) -> list[int]:
     """A context whose tokens after the first (where drafts act) are uncertain at T=1, yet
-    fall on few enough sequences for the distribution tests to have power (a pilot run). First the most
-    uncertain of a few seeded off-task contexts (the tiny model is nearly deterministic on
+    fall on few enough sequences for the distribution tests to have power (a pilot run).
+    First the most uncertain of a few seeded off-task contexts (the tiny model is nearly deterministic on
     its own task); where those give nearly all-distinct continuations (a real model's
     vocabulary: SmolLM2 gave 281-300 distinct of 300), 12-token windows of the model's own
     greedy answers to task prompts, where natural text has a few likely next words (short,
@@ -83,7 +83,7 @@ def high_entropy_prompt(runner, plain_engine) -> list[int]:
             for p in task.make_prompts(2, 5):
                 out = runner.run(plain_engine.generate([GenRequest(
                     input_ids=list(p.input_ids), n=1, sampling=greedy)]))[0].samples[0].output_ids
-                for cut in range(12, 61, 8):  # 12-token windows: short, so 1,500 prefills stay cheap
+                for cut in range(12, 61, 8):  # 12-token windows: 1,500 prefills stay cheap
                     ids = [task.bos_id, *out[cut - 12:cut]]
                     h = _testable_entropy(_pilot(runner, plain_engine, ids))
                     if h > best_h:
