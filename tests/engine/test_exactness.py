@@ -63,11 +63,11 @@ def _testable_entropy(counts: Counter) -> float:
 def high_entropy_prompt(runner, plain_engine) -> list[int]:
     """A context whose tokens after the first (where drafts act) are uncertain at T=1, yet
     fall on few enough sequences for the distribution tests to have power (a pilot run).
-    First the most uncertain of a few seeded off-task contexts (the tiny model is nearly deterministic on
-    its own task); where those give nearly all-distinct continuations (a real model's
-    vocabulary: SmolLM2 gave 281-300 distinct of 300), 12-token windows of the model's own
-    greedy answers to task prompts, where natural text has a few likely next words (short,
-    as the n samples of a request each prefill their context)."""
+    First the most uncertain of a few seeded off-task contexts (the tiny model is nearly
+    deterministic on its own task); where those give nearly all-distinct continuations (a
+    real model's vocabulary: SmolLM2 gave 281-300 distinct of 300), 12-token windows of the
+    model's own greedy answers to task prompts, where natural text has a few likely next
+    words (short, as the n samples of a request each prefill their context)."""
     if not _HIGH_ENTROPY:
         task, rng = model_task(), random.Random(0)
         best, best_h = [], -1.0
