@@ -53,6 +53,7 @@ from bubblespec.bench.modes import (
 )
 from bubblespec.bench.paced_figures import (
     accept_doc,
+    divergence_lines,
     format_paced_table,
     mode_summary,
     paced_final_line,
@@ -337,6 +338,9 @@ def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
     print()
     print(format_paced_table(summaries, sp))
     print()
+    if div := divergence_lines(summaries):
+        print("first divergence from the pre-generated response (steps after step 0):")
+        print("\n".join(div) + "\n")
     print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
     print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
           f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")

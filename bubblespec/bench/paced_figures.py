@@ -96,7 +96,54 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
         "peak_rank_rss_mib": max((m.get("peak_per_rank_mib", 0.0) for m in mem), default=0.0),
         "peak_cluster_pss_mib": max((m.get("peak_cluster_pss_mib", 0.0) for m in mem),
                                     default=0.0),
+        "divergence": divergence_summary(steps),
     }
+
+
+def divergence_summary(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The steps' `divergence` figures (schedule.divergence_figures) summed: accepted tokens
+    before / at-or-after the first divergence, re-couplings, the share of the diverged tails
+    that drafts covered, and the critical-path responses' tail share (pooled over steps);
+    None when no step carries them (runs saved before the counters existed)."""
+    ds = [s["divergence"] for s in steps if s.get("divergence")]
+    if not ds:
+        return None
+    crit = [d["critical"] for d in ds if d.get("critical")]
+    crit_tail = sum(c["tokens"] - c["first_divergence"] for c in crit
+                    if c["first_divergence"] is not None)
+    tail = sum(d["tail_tokens"] for d in ds)
+    out = {k: sum(d[k] for d in ds) for k in ("responses", "diverged", "accepted_before",
+                                              "accepted_after", "recouplings", "tail_tokens")}
+    out["tail_accepted_share"] = out["accepted_after"] / tail if tail else None
+    out["crit_diverged"] = sum(c["first_divergence"] is not None for c in crit)
+    out["crit_first_divergence"] = [c["first_divergence"] for c in crit]
+    out["crit_tail_accepted_share"] = (
+        sum(c["accepted_after"] for c in crit if c["first_divergence"] is not None)
+        / crit_tail if crit_tail else None)
+    return out
+
+
+def divergence_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per mode that drafted from aligned pre-generated responses: how far responses followed
+    them, and how much of the tail after the first divergence drafts still covered."""
+    lines = []
+    for name, s in summaries.items():
+        d = s.get("divergence")
+        if not d or not (d["diverged"] or d["accepted_before"]):
+            continue
+        lines.append(
+            f"{name}: {d['diverged']}/{d['responses']} responses left their pre-generated "
+            f"response; accepted {d['accepted_before']} before / {d['accepted_after']} at or "
+            f"after the first divergence ({_f(_pct(d['tail_accepted_share']), '.0f')}% of "
+            f"{d['tail_tokens']} tail tokens); {d['recouplings']} re-couplings; critical "
+            f"path: {d['crit_diverged']} diverged, first divergence at "
+            f"{d['crit_first_divergence']}, tail accepted "
+            f"{_f(_pct(d['crit_tail_accepted_share']), '.0f')}%")
+    return lines
+
+
+def _pct(v: float | None) -> float | None:
+    return None if v is None else 100 * v
 
 
 def speedups(summaries: Mapping[str, Mapping[str, Any]],

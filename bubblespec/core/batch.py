@@ -45,8 +45,9 @@ class Request:
     matcher: Any  # over the request's group
     gmatcher: Any = None  # over the global pool (when it is on)
     _: KW_ONLY
-    # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response
-    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
+    # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response,
+    # accepted at or after the first divergence, its output position (-1: none), re-couplings
+    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0, 0, -1, 0])
     last_draft: int = 0
     last_src: str = ""  # source of the last draft ("" when it came from elsewhere)
     last_claim: float = 0.0  # its expected accepted tokens as the source stated them
@@ -60,20 +61,33 @@ class Request:
 def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
     """Continue the aligned pre-generated response of `st` (a `Request`) while the output
     still equals it; after a divergence, [] until the last RESYNC output tokens equal it at
-    the same positions again."""
+    the same positions again.
+
+    Also keeps the divergence counters of ``st.stats``: [6] the first output position where
+    the output left the aligned response (a different token, or past its end), [5] the
+    tokens of the last draft accepted at or after that position (from any source: what
+    drafting saves once the coupling broke), [7] the re-couplings after a divergence."""
     start = st.n_out
     st.n_out += len(sampled)
     st.tail = (st.tail + list(sampled))[-RESYNC:]
     al = st.aligned
     if al is None:
         return []
+    stats = st.stats
     if st.aligned_on and al[start : st.n_out] != sampled:
         st.aligned_on = False
+        if stats[6] < 0:
+            stats[6] = start + next((j for j, t in enumerate(sampled)
+                                     if start + j >= len(al) or al[start + j] != t),
+                                    len(sampled))
+    if stats[6] >= 0 and st.last_draft:
+        stats[5] += max(0, start + len(sampled) - 1 - max(start, stats[6]))
     if not st.aligned_on:
         n = st.n_out
         if n < RESYNC or al[n - RESYNC : n] != st.tail:
             return []
         st.aligned_on = True
+        stats[7] += 1
     return al[st.n_out : st.n_out + max(budget, 0)]
 
 

@@ -369,13 +369,16 @@ class RolloutEngine:
         results = [GenResult(r.group_key(), []) for r in requests]
         for sub in subs:
             n_out = len(sub.ids)
-            steps, drafts, dtoks, _acc, acc_pregen = stats.get(sub.rid, (n_out, 0, 0, 0, 0))
+            st = stats.get(sub.rid) or (n_out, 0, 0, 0, 0, 0, -1, 0)
+            steps, drafts, dtoks, _acc, acc_pregen, acc_after, diverged, recouple = st
             results[sub.req_index].samples.append(SampleResult(
                 output_ids=sub.ids, output_logprobs=sub.logprobs[:n_out],
                 finish_reason=sub.finish, sample_index=sub.sample_index,
                 weight_version=version, decode_steps=steps, num_drafts=drafts,
                 num_draft_tokens=dtoks, num_accepted_tokens=max(0, n_out - steps),
-                num_accepted_pregen_tokens=min(acc_pregen, max(0, n_out - steps))))
+                num_accepted_pregen_tokens=min(acc_pregen, max(0, n_out - steps)),
+                first_divergence=diverged if 0 <= diverged < n_out else None,
+                num_accepted_after_divergence=acc_after, num_recouplings=recouple))
         return results
 
     async def shutdown(self) -> None:

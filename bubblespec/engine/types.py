@@ -76,6 +76,13 @@ class SampleResult:
     """Accepted draft tokens that came from the aligned pre-generated response (same prompt,
     sample index and seed); pre-generated tokens drafted through the suffix index are not
     told apart from other index drafts, so this is a lower bound of pre-gen's share."""
+    first_divergence: int | None = None
+    """Output position where the response first left its aligned pre-generated response (a
+    different token, or past its end); None: it had none, or never left it."""
+    num_accepted_after_divergence: int = 0
+    """Accepted draft tokens (any source) at or after `first_divergence`."""
+    num_recouplings: int = 0
+    """Times the output re-joined the aligned response after leaving it (drafting resumed)."""
 
 
 @dataclass

@@ -86,6 +86,14 @@ class RolloutSample(_Reply):
     num_accepted_pregen_tokens: int | None = Field(
         None, description="Accepted draft tokens that came from pre-generation (when the "
                           "rank reports it).")
+    first_divergence: int | None = Field(
+        None, description="Output position where the response first left its aligned "
+                          "pre-generated response (None: none, or never left it).")
+    num_accepted_after_divergence: int | None = Field(
+        None, description="Accepted draft tokens (any source) at or after first_divergence.")
+    num_recouplings: int | None = Field(
+        None, description="Times the output re-joined its pre-generated response after "
+                          "leaving it.")
 
 
 class PromptResult(_Reply):

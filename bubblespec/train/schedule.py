@@ -66,7 +66,41 @@ def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
         "bubble_fraction": (report or {}).get("bubble_fraction"),
         "max_len": max(lengths, default=0),
         "mean_len": sum(lengths) / len(lengths) if lengths else 0.0,
+        "divergence": divergence_figures([s for p in result.get("prompts", [])
+                                          for s in p.get("samples", [])]),
     }
+
+
+def divergence_figures(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """How the step's responses followed their aligned pre-generated responses: accepted
+    draft tokens before and at/after each one's first divergence, re-couplings, and the
+    share of the tail (tokens from the first divergence on) that drafts still covered, over
+    all responses that diverged and for the critical-path response (most forward passes).
+    Samples are `RolloutSample` dicts; ranks that report no divergence fields count as
+    never diverged."""
+    after = [int(s.get("num_accepted_after_divergence") or 0) for s in samples]
+    acc = [int(s.get("num_accepted_tokens") or 0) for s in samples]
+    div = [s.get("first_divergence") for s in samples]
+    tails = [len(s.get("output_ids", [])) - d if d is not None else 0
+             for s, d in zip(samples, div)]
+    tail_tokens = sum(tails)
+    out: dict[str, Any] = {
+        "responses": len(samples), "diverged": sum(d is not None for d in div),
+        "accepted_before": sum(a - b for a, b in zip(acc, after)),
+        "accepted_after": sum(after),
+        "recouplings": sum(int(s.get("num_recouplings") or 0) for s in samples),
+        "tail_tokens": tail_tokens,
+        "tail_accepted_share": sum(after) / tail_tokens if tail_tokens else None,
+        "critical": None}
+    if samples:
+        i = max(range(len(samples)), key=lambda j: int(samples[j].get("decode_steps") or 0))
+        out["critical"] = {
+            "tokens": len(samples[i].get("output_ids", [])),
+            "decode_steps": int(samples[i].get("decode_steps") or 0),
+            "first_divergence": div[i], "accepted_before": acc[i] - after[i],
+            "accepted_after": after[i],
+            "tail_accepted_share": after[i] / tails[i] if tails[i] else None}
+    return out
 
 
 def schedule_seeds(run_seed: int, step: int, num_prompts: int, n: int) -> list[list[int]]:

@@ -26,7 +26,7 @@ struct Request {
   nb::object group, seq_id, matcher_obj, gmatcher_obj;
   Matcher* m = nullptr;
   Matcher* gm = nullptr;  // over the global pool, or none
-  int64_t stats[5] = {0, 0, 0, 0, 0};
+  int64_t stats[8] = {0, 0, 0, 0, 0, 0, -1, 0};  // batch.Request.stats
   int64_t last_draft = 0;
   int8_t last_src = SRC_NONE;
   double last_claim = 0.0;
@@ -51,10 +51,21 @@ struct Request {
       return static_cast<size_t>(hi - lo) == nx &&
              std::equal(aligned.begin() + lo, aligned.begin() + hi, x);
     };
-    if (aligned_on && !slice_eq(start, n_out, s, ns)) aligned_on = false;
+    if (aligned_on && !slice_eq(start, n_out, s, ns)) {
+      aligned_on = false;
+      if (stats[6] < 0) {  // first divergence: a different token, or past the response's end
+        int64_t j = 0;
+        const int64_t m = static_cast<int64_t>(ns);
+        while (j < m && start + j < na && aligned[start + j] == s[j]) ++j;
+        stats[6] = start + j;
+      }
+    }
+    if (stats[6] >= 0 && last_draft)
+      stats[5] += std::max<int64_t>(0, start + static_cast<int64_t>(ns) - 1 - std::max(start, stats[6]));
     if (!aligned_on) {
       if (n_out < RESYNC || !slice_eq(n_out - RESYNC, n_out, tail.data(), tail.size())) return;
       aligned_on = true;
+      stats[7] += 1;
     }
     const int64_t lo = std::min(n_out, na), hi = std::min(n_out + std::max<int64_t>(budget, 0), na);
     if (hi > lo) res.assign(aligned.begin() + lo, aligned.begin() + hi);

@@ -1,0 +1,91 @@
+"""The divergence counters of the batch step (``Request.stats[5:8]``): where a response first
+left its aligned pre-generated response, the draft tokens accepted at or after that
+position, and the re-couplings after it. Each implementation (pure Python and native) is
+driven like an engine (each step emits the accepted prefix of the last draft plus one token
+of the true response) and checked against counts kept by the driver itself, from the
+positions each step accepted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bubblespec.core import DraftParams
+from bubblespec.core.backend import implementations
+from bubblespec.core.candidates import Calibration, SourceStats
+
+IMPLS = implementations()
+
+
+def run(impl: dict[str, Any], truth: list[int], aligned: list[int] | None,
+        k: int = 4) -> tuple[list[int], int, int]:
+    """Decode `truth` through `impl`'s step; the request's stats and the driver's own count
+    of accepted tokens at or after the first position where truth and aligned differ."""
+    idx = impl["SuffixIndex"](max_depth=8)
+    idx.add_sequence(("out", 0), 0, [], live=True)
+    m = idx.matcher(0, [1, 2], use_global=False)
+    req = impl["Request"](0, ("out", 0), m, None, aligned=aligned,
+                          aligned_on=aligned is not None, tail=[], n_out=0, out=[])
+    al = aligned or []
+    div = next((i for i, t in enumerate(truth) if i >= len(al) or al[i] != t), None)
+    cal, src = Calibration(prior=4.0), SourceStats()
+    pos, draft, after = 0, [], 0
+    while pos < len(truth):
+        a = 0
+        while a < len(draft) and pos + a < len(truth) and draft[a] == truth[pos + a]:
+            a += 1
+        new = truth[pos:pos + a + 1]
+        if draft and div is not None:
+            after += sum(1 for p in range(pos, pos + len(new) - 1) if p >= div)
+        pos += len(new)
+        (draft,) = impl["step"](idx, [req], [new], [2 + pos], k, 4096, DraftParams(), cal,
+                                src, extend_index=True, keep_out=False, drafts=None)
+    return list(req.stats), after, -1 if div is None else div
+
+
+@pytest.mark.parametrize("name", sorted(IMPLS))
+def test_counts_the_tail_after_a_local_edit_and_the_recoupling(name: str) -> None:
+    aligned = list(range(10, 40))
+    truth = list(aligned)
+    truth[8] = 99  # one flipped token; the rest re-joins at the same positions
+    stats, after, div = run(IMPLS[name], truth, aligned)
+    assert stats[6] == div == 8
+    assert stats[7] == 1  # re-coupled once, RESYNC tokens after the edit
+    assert stats[5] == after > 0
+    assert stats[3] >= max(stats[4], stats[5])
+    assert stats[4] > 0
+
+
+@pytest.mark.parametrize("name", sorted(IMPLS))
+def test_a_response_that_follows_its_draft_never_diverges(name: str) -> None:
+    aligned = list(range(10, 40))
+    stats, after, div = run(IMPLS[name], list(aligned), aligned)
+    assert (stats[5], stats[6], stats[7]) == (0, -1, 0) and div == -1 and after == 0
+    assert stats[4] == stats[3] > 0  # every accepted token came from the aligned response
+
+
+@pytest.mark.parametrize("name", sorted(IMPLS))
+def test_running_past_the_drafts_end_is_a_divergence(name: str) -> None:
+    aligned = list(range(10, 30))
+    truth = aligned + [50, 51, 52, 50, 51, 52, 50, 51, 52]
+    stats, after, div = run(IMPLS[name], truth, aligned)
+    assert stats[6] == div == len(aligned)
+    assert stats[5] == after and stats[7] == 0
+
+
+@pytest.mark.parametrize("name", sorted(IMPLS))
+def test_a_different_trajectory_counts_its_suffix_drafted_tail(name: str) -> None:
+    """After an early break with no re-join, what drafts still cover comes from the other
+    sources (here the request's own repeating output)."""
+    aligned = list(range(10, 40))
+    truth = aligned[:5] + [7, 8, 9] * 10
+    stats, after, div = run(IMPLS[name], truth, aligned)
+    assert stats[6] == div == 5 and stats[7] == 0
+    assert stats[5] == after > 0
+
+
+@pytest.mark.parametrize("name", sorted(IMPLS))
+def test_no_aligned_response_no_divergence(name: str) -> None:
+    stats, after, div = run(IMPLS[name], [7, 8, 9] * 10, None)
+    assert (stats[5], stats[6], stats[7], after, div) == (0, -1, 0, 0, -1)
