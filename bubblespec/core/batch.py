@@ -64,7 +64,7 @@ def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
     the same positions again.
 
     Also keeps the divergence counters of ``st.stats``: [6] the first output position where
-    the output left the aligned response (a different token, or past its end), [5] the
+    the output left a non-empty aligned response (a different token, or past its end), [5] the
     tokens of the last draft accepted at or after that position (from any source: what
     drafting saves once the coupling broke), [7] the re-couplings after a divergence."""
     start = st.n_out
@@ -76,7 +76,7 @@ def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
     stats = st.stats
     if st.aligned_on and al[start : st.n_out] != sampled:
         st.aligned_on = False
-        if stats[6] < 0:
+        if stats[6] < 0 and al:  # an empty pre-generated response is none
             stats[6] = start + next((j for j, t in enumerate(sampled)
                                      if start + j >= len(al) or al[start + j] != t),
                                     len(sampled))

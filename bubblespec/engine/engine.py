@@ -378,7 +378,8 @@ class RolloutEngine:
                 num_draft_tokens=dtoks, num_accepted_tokens=max(0, n_out - steps),
                 num_accepted_pregen_tokens=min(acc_pregen, max(0, n_out - steps)),
                 first_divergence=diverged if 0 <= diverged < n_out else None,
-                num_accepted_after_divergence=acc_after, num_recouplings=recouple))
+                num_accepted_after_divergence=min(acc_after, max(0, n_out - steps)),
+                num_recouplings=recouple))
         return results
 
     async def shutdown(self) -> None:

@@ -86,7 +86,7 @@ def divergence_figures(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
     tail_tokens = sum(tails)
     out: dict[str, Any] = {
         "responses": len(samples), "diverged": sum(d is not None for d in div),
-        "accepted_before": sum(a - b for a, b in zip(acc, after)),
+        "accepted_before": sum(max(0, a - b) for a, b in zip(acc, after)),
         "accepted_after": sum(after),
         "recouplings": sum(int(s.get("num_recouplings") or 0) for s in samples),
         "tail_tokens": tail_tokens,
@@ -97,7 +97,7 @@ def divergence_figures(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
         out["critical"] = {
             "tokens": len(samples[i].get("output_ids", [])),
             "decode_steps": int(samples[i].get("decode_steps") or 0),
-            "first_divergence": div[i], "accepted_before": acc[i] - after[i],
+            "first_divergence": div[i], "accepted_before": max(0, acc[i] - after[i]),
             "accepted_after": after[i],
             "tail_accepted_share": after[i] / tails[i] if tails[i] else None}
     return out

@@ -53,7 +53,7 @@ struct Request {
     };
     if (aligned_on && !slice_eq(start, n_out, s, ns)) {
       aligned_on = false;
-      if (stats[6] < 0) {  // first divergence: a different token, or past the response's end
+      if (stats[6] < 0 && na > 0) {  // first divergence (an empty response is none): a different token, or past the response's end
         int64_t j = 0;
         const int64_t m = static_cast<int64_t>(ns);
         while (j < m && start + j < na && aligned[start + j] == s[j]) ++j;

@@ -28,7 +28,8 @@ def run(impl: dict[str, Any], truth: list[int], aligned: list[int] | None,
     req = impl["Request"](0, ("out", 0), m, None, aligned=aligned,
                           aligned_on=aligned is not None, tail=[], n_out=0, out=[])
     al = aligned or []
-    div = next((i for i, t in enumerate(truth) if i >= len(al) or al[i] != t), None)
+    div = next((i for i, t in enumerate(truth) if i >= len(al) or al[i] != t), None) \
+        if al else None
     cal, src = Calibration(prior=4.0), SourceStats()
     pos, draft, after = 0, [], 0
     while pos < len(truth):
@@ -89,3 +90,11 @@ def test_a_different_trajectory_counts_its_suffix_drafted_tail(name: str) -> Non
 def test_no_aligned_response_no_divergence(name: str) -> None:
     stats, after, div = run(IMPLS[name], [7, 8, 9] * 10, None)
     assert (stats[5], stats[6], stats[7], after, div) == (0, -1, 0, 0, -1)
+
+
+@pytest.mark.parametrize("name", sorted(IMPLS))
+def test_an_empty_pre_generated_response_is_none(name: str) -> None:
+    """A pre-generation task stopped before its first token leaves an empty response: the
+    output never followed it, so it has no divergence (not one at position 0)."""
+    stats, _, _ = run(IMPLS[name], [7, 8, 9] * 10, [])
+    assert (stats[5], stats[6], stats[7]) == (0, -1, 0)
