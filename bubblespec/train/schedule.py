@@ -71,6 +71,18 @@ def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
     }
 
 
+def request_figures(prompts: list[Any]) -> dict[str, Any]:
+    """Per-request figures of a step, grouped by prompt like `output_lengths`: each
+    response's forward passes and accepted pre-generated tokens, and each prompt's rank (the
+    calibration's per-request spread of the covered acceptance is read from these)."""
+    return {
+        "request_decode_steps": [[int(s.decode_steps) for s in pr.samples] for pr in prompts],
+        "request_accepted_pregen": [[int(s.num_accepted_pregen_tokens or 0) for s in pr.samples]
+                                    for pr in prompts],
+        "prompt_ranks": [pr.rank_id for pr in prompts],
+    }
+
+
 def divergence_figures(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
     """How the step's responses followed their aligned pre-generated responses: accepted
     draft tokens before and at/after each one's first divergence, re-couplings, and the
@@ -174,6 +186,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                        prompt_keys=[pr.prompt_key for pr in res.prompts],
                        output_lengths=[[len(s.output_ids) for s in pr.samples]
                                        for pr in res.prompts],
+                       **request_figures(res.prompts),
                        output_ids_sha256=hashlib.sha256(json.dumps(
                            [[s.output_ids for s in pr.samples] for pr in res.prompts]
                        ).encode()).hexdigest(),
