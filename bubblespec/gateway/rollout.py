@@ -310,19 +310,7 @@ class Rollouts:
         for r, why in res.failed.items():
             per_rank[r].failed = why
         samples_all = [s for p in prompts for s in p.samples]
-        k = RolloutCounters(
-            completion_tokens=sum(s.completion_tokens for s in samples_all),
-            decode_steps_critical=max((r.decode_steps for r in per_rank.values()), default=0),
-            decode_steps_total=sum(r.decode_steps for r in per_rank.values()),
-            request_decode_steps=sum(s.decode_steps for s in samples_all),
-            num_drafts=sum(s.num_drafts for s in samples_all),
-            num_draft_tokens=sum(s.num_draft_tokens for s in samples_all),
-            num_accepted_tokens=sum(s.num_accepted_tokens for s in samples_all),
-            num_accepted_pregen_tokens=sum(s.num_accepted_pregen_tokens or 0
-                                           for s in samples_all),
-            drafts_fetched_tokens=sum(r.drafts_fetched_tokens for r in per_rank.values()))
-        if k.request_decode_steps:
-            k.tokens_per_forward = k.completion_tokens / k.request_decode_steps
+        k = RolloutCounters.of(samples_all, list(per_rank.values()))
         wall = time.monotonic() - t0
         resp = RolloutResponse(
             step=step, prompts=prompts, counters=k, ranks=list(per_rank.values()),
@@ -335,18 +323,8 @@ class Rollouts:
         return resp
 
     def _record(self, resp: RolloutResponse, num_samples: int) -> None:
-        m, k = self.metrics, resp.counters
-        m.rollout_prompts.inc(len(resp.prompts))
-        m.rollout_samples.inc(num_samples)
-        m.completion_tokens.inc(k.completion_tokens)
-        m.decode_steps.inc(k.decode_steps_total)
-        m.decode_steps_critical.inc(k.decode_steps_critical)
-        m.num_drafts.inc(k.num_drafts)
-        m.num_draft_tokens.inc(k.num_draft_tokens)
-        m.num_accepted_tokens.inc(k.num_accepted_tokens)
-        m.pregen_accepted_tokens.inc(k.num_accepted_pregen_tokens)
-        m.pregen_fetched_tokens.inc(k.drafts_fetched_tokens)
-        m.reruns.inc(len(resp.reruns))
+        k = resp.counters
+        self.metrics.record_rollout(k, len(resp.prompts), num_samples, len(resp.reruns))
         self.summaries[resp.step] = {
             "step": resp.step, "wall_s": resp.wall_s, "num_prompts": len(resp.prompts),
             "num_samples": num_samples, "weight_versions": resp.weight_versions,

@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bubblespec.metrics import DURATION_BUCKETS
+from bubblespec.protocol.gateway import RolloutCounters
 
 #: Fractions (bubble fraction, pre-gen share).
 FRACTION_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
@@ -76,6 +77,17 @@ class GatewayMetrics:
         self.pregen_fetched_tokens = Counter(
             "bubblespec_gateway_pregen_fetched_tokens",
             "Pre-generated draft tokens the ranks fetched at step start.", registry=r)
+        self.diverged = Counter(
+            "bubblespec_gateway_pregen_diverged_responses",
+            "Samples that left their aligned pre-generated response (keyed: a policy update "
+            "flipped a token; docs/design.md section 5, divergence counters).", registry=r)
+        self.accepted_after_divergence = Counter(
+            "bubblespec_gateway_pregen_accepted_after_divergence_tokens",
+            "Accepted draft tokens at or after a sample's first divergence.", registry=r)
+        self.recouplings = Counter(
+            "bubblespec_gateway_pregen_recouplings",
+            "Times samples re-joined their pre-generated response after leaving it.",
+            registry=r)
         self.rank_failures = Counter("bubblespec_gateway_rank_failures",
                                      "Rank calls that failed mid-step.", ["rank"], registry=r)
         self.reruns = Counter("bubblespec_gateway_shard_reruns",
@@ -102,6 +114,24 @@ class GatewayMetrics:
             "bubblespec_step_window_pregen_tokens",
             "Tokens pre-generated after the stop signal, in the training window.", ["rank"],
             registry=r)
+
+    def record_rollout(self, k: RolloutCounters, prompts: int, samples: int,
+                       reruns: int) -> None:
+        """Count one finished rollout (its summed counters)."""
+        self.rollout_prompts.inc(prompts)
+        self.rollout_samples.inc(samples)
+        self.completion_tokens.inc(k.completion_tokens)
+        self.decode_steps.inc(k.decode_steps_total)
+        self.decode_steps_critical.inc(k.decode_steps_critical)
+        self.num_drafts.inc(k.num_drafts)
+        self.num_draft_tokens.inc(k.num_draft_tokens)
+        self.num_accepted_tokens.inc(k.num_accepted_tokens)
+        self.pregen_accepted_tokens.inc(k.num_accepted_pregen_tokens)
+        self.pregen_fetched_tokens.inc(k.drafts_fetched_tokens)
+        self.diverged.inc(k.responses_diverged)
+        self.accepted_after_divergence.inc(k.num_accepted_after_divergence)
+        self.recouplings.inc(k.num_recouplings)
+        self.reruns.inc(reruns)
 
     def watch_ranks(self, read: Callable[[], tuple[int, int]]) -> None:
         """Export (known, ready) rank counts by calling `read()` at scrape time."""

@@ -142,6 +142,34 @@ class RolloutCounters(_Reply):
     num_accepted_pregen_tokens: int = 0
     drafts_fetched_tokens: int = 0
     tokens_per_forward: float = Field(0.0, description="completion / request_decode_steps.")
+    responses_diverged: int = Field(
+        0, description="Samples that left their aligned pre-generated response.")
+    num_accepted_after_divergence: int = Field(
+        0, description="Accepted draft tokens at or after each sample's first divergence.")
+    num_recouplings: int = Field(
+        0, description="Times samples re-joined their pre-generated response after leaving.")
+
+    @classmethod
+    def of(cls, samples: list[RolloutSample], ranks: list[RankShard]) -> RolloutCounters:
+        """The step's counters: sums over its samples, the slowest rank's forward passes
+        and the sum over ranks."""
+        k = cls(
+            completion_tokens=sum(s.completion_tokens for s in samples),
+            decode_steps_critical=max((r.decode_steps for r in ranks), default=0),
+            decode_steps_total=sum(r.decode_steps for r in ranks),
+            request_decode_steps=sum(s.decode_steps for s in samples),
+            num_drafts=sum(s.num_drafts for s in samples),
+            num_draft_tokens=sum(s.num_draft_tokens for s in samples),
+            num_accepted_tokens=sum(s.num_accepted_tokens for s in samples),
+            num_accepted_pregen_tokens=sum(s.num_accepted_pregen_tokens or 0 for s in samples),
+            drafts_fetched_tokens=sum(r.drafts_fetched_tokens for r in ranks),
+            responses_diverged=sum(s.first_divergence is not None for s in samples),
+            num_accepted_after_divergence=sum(s.num_accepted_after_divergence or 0
+                                              for s in samples),
+            num_recouplings=sum(s.num_recouplings or 0 for s in samples))
+        if k.request_decode_steps:
+            k.tokens_per_forward = k.completion_tokens / k.request_decode_steps
+        return k
 
 
 class RolloutResponse(_Reply):

@@ -180,6 +180,11 @@ def test_prometheus_sees_bubbles_pregen_and_acceptance(
         assert 0 < pregen_s <= sum(bubble.values()) + 1e-6, (pregen_s, bubble)
         assert scalar(prom, "sum(bubblespec_pregen_pushed_tokens_total)") > 0
         assert scalar(prom, "sum(bubblespec_gateway_pregen_fetched_tokens_total)") > 0
+        # plain sampling leaves its pre-generated drafts at once: divergences are counted
+        assert scalar(prom, "sum(bubblespec_gateway_pregen_diverged_responses_total)") > 0
+        assert (scalar(prom, "sum(bubblespec_gateway_pregen_accepted_after_divergence_tokens"
+                             "_total)")
+                <= scalar(prom, "sum(bubblespec_gateway_spec_decode_num_accepted_tokens_total)"))
 
         # ---- speculative decoding: vLLM's formulas, in range
         drafted = scalar(prom, "sum(bubblespec_spec_decode_num_draft_tokens_total)")
