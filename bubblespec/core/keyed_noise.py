@@ -82,3 +82,19 @@ def keyed_sample_of_key(logits: np.ndarray, key: int | np.uint64, temperature: f
         mask[order[keep]] = False
         x = np.where(mask, -np.inf, x)
     return int(np.argmax(x - np.log(-np.log(uniforms_of_key(key, x.size)))))
+
+
+def keyed_top2(logits: np.ndarray, key: int | np.uint64,
+               temperature: float = 1.0) -> tuple[int, float, int]:
+    """(token, margin, runner-up) of a keyed sample without top-k / top-p: the token is
+    `keyed_sample_of_key`'s, the runner-up the token with the second-highest perturbed score
+    logits / T + g, and the margin the gap between the two (>= 0). A small margin is where a
+    slightly changed policy is likely to pick another token with the same noise, and the
+    runner-up is then its most likely pick: what margin branching pre-generates."""
+    x = np.asarray(logits, dtype=np.float64) / temperature
+    s = x - np.log(-np.log(uniforms_of_key(key, x.size)))
+    a = int(np.argmax(s))
+    best = s[a]
+    s[a] = -np.inf
+    b = int(np.argmax(s))
+    return a, float(best - s[b]), b

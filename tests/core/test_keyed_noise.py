@@ -54,3 +54,24 @@ def test_top_k_top_p_masks() -> None:
     seen = {keyed_sample(logits, s, 0, top_p=0.5) for s in range(300)}
     assert seen == {0}
     assert keyed_sample(logits, 1, 0, temperature=0) == 0
+
+
+def test_keyed_top2_is_the_keyed_sample_and_its_runner_up() -> None:
+    from bubblespec.core.keyed_noise import keyed_sample_of_key, keyed_top2, position_key
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        logits = rng.normal(0, 2.0, 40)
+        temperature = (1.0, 0.7)[trial % 2]
+        key = position_key(trial, trial % 7)
+        tok, margin, ru = keyed_top2(logits, key, temperature)
+        assert tok == keyed_sample_of_key(logits, key, temperature)
+        assert ru != tok and margin >= 0.0
+        # the runner-up is the sample once the token is masked out, with the same noise
+        masked = logits.copy()
+        masked[tok] = -np.inf
+        assert ru == keyed_sample_of_key(masked, key, temperature)
+        # raising the runner-up's logit by just over the margin (x T) flips the sample to it
+        bumped = logits.copy()
+        bumped[ru] += temperature * margin * 1.0001 + 1e-9
+        assert keyed_sample_of_key(bumped, key, temperature) == ru
