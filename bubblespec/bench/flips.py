@@ -157,7 +157,7 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
     summary (JSON-ready)."""
     from bubblespec.train.grpo import Rollout, Trainer
 
-    trainer = Trainer(model_dir, lr=lr, seed=seed, threads=1)
+    trainer = Trainer(model_dir, lr=lr, seed=seed)
     trainer.model.eval()  # no dropout in sampling (the Llama has none; other models may)
     eos = int(task.eos_id)
     cap = int(max_new or task.max_new_tokens)
