@@ -73,12 +73,15 @@ def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
 
 def request_figures(prompts: list[Any]) -> dict[str, Any]:
     """Per-request figures of a step, grouped by prompt like `output_lengths`: each
-    response's forward passes and accepted pre-generated tokens, and each prompt's rank (the
-    calibration's per-request spread of the covered acceptance is read from these)."""
+    response's forward passes, accepted pre-generated tokens and first divergence from its
+    pre-generated response, and each prompt's rank (what a per-request calibration of the
+    covered acceptance, and a model of where coupling breaks, read)."""
     return {
         "request_decode_steps": [[int(s.decode_steps) for s in pr.samples] for pr in prompts],
         "request_accepted_pregen": [[int(s.num_accepted_pregen_tokens or 0) for s in pr.samples]
                                     for pr in prompts],
+        "request_first_divergence": [[s.first_divergence for s in pr.samples]
+                                     for pr in prompts],
         "prompt_ranks": [pr.rank_id for pr in prompts],
     }
 

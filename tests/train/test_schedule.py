@@ -65,3 +65,18 @@ def test_paced_summary_pools_the_critical_tails_over_steps() -> None:
     assert divergence_summary([{"wall_s": 1.0}]) is None
     line, = divergence_lines({"keyed": {"divergence": d}, "nospec": {"divergence": None}})
     assert line.startswith("keyed: 2/3 responses left") and "33% of 120 tail tokens" in line
+
+
+def test_request_figures_group_per_prompt() -> None:
+    from bubblespec.protocol.gateway import PromptResult, RolloutSample
+    from bubblespec.train.schedule import request_figures
+
+    prompts = [PromptResult(index=0, prompt_key="a", rank_id="r1", input_ids=[1],
+                            samples=[RolloutSample(sample_index=0, output_ids=[5, 6],
+                                                   decode_steps=2, num_accepted_pregen_tokens=1,
+                                                   first_divergence=1),
+                                     RolloutSample(sample_index=1, output_ids=[5],
+                                                   decode_steps=1)])]
+    f = request_figures(prompts)
+    assert f == {"request_decode_steps": [[2, 1]], "request_accepted_pregen": [[1, 0]],
+                 "request_first_divergence": [[1, None]], "prompt_ranks": ["r1"]}
