@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
       "and step, last line sim_vs_paced_gap; the projection at --ranks then uses its "
       "calibrated inputs (--ranks, --steps, --seed, --cover-cv apply; workload, "
       "acceptance and engine flags are the run's)")
+    a("--flips", metavar="FLIPS_JSON",
+      help="with --calibrate: the rows of `bubblespec bench flips --out` for the same "
+      "schedule (task, prompts, n, seed, lr): measured flip positions, when the paced "
+      "records predate their own (request_first_divergence)")
     a("--out", help="directory for simulate.json and simulate.png (modelled; with "
       "--calibrate also calibrate.json)")
     return p
@@ -154,8 +158,12 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
     """`--calibrate`: the projection from the paced run's inputs, then the comparison."""
     from bubblespec.sim import calreport
 
+    from bubblespec.sim.flipcaps import load_flips
+
     run, first, window = calreport.load(args.calibrate)
-    lines, doc = calreport.compare(run, first, args.cover_cv, args.draws)
+    flips = load_flips(args.flips) if args.flips else None
+    lines, doc = calreport.compare(run, first, args.cover_cv, args.draws, flips,
+                                   f"bench flips: {args.flips}" if args.flips else "")
     measured = {n: (run.ranks, m["measured_speedup"]) for n, m in doc["modes"].items()}
     report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
                                       args.seed, args.cover_cv)), out, measured)

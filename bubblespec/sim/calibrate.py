@@ -40,6 +40,7 @@ import numpy as np
 from bubblespec.bench.modes import baseline_of
 from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
 from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.flipcaps import Flips, flip_caps, lost_tokens
 from bubblespec.sim.model import (
     SimConfig,
     StepResult,
@@ -66,13 +67,22 @@ class Counts:
     drafted: float
     fetched: float
     """Pre-generated draft tokens the ranks fetched for the step."""
+    lost: float = 0.0
+    """Tokens of the responses after their flip (measured flips only): fetched drafts no
+    longer cover them."""
+    after_flip: float | None = None
+    """Accepted per forward after a response left its draft (from the divergence
+    counters: accepted at or after the first divergence over the tail's forwards)."""
 
     @classmethod
-    def of(cls, steps: list[dict[str, Any]]) -> Counts:
+    def of(cls, steps: list[dict[str, Any]], lost: float = 0.0) -> Counts:
+        acc = sum((s.get("divergence") or {}).get("accepted_after", 0) for s in steps)
+        tail = sum((s.get("divergence") or {}).get("tail_tokens", 0) for s in steps)
         return cls(float(sum(s["completion_tokens"] for s in steps)),
                    float(sum(s["accepted_tokens"] for s in steps)),
                    float(sum(s["draft_tokens"] for s in steps)),
-                   float(sum(s.get("drafts_fetched_tokens", 0) for s in steps)))
+                   float(sum(s.get("drafts_fetched_tokens", 0) for s in steps)), lost,
+                   acc / (tail - acc) if lost > 0 and tail > acc else None)
 
     @property
     def forwards(self) -> float:
@@ -81,7 +91,8 @@ class Counts:
 
     @property
     def coverage(self) -> float:
-        return min(1.0, self.fetched / self.tokens) if self.tokens else 0.0
+        return (min(1.0, max(0.0, self.fetched - self.lost) / self.tokens)
+                if self.tokens else 0.0)
 
 
 @dataclass
@@ -228,22 +239,32 @@ def spec_of(name: str, c: Counts, pregen: bool, window: bool, unc: Counts | None
     unc = unc or c
     a_u, d_u = unc.accepted / unc.forwards, unc.drafted / unc.forwards
     y = c.coverage
-    a_c = solve_covered(a, y, a_u)
+    if c.after_flip is not None:  # tokens after flips decode at their own measured rate
+        lost = min(c.lost, (1.0 - y) * c.tokens)
+        f_u = lost / (1.0 + c.after_flip) + ((1.0 - y) * c.tokens - lost) / (1.0 + a_u)
+        rest = c.forwards - f_u
+        a_c = (min(64.0, max(0.0, y * c.tokens / rest - 1.0)) if rest > 0 and y > 0
+               else solve_covered(a, y, a_u))
+    else:
+        a_c = solve_covered(a, y, a_u)
+        f_u = (1.0 - y) * c.tokens / (1.0 + a_u)
     f_c = y * c.tokens / (1.0 + a_c)
-    f_u = (1.0 - y) * c.tokens / (1.0 + a_u)
     d_c = (c.drafted - f_u * d_u) / f_c if f_c > 0 else d_u
     return ModeSpec(name, a_u, max(d_u, a_u), True, a_c, max(d_c, a_c), source=source,
                     pregen_window=window)
 
 
-def per_step_specs(run: PacedRun, name: str) -> list[ModeSpec]:
-    """One spec per step of a mode, from that step's counts."""
+def per_step_specs(run: PacedRun, name: str, lost: np.ndarray | None = None
+                   ) -> list[ModeSpec]:
+    """One spec per step of a mode, from that step's counts (`lost`: per step, tokens after
+    measured flips, which the fetched drafts do not cover)."""
     m = run.modes[name]
+    lost = np.zeros(len(m.steps)) if lost is None else lost
     unc = Counts.of(m.steps[:1])
-    pooled = pooled_spec(run, name)
+    pooled = pooled_spec(run, name, lost)
     out = []
     for i, s in enumerate(m.steps):
-        c = Counts.of([s])
+        c = Counts.of([s], float(lost[i]))
         if m.pregen and (i == 0 or c.coverage == 0):  # nothing pre-generated for it
             out.append(pooled)
             continue
@@ -252,12 +273,13 @@ def per_step_specs(run: PacedRun, name: str) -> list[ModeSpec]:
     return out
 
 
-def pooled_spec(run: PacedRun, name: str) -> ModeSpec:
+def pooled_spec(run: PacedRun, name: str, lost: np.ndarray | None = None) -> ModeSpec:
     """One spec for a mode from its steps after step 0 summed (uncovered: step 0)."""
     m = run.modes[name]
     if not any(s["draft_tokens"] for s in m.steps) and not m.pregen:
         return ModeSpec(name, 0.0, 0.0, source=f"measured, {run.path}")
-    return spec_of(name, Counts.of(m.steps[1:] or m.steps), m.pregen, m.window,
+    gone = 0.0 if lost is None else float(lost[1:].sum() if len(m.steps) > 1 else lost.sum())
+    return spec_of(name, Counts.of(m.steps[1:] or m.steps, gone), m.pregen, m.window,
                    Counts.of(m.steps[:1]), f"measured, {run.path} (steps after 0)")
 
 
@@ -288,12 +310,14 @@ def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
 
 
 def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
-           cover_cv: float = 0.0, seed: int = 0, prompt_len: float | None = None
-           ) -> dict[str, Replayed]:
+           cover_cv: float = 0.0, seed: int = 0, prompt_len: float | None = None,
+           flips: Flips | None = None, use_flips: bool = True) -> dict[str, Replayed]:
     """Every mode of one seed simulated on its own measured lengths and replayed
     assignment, with its pooled measured acceptance (or each step's own, `per_step`);
     `cover_cv` > 0 draws a per-request spread of the covered acceptance (an assumption,
-    `SimConfig.cover_cv`)."""
+    `SimConfig.cover_cv`). With measured flips (`flips`, else the records' own; off with
+    `use_flips=False`) a response's draft covers it only up to its flip, and the covered
+    acceptance is solved on the tokens before the flips."""
     et = EngineTime.preset(run.pace)
     assign = assignments(run)
     plen = run.prompt_len(first) if prompt_len is None else prompt_len
@@ -305,7 +329,13 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
         drawn = {"lengths": L, "assign": assign[name], "mult": np.ones(L.shape),
                  "mult_cov": gamma_mult(rng, cover_cv, L.shape),
                  "pregen_order": np.stack([breadth_first(run.prompts, run.n)] * run.steps)}
-        spec = per_step_specs(run, name) if per_step else pooled_spec(run, name)
+        caps = flip_caps(run, name, flips) if use_flips else None
+        lost = lost_tokens(run, name, caps)
+        if caps is not None:
+            drawn["flip"] = caps.reshape(run.steps, -1)
+            drawn["after_flip"] = Counts.of(run.modes[name].steps[1:], 1.0).after_flip
+        spec = (per_step_specs(run, name, lost) if per_step
+                else pooled_spec(run, name, lost))
         summ = summarise(run.ranks, name, run_mode(cfg, run.ranks, spec, et, drawn), 1)
         use = summ.steps[1:] or summ.steps[-1:]
         out[name] = Replayed(name, run.modes[name].baseline, summ, run.measured(name),
@@ -316,7 +346,8 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
 
 
 def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
-               seed: int = 0) -> dict[str, Replayed]:
+               seed: int = 0, flips: Flips | None = None, use_flips: bool = True
+               ) -> dict[str, Replayed]:
     """`replay` of every seed of a paced run, tokens and seconds summed per mode over the
     seeds (as the bench sums them); steps shown are the first seed's."""
     doc = json.loads(Path(path).read_text())
@@ -326,8 +357,8 @@ def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
         raise ValueError(f"{path}: runs: no mode has steps")
     first = PacedRun.load(path, keys[0])
     plen = first.prompt_len(doc["runs"][keys[0]])
-    reps = [replay(PacedRun.load(path, k), doc["runs"][k], per_step, cover_cv, seed, plen)
-            for k in keys]
+    reps = [replay(PacedRun.load(path, k), doc["runs"][k], per_step, cover_cv, seed, plen,
+                   flips if k == keys[0] else None, use_flips) for k in keys]
     out = reps[0]
     for rep in reps[1:]:
         for name, r in rep.items():

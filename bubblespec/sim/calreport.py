@@ -34,6 +34,7 @@ from bubblespec.sim.calibrate import (
     replay_all,
 )
 from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.flipcaps import NO_FLIP, Flips, flip_caps, lost_tokens
 from bubblespec.sim.model import SimConfig
 from bubblespec.sim.run import Scenario
 from bubblespec.sim.workload import LengthSource
@@ -161,11 +162,35 @@ def gap_line(pooled: dict[str, Replayed]) -> str:
     return f"sim_vs_paced_gap: {' '.join(cells)} (within 10%: {ok}/{n})"
 
 
-def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: int = 20
+def flip_lines(run: PacedRun, flips: Flips | None, src: str) -> tuple[list[str], bool]:
+    """How many responses of each pre-generating mode left their drafts where (measured),
+    and whether any flip is known."""
+    out, any_caps = [], False
+    for name in run.modes:
+        caps = flip_caps(run, name, flips)
+        if caps is None:
+            continue
+        any_caps = True
+        hit = caps[1:] < NO_FLIP
+        out.append(f"{TAG} flips {name}: {int(hit.sum())} of {hit.size} responses after step "
+                   f"0 left their draft ({src}); tokens after the flips: "
+                   f"{int(lost_tokens(run, name, caps)[1:].sum())}")
+    return out, any_caps
+
+
+def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: int = 20,
+            flips: Flips | None = None, flips_src: str = ""
             ) -> tuple[list[str], dict[str, Any]]:
     """The comparison's lines (the gap line last) and its JSON document; with `cover_cv`
-    also the sensitivity to a per-request spread of the covered acceptance."""
-    pooled, stepwise = replay_all(run.path), replay_all(run.path, per_step=True)
+    also the sensitivity to a per-request spread of the covered acceptance. With measured
+    flips (`flips`, or the records' own) the replay caps each response's coverage at its
+    flip, and the replay without them is printed beside it."""
+    fl, has_flips = flip_lines(run, flips, flips_src or "the paced records")
+    pooled = replay_all(run.path, flips=flips)
+    stepwise = replay_all(run.path, per_step=True, flips=flips)
+    if has_flips:
+        fl.append(f"{TAG} without the flips: " + gap_line(replay_all(run.path,
+                                                                     use_flips=False)))
     checks = assignment_check(run, assignments(run))
     head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
             f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "
@@ -179,7 +204,7 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
                 f"{k}: {'yes' if v else 'NO'}" for k, v in checks.items()) or "no mode")]
     head += [f"{TAG} input {pooled_spec(run, n).describe()}" for n in run.modes]
     spread = spread_lines(run, cover_cv, draws) if cover_cv > 0 and draws > 0 else []
-    lines = (head + mode_lines(run, pooled, stepwise) + step_lines(run, pooled)
+    lines = (head + fl + mode_lines(run, pooled, stepwise) + step_lines(run, pooled)
              + rank_lines(run, pooled) + spread + [gap_line(pooled)])
     doc = {"label": "measured (paced) beside modelled (simulator replay)", "path": run.path,
            "assignment_check": checks,

@@ -169,16 +169,27 @@ def gamma_mult(rng: np.random.Generator, cv: float, shape: tuple[int, ...]) -> n
 
 def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
               mult_cov: np.ndarray, covered: np.ndarray, mode: ModeSpec,
-              et: EngineTime) -> Requests:
+              et: EngineTime, flip: np.ndarray | None = None,
+              after_flip: float | None = None) -> Requests:
+    """The step's requests; `flip` (per request, optional): the output position where the
+    response leaves its pre-generated draft (a policy update flipped a token there), past
+    which its draft no longer covers it and it decodes at `after_flip` accepted per forward
+    (default: the uncovered rate)."""
     prompts, n = L.shape
     size = prompts * n
     first = np.zeros((prompts, n))
     first[:, 0] = cfg.prompt_len * et.t_flop
     m = mult.ravel()
     cov = np.minimum(covered, L.ravel()) if mode.uses_pregen else np.zeros(size, np.int64)
+    acc_unc = mode.accepted * m
+    if flip is not None and mode.uses_pregen:
+        flipped = flip.ravel() < cov
+        cov = np.minimum(cov, flip.ravel())
+        if after_flip is not None:
+            acc_unc = np.where(flipped, after_flip * m, acc_unc)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
                     acc_cov=mode.accepted_covered * m * mult_cov.ravel(),
-                    acc_unc=mode.accepted * m,
+                    acc_unc=acc_unc,
                     drafted_cov=np.full(size, mode.drafted_covered),
                     drafted_unc=np.full(size, mode.drafted),
                     prefill=first.ravel(), prompt_len=float(cfg.prompt_len))
@@ -195,7 +206,9 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
     out = []
     for s in range(cfg.steps):
         mode = specs[s]
-        req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et)
+        flip = drawn.get("flip")
+        req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et,
+                        None if flip is None else flip[s], drawn.get("after_flip"))
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
         fmax = float(F.max())

@@ -1,0 +1,68 @@
+"""Measured flips for the calibration: where each response of a paced run left its
+pre-generated draft (a policy update flipped a keyed token there, docs/design.md section 5),
+so that the replay covers a response by its draft only up to that position.
+
+Sources: the paced records' own `request_first_divergence` (runs recorded after it was
+added), or the rows of a `bubblespec bench flips` JSON of the same schedule (same task,
+prompts, n, seed and learning rate: it samples the same tokens with the keyed reference).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from bubblespec.sim.calibrate import PacedRun
+
+NO_FLIP = np.iinfo(np.int64).max // 4
+
+Flips = dict[tuple[int, int, int], int]
+"""(step, prompt, sample) -> output position where the response left its pre-generated
+draft (a flip)."""
+
+
+def load_flips(path: str | Path) -> Flips:
+    """The flips of a `bubblespec bench flips` JSON (the same schedule: its prompts and
+    seeds), for a paced run whose records predate per-request first divergences."""
+    doc = json.loads(Path(path).read_text())
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: rows: expected the rows of `bubblespec bench flips`")
+    return {(int(r["step"]), int(r["prompt"]), int(r["sample"])): int(r["first_divergence"])
+            for r in rows if r.get("first_divergence") is not None}
+
+
+def flip_caps(run: PacedRun, name: str, flips: Flips | None = None) -> np.ndarray | None:
+    """(steps, prompts, n) output position of each response's flip (NO_FLIP: none) of a
+    pre-generating mode: from `flips` when given, else from the records' own
+    `request_first_divergence`; None when neither is there. A first divergence at the end
+    of a draft cut short also caps: the replay's covered count already stops there."""
+    m = run.modes[name]
+    if not m.pregen:
+        return None
+    caps = np.full((run.steps, run.prompts, run.n), NO_FLIP, dtype=np.int64)
+    if flips is not None:
+        for (k, j, i), f in flips.items():
+            if k < run.steps and j < run.prompts and i < run.n:
+                caps[k, j, i] = f
+        return caps
+    if not all("request_first_divergence" in s for s in m.steps):
+        return None
+    for k, s in enumerate(m.steps):
+        for j, row in enumerate(s["request_first_divergence"]):
+            for i, f in enumerate(row):
+                if f is not None:
+                    caps[k, j, i] = int(f)
+    return caps
+
+
+def lost_tokens(run: PacedRun, name: str, caps: np.ndarray | None) -> np.ndarray:
+    """Per step: tokens of the responses after their flip."""
+    if caps is None:
+        return np.zeros(run.steps)
+    L = run.lengths(name)
+    return np.maximum(0, L - np.minimum(caps, L)).sum(axis=(1, 2)).astype(float)

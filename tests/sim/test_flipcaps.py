@@ -1,0 +1,96 @@
+"""Measured flips in the calibration: where responses left their drafts caps their
+coverage in the replay, and the tokens after a flip decode at the measured rate after a
+divergence (`sim/flipcaps.py`, `calibrate`, `model._requests`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bubblespec.sim.calibrate import Counts, PacedRun, replay, spec_of
+from bubblespec.sim.calreport import compare, load
+from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.flipcaps import NO_FLIP, flip_caps, load_flips, lost_tokens
+from bubblespec.sim.model import SimConfig, _requests
+from bubblespec.sim.policy import ModeSpec
+
+FIXTURE = Path(__file__).parent / "data" / "paced_small.json"
+
+
+def _with_divergences(tmp_path: Path, at: int | None) -> Path:
+    """The fixture with every response of the pre-generating modes leaving its draft at
+    `at` (None: never), as the paced records now carry it."""
+    doc = json.loads(FIXTURE.read_text())
+    for name, r in doc["runs"]["0"].items():
+        for s in r.get("steps", []):
+            s["request_first_divergence"] = [[at] * len(row) for row in s["output_lengths"]]
+    path = tmp_path / "paced.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_caps_from_the_records_and_from_bench_flips(tmp_path):
+    run = PacedRun.load(_with_divergences(tmp_path, 3))
+    caps = flip_caps(run, "bubblespec")
+    assert caps.shape == (run.steps, run.prompts, run.n) and (caps == 3).all()
+    L = run.lengths("bubblespec")
+    assert lost_tokens(run, "bubblespec", caps).tolist() == (
+        np.maximum(0, L - 3).sum(axis=(1, 2))).tolist()
+    assert flip_caps(run, "nospec") is None  # no drafts, no flips
+    rows = {"rows": [{"step": 1, "prompt": 2, "sample": 0, "first_divergence": 7},
+                     {"step": 1, "prompt": 3, "sample": 1, "first_divergence": None}]}
+    (tmp_path / "flips.json").write_text(json.dumps(rows))
+    flips = load_flips(tmp_path / "flips.json")
+    assert flips == {(1, 2, 0): 7}
+    caps = flip_caps(run, "bubblespec", flips)  # bench flips replace the records
+    assert caps[1, 2, 0] == 7 and (caps < NO_FLIP).sum() == 1
+    assert flip_caps(PacedRun.load(FIXTURE), "bubblespec") is None  # older records
+    with pytest.raises(ValueError, match="rows"):
+        (tmp_path / "bad.json").write_text("{}")
+        load_flips(tmp_path / "bad.json")
+
+
+def test_a_flip_caps_coverage_and_the_tail_decodes_at_its_own_rate():
+    cfg = SimConfig(prompts=1, n=2, prompt_len=10)
+    mode = ModeSpec("m", 0.5, 1.0, True, 7.0, 8.0)
+    L = np.array([[100, 100]])
+    args = (cfg, L, np.zeros(1, np.int64), np.ones((1, 2)), np.ones((1, 2)),
+            np.array([100, 100]), mode, EngineTime.preset("h100"))
+    plain = _requests(*args)
+    assert plain.covered.tolist() == [100, 100]
+    flipped = _requests(*args, np.array([30, NO_FLIP]), 2.0)
+    assert flipped.covered.tolist() == [30, 100]
+    assert flipped.acc_unc.tolist() == [2.0, 0.5]  # only the flipped one's tail
+    assert _requests(*args, np.array([30, NO_FLIP])).acc_unc.tolist() == [0.5, 0.5]
+
+
+def test_the_solved_covered_rate_keeps_the_measured_forwards():
+    # 10,000 tokens, 80% fetched, 1,000 of them after flips at 1.0 accepted per forward
+    c = Counts(tokens=10_000, accepted=6_000, drafted=9_000, fetched=8_000, lost=1_000,
+               after_flip=1.0)
+    unc = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
+    s = spec_of("bubblespec-keyed", c, True, False, unc, "test")
+    assert c.coverage == pytest.approx(0.7)
+    f = (0.7 * c.tokens / (1 + s.accepted_covered) + 1_000 / 2.0
+         + 2_000 / (1 + s.accepted))  # the 30% not fetched, less the flipped tails
+    assert f == pytest.approx(c.forwards)
+    assert s.accepted_covered > spec_of("x", Counts(10_000, 6_000, 9_000, 8_000), True,
+                                        False, unc, "t").accepted_covered
+
+
+def test_flips_slow_only_the_pre_generating_modes(tmp_path):
+    path = _with_divergences(tmp_path, 0)  # every response leaves its draft at once
+    run, first, _ = load(path)
+    with_flips = replay(run, first)
+    without = replay(run, first, use_flips=False)
+    for name, r in with_flips.items():
+        if run.modes[name].pregen:
+            assert r.modelled[1] > without[name].modelled[1], name
+        else:
+            assert r.modelled == without[name].modelled, name
+    lines, _ = compare(run, first)
+    assert any(line.startswith("[calibration] flips bubblespec:") for line in lines)
+    assert any("without the flips: sim_vs_paced_gap" in line for line in lines)
