@@ -166,7 +166,7 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
                                    f"bench flips: {args.flips}" if args.flips else "")
     measured = {n: (run.ranks, m["measured_speedup"]) for n, m in doc["modes"].items()}
     report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
-                                      args.seed, args.cover_cv)), out, measured)
+                                      args.seed, args.cover_cv, flips)), out, measured)
     if out is not None:
         (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
     print("\n".join(lines))

@@ -251,7 +251,7 @@ def spec_of(name: str, c: Counts, pregen: bool, window: bool, unc: Counts | None
     f_c = y * c.tokens / (1.0 + a_c)
     d_c = (c.drafted - f_u * d_u) / f_c if f_c > 0 else d_u
     return ModeSpec(name, a_u, max(d_u, a_u), True, a_c, max(d_c, a_c), source=source,
-                    pregen_window=window)
+                    pregen_window=window, accepted_after_flip=c.after_flip)
 
 
 def per_step_specs(run: PacedRun, name: str, lost: np.ndarray | None = None
@@ -333,7 +333,6 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
         lost = lost_tokens(run, name, caps)
         if caps is not None:
             drawn["flip"] = caps.reshape(run.steps, -1)
-            drawn["after_flip"] = Counts.of(run.modes[name].steps[1:], 1.0).after_flip
         spec = (per_step_specs(run, name, lost) if per_step
                 else pooled_spec(run, name, lost))
         summ = summarise(run.ranks, name, run_mode(cfg, run.ranks, spec, et, drawn), 1)

@@ -34,7 +34,7 @@ from bubblespec.sim.calibrate import (
     replay_all,
 )
 from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import NO_FLIP, Flips, flip_caps, lost_tokens
+from bubblespec.sim.flipcaps import NO_FLIP, Flips, flip_caps, flip_stats, lost_tokens
 from bubblespec.sim.model import SimConfig
 from bubblespec.sim.run import Scenario
 from bubblespec.sim.workload import LengthSource
@@ -56,9 +56,12 @@ def load(path: str | Path) -> tuple[PacedRun, dict[str, Any], float]:
 
 
 def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[int],
-             steps: int, seed: int, cover_cv: float = 0.0) -> Scenario:
+             steps: int, seed: int, cover_cv: float = 0.0, flips: Flips | None = None
+             ) -> Scenario:
     """The projection of the paced run's workload at `ranks` with calibrated inputs (and
-    an assumed per-request spread `cover_cv` of the covered acceptance)."""
+    an assumed per-request spread `cover_cv` of the covered acceptance); with measured
+    flips (`flips`, or the records' own) each response with a draft leaves it with the
+    measured share, at a measured relative position."""
     groups = [np.asarray(g) for name in ("nospec", "nospec-keyed") if name in run.modes
               for step in run.lengths(name) for g in step]
     if not groups:
@@ -67,14 +70,19 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
         f"measured lengths from {run.path} (the baselines' steps: {len(groups)} prompt "
         "groups)"), groups=groups)
     names = [n for n in run.modes if n != "nospec-keyed" or "nospec" not in run.modes]
-    modes = [pooled_spec(run, n) for n in names]
+    share, where = flip_stats(run, flips)
+    modes = [pooled_spec(run, n, lost_tokens(run, n, flip_caps(run, n, flips)) if share
+                         else None) for n in names]
     cfg = SimConfig(prompts_per_rank=max(1, run.prompts // run.ranks), n=run.n,
                     prompt_len=round(run.prompt_len(first)), steps=steps,
                     pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
-                    seed=seed)
+                    flip_share=share, flip_positions=where, seed=seed)
     notes = [(f"calibrated from {run.path}: per-rank workload, lengths and pooled acceptance "
              f"of its {run.ranks}-rank run; trainer {window_s:g} s (its training window); "
              "the keyed baseline equals nospec in the model (same lengths)")]
+    if share:
+        notes.append(f"measured flips: {share:.1%} of the responses with a draft leave it, "
+                     f"at median {np.median(where):.2f} of their length")
     return Scenario(cfg, ranks, modes, EngineTime.preset(run.pace), lengths, notes,
                     f"calibrated from {Path(run.path).name}")
 

@@ -66,3 +66,18 @@ def lost_tokens(run: PacedRun, name: str, caps: np.ndarray | None) -> np.ndarray
         return np.zeros(run.steps)
     L = run.lengths(name)
     return np.maximum(0, L - np.minimum(caps, L)).sum(axis=(1, 2)).astype(float)
+
+
+def flip_stats(run: PacedRun, flips: Flips | None = None) -> tuple[float, tuple[float, ...]]:
+    """(share of the responses after step 0 that left their draft, where: shares of their
+    lengths) over the pre-generating modes' flips (the simulator's `flip_share` and
+    `flip_positions`); (0, ()) when no flip is known."""
+    for name, m in run.modes.items():
+        caps = flip_caps(run, name, flips)
+        if caps is None:
+            continue
+        L = run.lengths(name)[1:]
+        hit = caps[1:] < np.minimum(L, NO_FLIP)
+        return (float(hit.mean()) if hit.size else 0.0,
+                tuple(float(x) for x in (caps[1:][hit] / L[hit])))
+    return 0.0, ()

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from bubblespec.sim.engine_time import EngineTime
+from bubblespec.sim.flipcaps import NO_FLIP
 from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.pregen import breadth_first, simulate_pregen
 from bubblespec.sim.pregen_order import ORDERS, predicted_order
@@ -84,6 +85,11 @@ class SimConfig:
     """Coefficient of variation of per-request acceptance at covered positions only (gamma,
     mean 1): an aligned draft holds for some requests and is left early by others; 0 =
     every request at the mode's covered mean."""
+    flip_share: float = 0.0
+    """Share of the responses with a pre-generated draft that leave it (a policy update
+    flips a keyed token; measured by `bench flips` or the paced records); 0: none."""
+    flip_positions: tuple[float, ...] = ()
+    """Where they leave it, as shares of the response's length (drawn from these)."""
     seed: int = 0
 
 
@@ -154,8 +160,13 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
                           for s in range(cfg.steps)])
     else:
         raise ValueError(f"unknown pregen order {cfg.pregen_order!r}")
-    return {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order,
-            "mult_cov": gamma_mult(rng, cfg.cover_cv, L.shape)}
+    drawn = {"lengths": L, "assign": assign, "mult": mult, "pregen_order": order,
+             "mult_cov": gamma_mult(rng, cfg.cover_cv, L.shape)}
+    if cfg.flip_share > 0 and cfg.flip_positions:
+        hit = rng.random(L.shape) < cfg.flip_share
+        at = np.floor(rng.choice(np.asarray(cfg.flip_positions), L.shape) * L)
+        drawn["flip"] = np.where(hit, at, NO_FLIP).astype(np.int64).reshape(cfg.steps, -1)
+    return drawn
 
 
 def gamma_mult(rng: np.random.Generator, cv: float, shape: tuple[int, ...]) -> np.ndarray:
@@ -169,12 +180,11 @@ def gamma_mult(rng: np.random.Generator, cv: float, shape: tuple[int, ...]) -> n
 
 def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
               mult_cov: np.ndarray, covered: np.ndarray, mode: ModeSpec,
-              et: EngineTime, flip: np.ndarray | None = None,
-              after_flip: float | None = None) -> Requests:
+              et: EngineTime, flip: np.ndarray | None = None) -> Requests:
     """The step's requests; `flip` (per request, optional): the output position where the
     response leaves its pre-generated draft (a policy update flipped a token there), past
-    which its draft no longer covers it and it decodes at `after_flip` accepted per forward
-    (default: the uncovered rate)."""
+    which its draft no longer covers it and it decodes at the mode's accepted-after-flip
+    rate (default: the uncovered rate)."""
     prompts, n = L.shape
     size = prompts * n
     first = np.zeros((prompts, n))
@@ -185,8 +195,8 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     if flip is not None and mode.uses_pregen:
         flipped = flip.ravel() < cov
         cov = np.minimum(cov, flip.ravel())
-        if after_flip is not None:
-            acc_unc = np.where(flipped, after_flip * m, acc_unc)
+        if mode.accepted_after_flip is not None:
+            acc_unc = np.where(flipped, mode.accepted_after_flip * m, acc_unc)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
                     acc_cov=mode.accepted_covered * m * mult_cov.ravel(),
                     acc_unc=acc_unc,
@@ -208,7 +218,7 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
         mode = specs[s]
         flip = drawn.get("flip")
         req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et,
-                        None if flip is None else flip[s], drawn.get("after_flip"))
+                        None if flip is None else flip[s])
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
         fmax = float(F.max())

@@ -71,6 +71,9 @@ class ModeSpec:
     pregen_window: bool = False
     """Pre-generation goes on while the trainer trains (the TRAINING window, for
     `SimConfig.train_s` after the slowest rank finished), not only in the bubble."""
+    accepted_after_flip: float | None = None
+    """Draft tokens accepted per forward after a response left its pre-generated draft (a
+    flip, `SimConfig.flip_share`); None: the uncovered figure."""
 
     @property
     def is_baseline(self) -> bool:
@@ -82,6 +85,8 @@ class ModeSpec:
             s += (f" uncovered, {self.accepted_covered:.2f}/{self.drafted_covered:.2f} covered "
                   "by pre-generation" + (" (bubble + training window)" if self.pregen_window
                                          else ""))
+            if self.accepted_after_flip is not None:
+                s += f", {self.accepted_after_flip:.2f} accepted after a flip"
         return f"{s} ({self.source})"
 
 

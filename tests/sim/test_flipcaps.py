@@ -61,10 +61,11 @@ def test_a_flip_caps_coverage_and_the_tail_decodes_at_its_own_rate():
             np.array([100, 100]), mode, EngineTime.preset("h100"))
     plain = _requests(*args)
     assert plain.covered.tolist() == [100, 100]
-    flipped = _requests(*args, np.array([30, NO_FLIP]), 2.0)
+    assert _requests(*args, np.array([30, NO_FLIP])).acc_unc.tolist() == [0.5, 0.5]
+    after = ModeSpec("m", 0.5, 1.0, True, 7.0, 8.0, accepted_after_flip=2.0)
+    flipped = _requests(*args[:6], after, args[7], np.array([30, NO_FLIP]))
     assert flipped.covered.tolist() == [30, 100]
     assert flipped.acc_unc.tolist() == [2.0, 0.5]  # only the flipped one's tail
-    assert _requests(*args, np.array([30, NO_FLIP])).acc_unc.tolist() == [0.5, 0.5]
 
 
 def test_the_solved_covered_rate_keeps_the_measured_forwards():
@@ -94,3 +95,25 @@ def test_flips_slow_only_the_pre_generating_modes(tmp_path):
     lines, _ = compare(run, first)
     assert any(line.startswith("[calibration] flips bubblespec:") for line in lines)
     assert any("without the flips: sim_vs_paced_gap" in line for line in lines)
+
+
+def test_projection_draws_flips_with_the_measured_share(tmp_path):
+    from bubblespec.sim.calreport import scenario
+    from bubblespec.sim.flipcaps import flip_stats
+    from bubblespec.sim.model import draw_steps
+    from bubblespec.sim.run import project
+
+    run, first, window = load(_with_divergences(tmp_path, 2))
+    share, where = flip_stats(run)
+    assert share > 0.9 and where and max(where) < 1.0  # the length-1/2 responses do not
+    s = scenario(run, first, window, [8], 3, 0)
+    assert s.cfg.flip_share == share and any("measured flips" in n for n in s.notes)
+    cfg = s.cfg
+    drawn = draw_steps(cfg, 8, s.lengths)
+    hit = drawn["flip"] < NO_FLIP
+    assert abs(hit.mean() - share) < 0.1
+    assert (drawn["flip"][hit] < drawn["lengths"].reshape(cfg.steps, -1)[hit]).all()
+    flipped = {x.mode: x.speedup for x in project(s).results}
+    no_flips = {x.mode: x.speedup for x in project(scenario(*load(FIXTURE), [8], 3, 0)).results}
+    assert flipped["bubblespec"] < no_flips["bubblespec"]
+    assert flipped["suffix"] == pytest.approx(no_flips["suffix"])
