@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="with --calibrate: the rows of `bubblespec bench flips --out` for the same "
       "schedule (task, prompts, n, seed, lr): measured flip positions, when the paced "
       "records predate their own (request_first_divergence)")
+    a("--branches", type=int, default=0, metavar="B",
+      help="with --flips: the what-if of margin branching, B branches per draft at its "
+      "lowest-margin positions (flips a branch covers move to where the response left the "
+      "branch, as bench flips measured; branch pre-generation assumed to fit the bubble)")
     a("--out", help="directory for simulate.json and simulate.png (modelled; with "
       "--calibrate also calibrate.json)")
     return p
@@ -164,6 +168,9 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
     flips = load_flips(args.flips) if args.flips else None
     lines, doc = calreport.compare(run, first, args.cover_cv, args.draws, flips,
                                    f"bench flips: {args.flips}" if args.flips else "")
+    if args.flips and args.branches > 0:
+        lines[-1:-1] = calreport.whatif_lines(run, load_flips(args.flips, args.branches),
+                                              flips, args.branches)
     measured = {n: (run.ranks, m["measured_speedup"]) for n, m in doc["modes"].items()}
     report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
                                       args.seed, args.cover_cv, flips)), out, measured)

@@ -186,6 +186,25 @@ def flip_lines(run: PacedRun, flips: Flips | None, src: str) -> tuple[list[str],
     return out, any_caps
 
 
+def whatif(run: PacedRun, flips: Flips, plain: Flips) -> dict[str, tuple[float, float, float]]:
+    """Per pre-generating mode: (modelled speed-up with the flips branches leave, modelled
+    with all measured flips `plain`, measured), MODELLED but the last."""
+    rep, base = replay_all(run.path, flips=flips), replay_all(run.path, flips=plain)
+    return {name: (r.modelled_speedup, base[name].modelled_speedup, r.measured_speedup)
+            for name, r in rep.items() if run.modes[name].pregen and r.baseline in rep}
+
+
+def whatif_lines(run: PacedRun, flips: Flips, plain: Flips, branches: int) -> list[str]:
+    """`whatif` as a line: the replay with the flips that `branches` branches per draft
+    leave (`flips`) beside the replay with all measured flips (`plain`)."""
+    cells = [f"{name} {b:.2f}x (replay without branches {p:.2f}x, measured {m:.2f}x)"
+             for name, (b, p, m) in whatif(run, flips, plain).items()]
+    left = sum(1 for k in flips)
+    return [f"{TAG} what-if, MODELLED: margin branching, {branches} branch(es) per draft at "
+            f"its lowest margins ({left} flips left uncovered; branch pre-generation assumed "
+            f"to fit the bubble): " + ", ".join(cells)]
+
+
 def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: int = 20,
             flips: Flips | None = None, flips_src: str = ""
             ) -> tuple[list[str], dict[str, Any]]:

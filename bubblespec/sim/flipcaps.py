@@ -25,15 +25,31 @@ Flips = dict[tuple[int, int, int], int]
 draft (a flip)."""
 
 
-def load_flips(path: str | Path) -> Flips:
+def load_flips(path: str | Path, branches: int = 0) -> Flips:
     """The flips of a `bubblespec bench flips` JSON (the same schedule: its prompts and
-    seeds), for a paced run whose records predate per-request first divergences."""
+    seeds), for a paced run whose records predate per-request first divergences.
+
+    `branches` > 0: the what-if of margin branching with that many branches per draft at
+    its lowest-margin positions: a flip that one of them covers (the runner-up at one of
+    those positions) moves to where the response left the branch, as `bench flips`
+    measured it (the whole rest: no flip)."""
     doc = json.loads(Path(path).read_text())
     rows = doc.get("rows") if isinstance(doc, dict) else None
     if not isinstance(rows, list):
         raise ValueError(f"{path}: rows: expected the rows of `bubblespec bench flips`")
-    return {(int(r["step"]), int(r["prompt"]), int(r["sample"])): int(r["first_divergence"])
-            for r in rows if r.get("first_divergence") is not None}
+    out: Flips = {}
+    for r in rows:
+        f = r.get("first_divergence")
+        if f is None:
+            continue
+        rank = r.get("margin_rank")
+        if branches > 0 and r.get("runner_up_hit") and rank is not None and rank < branches:
+            match = int(r.get("branch_match", 0))
+            if match >= int(r.get("tail", 0)):
+                continue  # the branch predicted the whole rest
+            f = int(f) + 1 + match
+        out[(int(r["step"]), int(r["prompt"]), int(r["sample"]))] = int(f)
+    return out
 
 
 def flip_caps(run: PacedRun, name: str, flips: Flips | None = None) -> np.ndarray | None:

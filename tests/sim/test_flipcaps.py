@@ -117,3 +117,30 @@ def test_projection_draws_flips_with_the_measured_share(tmp_path):
     no_flips = {x.mode: x.speedup for x in project(scenario(*load(FIXTURE), [8], 3, 0)).results}
     assert flipped["bubblespec"] < no_flips["bubblespec"]
     assert flipped["suffix"] == pytest.approx(no_flips["suffix"])
+
+
+def test_branches_move_the_flips_they_cover(tmp_path):
+    rows = {"rows": [
+        # covered by one branch, which predicted the whole rest: no flip left
+        {"step": 1, "prompt": 0, "sample": 0, "first_divergence": 5, "runner_up_hit": True,
+         "margin_rank": 0, "tail": 10, "branch_match": 10},
+        # covered, the branch held 3 tokens: the response leaves it at 5 + 1 + 3
+        {"step": 1, "prompt": 0, "sample": 1, "first_divergence": 5, "runner_up_hit": True,
+         "margin_rank": 1, "tail": 10, "branch_match": 3},
+        # not the runner-up: no branch helps
+        {"step": 1, "prompt": 1, "sample": 0, "first_divergence": 2, "runner_up_hit": False,
+         "margin_rank": 0, "tail": 8}]}
+    path = tmp_path / "flips.json"
+    path.write_text(json.dumps(rows))
+    assert load_flips(path) == {(1, 0, 0): 5, (1, 0, 1): 5, (1, 1, 0): 2}
+    assert load_flips(path, 1) == {(1, 0, 1): 5, (1, 1, 0): 2}  # rank 1 needs 2 branches
+    assert load_flips(path, 2) == {(1, 0, 1): 9, (1, 1, 0): 2}
+    run, first, _ = load(_with_divergences(tmp_path, 0))
+    everyone = {(k, j, i): 0 for k in range(run.steps) for j in range(run.prompts)
+                for i in range(run.n)}
+    from bubblespec.sim.calreport import whatif, whatif_lines
+
+    assert "what-if, MODELLED" in whatif_lines(run, {}, everyone, 1)[0]
+    got = whatif(run, {}, everyone)
+    assert set(got) == {n for n, m in run.modes.items() if m.pregen}
+    assert all(b > p for b, p, _ in got.values())  # no flip at all beats a flip at 0
