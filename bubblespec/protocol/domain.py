@@ -95,6 +95,9 @@ class PregenDraft:
     complete: bool = False
     weight_version: int = 0
     offset: int = 0
+    branch_at: int | None = None
+    """A margin branch: the output position where it takes the draft's runner-up token
+    (its tokens before that equal the draft's); None: the draft itself."""
 
 
 @dataclass(frozen=True)

@@ -145,12 +145,13 @@ def shard_to_pb(s: ShardAssignment) -> pb.ShardAssignment:
 def draft_to_pb(d: PregenDraft) -> pb.Draft:
     return pb.Draft(prompt_key=d.prompt_key, sample_index=d.sample_index,
                     token_ids=d.token_ids, complete=d.complete,
-                    weight_version=d.weight_version, offset=d.offset)
+                    weight_version=d.weight_version, offset=d.offset, branch_at=d.branch_at)
 
 
 def draft_from_pb(m: pb.Draft) -> PregenDraft:
     return PregenDraft(m.prompt_key, m.sample_index, list(m.token_ids), m.complete,
-                       m.weight_version, m.offset)
+                       m.weight_version, m.offset,
+                       m.branch_at if m.HasField("branch_at") else None)
 
 
 def span_to_pb(s: Span) -> pb.Span:

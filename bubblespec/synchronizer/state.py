@@ -283,7 +283,7 @@ class SyncState:
             why = ""
             if cur is not None and step == cur.queue.target_step:
                 for d, st in zip(drafts, statuses):
-                    done = d.complete and st is DraftStatus.STORED
+                    done = d.complete and st is DraftStatus.STORED and d.branch_at is None
                     key, length = (d.prompt_key, d.sample_index), d.offset + len(d.token_ids)
                     if done and cur.queue.complete(key, length):
                         self.metrics.tasks_completed.inc()

@@ -1,4 +1,5 @@
-"""The draft store: pre-generated (partial) responses keyed by (step, prompt_key, sample_index).
+"""The draft store: pre-generated (partial) responses keyed by (step, prompt_key, sample_index),
+and beside each its margin branches (keyed by their branch position as well).
 
 Bounded in bytes: a push that would exceed the budget is rejected (the stored version, if any,
 stays) rather than evicting another step's or prompt's drafts, so what a rank fetched is never
@@ -32,20 +33,30 @@ class _Stored:
     nbytes: int
 
 
+Slot = tuple[int, int]
+"""(sample index, branch position; -1 for the draft itself) within a prompt key."""
+
+
+def slot_of(d: PregenDraft) -> Slot:
+    return d.sample_index, -1 if d.branch_at is None else d.branch_at
+
+
 class DraftStore:
-    """Drafts per step, prompt key and sample index, with a byte budget."""
+    """Drafts (and their branches) per step, prompt key and sample index, with a byte
+    budget."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = int(budget_bytes)
-        self._steps: dict[int, dict[str, dict[int, _Stored]]] = {}
+        self._steps: dict[int, dict[str, dict[Slot, _Stored]]] = {}
         self.bytes = 0
         self.tokens = 0
         self.sequences = 0
 
     def put(self, step: int, draft: PregenDraft) -> DraftStatus:
         """Store, replace (offset 0) or extend (offset > 0) one draft; never raises when full."""
+        slot = slot_of(draft)
         samples = self._steps.get(step, {}).get(draft.prompt_key, {})
-        old = samples.get(draft.sample_index)
+        old = samples.get(slot)
         old_len = len(old.tokens) if old else 0
         if draft.offset > old_len:
             return DraftStatus.REJECTED_GAP
@@ -66,7 +77,7 @@ class DraftStore:
             stored = _Stored(array("i", draft.token_ids), draft.complete, draft.weight_version,
                              new_bytes)
             prompts = self._steps.setdefault(step, {})
-            prompts.setdefault(draft.prompt_key, {})[draft.sample_index] = stored
+            prompts.setdefault(draft.prompt_key, {})[slot] = stored
             if old is None:
                 self.sequences += 1
         self.bytes += delta
@@ -76,7 +87,8 @@ class DraftStore:
     def fetch(
         self, step: int, prompt_keys: Iterable[str], max_bytes: int | None = None
     ) -> tuple[list[PregenDraft], bool]:
-        """All drafts of the given prompt keys (every sample index, ascending), in key order.
+        """All drafts of the given prompt keys (every sample index, ascending, each draft
+        before its branches), in key order.
 
         Stops before the reply would exceed `max_bytes` (estimated wire size) and then says
         so with `truncated=True`. The returned token arrays are the store's own: read-only.
@@ -89,12 +101,13 @@ class DraftStore:
             if key in seen:
                 continue
             seen.add(key)
-            for index in sorted(prompts.get(key, {})):
-                s = prompts[key][index]
+            for index, at in sorted(prompts.get(key, {})):
+                s = prompts[key][index, at]
                 size += s.nbytes + 16
                 if max_bytes is not None and size > max_bytes:
                     return out, True
-                out.append(PregenDraft(key, index, s.tokens, s.complete, s.weight_version))
+                out.append(PregenDraft(key, index, s.tokens, s.complete, s.weight_version,
+                                       branch_at=None if at < 0 else at))
         return out, False
 
     def drop_through(self, step: int) -> int:

@@ -194,6 +194,9 @@ class Validator:
             self.non_negative(d.offset, f"{path}.offset")
             self.version(d.weight_version, f"{path}.weight_version")
             self.tokens(d.token_ids, f"{path}.token_ids", self.c.max_draft_tokens, d.offset)
+            if d.HasField("branch_at"):  # the runner-up token is one of its tokens
+                self.in_range(d.branch_at, f"{path}.branch_at",
+                              d.offset + len(d.token_ids) - 1)
 
     def fetch(self, r: pb.FetchDraftsRequest) -> None:
         self.step(r.step)

@@ -48,3 +48,7 @@ def test_unset_sampling_fields_are_the_protocol_defaults() -> None:
 def test_draft_round_trip() -> None:
     d = PregenDraft("p", 2, [5, 6], complete=True, weight_version=3, offset=1)
     assert cv.draft_from_pb(cv.draft_to_pb(d)) == d
+    for at in (0, 1):  # a branch at position 0 is not the draft itself
+        b = PregenDraft("p", 2, [5, 6], branch_at=at)
+        assert cv.draft_from_pb(cv.draft_to_pb(b)) == b
+    assert not cv.draft_to_pb(d).HasField("branch_at")

@@ -94,3 +94,33 @@ async def test_partial_drafts_over_rpc_replace_and_extend() -> None:
         await client.push_drafts(1, "r0", [PregenDraft("p", 0, [9])])  # offset 0: replace
         (d,) = await client.fetch_drafts(1, ["p"])
         assert (d.token_ids, d.complete) == ([9], False)
+
+
+def test_branches_sit_beside_their_draft() -> None:
+    s = DraftStore(budget_bytes=10_000)
+    assert s.put(1, PregenDraft("p", 0, [1, 2, 3, 4], complete=True)) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("p", 0, [1, 9, 8], branch_at=1)) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("p", 0, [1, 2, 7], branch_at=2)) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("p", 0, [6], branch_at=1, offset=3)) is DraftStatus.STORED
+    assert s.put(1, PregenDraft("p", 1, [5])) is DraftStatus.STORED
+    got, _ = s.fetch(1, ["p"])
+    assert [(d.sample_index, d.branch_at, list(d.token_ids)) for d in got] == [
+        (0, None, [1, 2, 3, 4]), (0, 1, [1, 9, 8, 6]), (0, 2, [1, 2, 7]), (1, None, [5])]
+    assert s.sequences == 4 and s.drop_through(1) == 4 and s.bytes == 0
+
+
+async def test_a_complete_branch_does_not_complete_its_task() -> None:
+    async with serving() as (_, client):
+        await client.register("r0", "a")
+        await client.register("r1", "b")  # still decoding: r0's bubble goes on
+        await client.open_step(0, {"r0": 1, "r1": 1}, make_tasks(1, 1))
+        await client.report_done(0, "r0")
+        held = await client.claim_tasks(0, "r0", 1)
+        assert len(held.tasks) == 1
+        res = await client.push_drafts(1, "r0", [PregenDraft("p0", 0, [3, 4], complete=True,
+                                                             branch_at=0)])
+        assert res.stored == 1 and (await client.get_state()).claimed_tasks == 1
+        res = await client.push_drafts(1, "r0", [PregenDraft("p0", 0, [5, 6], complete=True)])
+        assert (await client.get_state()).claimed_tasks == 0
+        got = await client.fetch_drafts(1, ["p0"])
+        assert [(d.branch_at, d.token_ids) for d in got] == [(None, [5, 6]), (0, [3, 4])]

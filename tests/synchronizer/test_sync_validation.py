@@ -110,6 +110,9 @@ CASES = [
      INVALID, "drafts[0].sample_index"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(offset=-1)]),
      INVALID, "drafts[0].offset"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        pb.Draft(prompt_key="p0", sample_index=0, token_ids=[1, 2], branch_at=2)]),
+     INVALID, "drafts[0].branch_at"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(), draft(key="")]),
      INVALID, "drafts[1].prompt_key"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(tokens=[1] * 101)]),

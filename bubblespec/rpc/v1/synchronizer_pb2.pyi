@@ -309,20 +309,22 @@ class ClaimTasksResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[PregenTask, _Mapping]]] = ..., target_step: _Optional[int] = ..., stop: _Optional[bool] = ..., remaining: _Optional[int] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset")
+    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset", "branch_at")
     PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_AT_FIELD_NUMBER: _ClassVar[int]
     prompt_key: str
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     complete: bool
     weight_version: int
     offset: int
-    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    branch_at: int
+    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ..., branch_at: _Optional[int] = ...) -> None: ...
 
 class PushDraftsRequest(_message.Message):
     __slots__ = ("step", "rank_id", "drafts")
