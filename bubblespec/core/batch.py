@@ -57,6 +57,39 @@ class Request:
     n_out: int = 0  # output tokens so far
     out: list[int] = field(default_factory=list)  # the output (kept when asked to)
 
+    def follow_branch(self, tokens: list[int], pos: int) -> None:
+        """Make a margin branch the aligned response: the output left the aligned one at
+        output position `pos` with the branch's token (counted as the first divergence
+        from the pre-generated response, if it is the first)."""
+        self.aligned = list(tokens)
+        self.aligned_on = True
+        if self.stats[6] < 0:
+            self.stats[6] = pos
+
+
+def take_branch(st: Any, al: list[int], sampled: list[int],
+                branches: list[tuple[int, list[int]]]) -> list[int] | None:
+    """Before the step: if the newly `sampled` tokens leave `al`, the aligned response of
+    `st` (passed in: the caller keeps it, reading it back from a native Request would copy
+    it every step), at a position where one of its margin `branches` (branch position,
+    tokens) takes the sampled token, and the branch equals the output before that, follow
+    the branch (the engine step then continues it as the aligned response) and return it;
+    else None."""
+    if not st.aligned_on or not branches:
+        return None
+    start = st.n_out
+    for j, t in enumerate(sampled):
+        pos = start + j
+        if pos < len(al) and al[pos] == t:
+            continue
+        for at, toks in branches:
+            if (at == pos and pos < len(toks) and toks[pos] == t
+                    and toks[:pos] == al[:pos]):
+                st.follow_branch(toks, pos)
+                return toks
+        return None
+    return None
+
 
 def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
     """Continue the aligned pre-generated response of `st` (a `Request`) while the output

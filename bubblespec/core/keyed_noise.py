@@ -98,3 +98,28 @@ def keyed_top2(logits: np.ndarray, key: int | np.uint64,
     s[a] = -np.inf
     b = int(np.argmax(s))
     return a, float(best - s[b]), b
+
+
+def gumbel_of(key: int | np.uint64, token_ids: np.ndarray | list[int]) -> np.ndarray:
+    """g(key, v) for the given token ids only: the values `uniforms_of_key` gives them."""
+    k = np.uint64(int(key) % (1 << 64))
+    ids = np.asarray(token_ids, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = splitmix64(k + ids * np.uint64(VOCAB_STRIDE))
+    return -np.log(-np.log(((z >> np.uint64(11)).astype(np.float64) + 0.5) * (2.0 ** -53)))
+
+
+def keyed_margin(top: dict[int, float], token: int, key: int | np.uint64,
+                 temperature: float = 1.0) -> tuple[float, int]:
+    """(margin, runner-up) of the keyed sample `token` among the tokens of `top` ({token
+    id: log-probability}, e.g. an engine's top log-probs, which must hold `token`): the
+    perturbed score logprob / T + g of `token` minus the best other one in `top`. Tokens
+    outside `top` are not seen, so this bounds the full-vocabulary margin (`keyed_top2`)
+    from above; it is a drafting heuristic only. (inf, -1) when `top` has no other token."""
+    others = [t for t in top if t != token]
+    if not others:
+        return float("inf"), -1
+    ids = [token, *others]
+    s = np.asarray([top[t] for t in ids]) / temperature + gumbel_of(key, ids)
+    j = 1 + int(np.argmax(s[1:]))
+    return float(s[0] - s[j]), int(ids[j])

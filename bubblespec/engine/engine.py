@@ -51,6 +51,7 @@ class _Sub:
     logprobs: list[float]
     finish: str = "running"
     steps_seen: int = 0
+    top: list[dict[int, float]] | None = None
 
 
 class RolloutEngine:
@@ -146,8 +147,10 @@ class RolloutEngine:
         return self.cfg.spec_mode != SpecMode.NONE
 
     # ------------------------------------------------------------------ drafts
-    async def add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
-        """Push pre-generated responses (group key, sample index, token ids) into the index.
+    async def add_drafts(self, items: list[tuple]) -> int:
+        """Push pre-generated responses (group key, sample index, token ids[, branch
+        position: a margin branch of that sample's draft, None for the draft]) into the
+        index.
 
         A draft holding an id outside the vocabulary (from a rank with another tokenizer, or
         a buggy client of the draft store) is dropped and counted in `drafts_dropped`: its
@@ -155,9 +158,11 @@ class RolloutEngine:
         if self.cfg.spec_mode != SpecMode.BUBBLESPEC or not items:
             return 0
         payload = []
-        for g, s, ids in items:
+        for g, s, ids, *branch in items:  # (group, sample, ids[, branch_at])
             if bad_token(ids, self.vocab_size) is None:
-                payload.append((group_token(g), int(s), [int(t) for t in ids]))
+                at = branch[0] if branch else None
+                payload.append((group_token(g), int(s), [int(t) for t in ids],
+                                None if at is None else int(at)))
         if len(payload) < len(items):
             self.drafts_dropped += len(items) - len(payload)
             log.warning("dropped %d drafts with token ids outside [0, %d)",
@@ -311,6 +316,9 @@ class RolloutEngine:
                     sub.logprobs.extend(next(iter(lp.values())).logprob if len(lp) == 1
                                         else lp[t].logprob
                                         for t, lp in zip(comp.token_ids, comp.logprobs))
+                    if sub.top is not None:
+                        sub.top.extend({int(t): x.logprob for t, x in lp.items()}
+                                       for lp in comp.logprobs)
                 sub.steps_seen += 1
                 progress.set()
                 if out.finished:
@@ -323,9 +331,10 @@ class RolloutEngine:
             for j in range(req.n):
                 sample_index = req.sample_offset + j
                 seed = req.seeds[j] if req.seeds else None
-                sp = vllm_sampling(s, seed)
+                sp = vllm_sampling(s, seed, req.keyed_start, req.top_logprobs)
                 sub = _Sub(ri, sample_index, make_request_id(req.group_key(), sample_index,
-                                                             f"{uid}{j}"), [], [])
+                                                             f"{uid}{j}"), [], [],
+                           top=[] if req.top_logprobs else None)
                 subs.append(sub)
                 tasks.append(asyncio.create_task(run(sub, prompt, sp)))
         stopped = False
@@ -379,7 +388,8 @@ class RolloutEngine:
                 num_accepted_pregen_tokens=min(acc_pregen, max(0, n_out - steps)),
                 first_divergence=diverged if 0 <= diverged < n_out else None,
                 num_accepted_after_divergence=min(acc_after, max(0, n_out - steps)),
-                num_recouplings=recouple))
+                num_recouplings=recouple,
+                top_logprobs=None if sub.top is None else sub.top[:n_out]))
         return results
 
     async def shutdown(self) -> None:

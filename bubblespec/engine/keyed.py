@@ -1,7 +1,9 @@
 """Keyed-noise sampling inside vLLM (see `bubblespec.core.keyed_noise` for the definition).
 
 Requests opt in with `SamplingParams.extra_args = {"bubblespec_keyed_seed": s}` (plus
-`"bubblespec_keyed_context": True` for context keys, `bubblespec.core.context_keys`). For
+`"bubblespec_keyed_context": True` for context keys, `bubblespec.core.context_keys`, and
+`"bubblespec_keyed_start": p` for a margin branch, whose response began p tokens before the
+end of its prompt). For
 those rows, plain sampling, the bonus token of a speculative step and the verification of
 drafted positions all draw token t as argmax(processed_logits + g(key_t, .)), key_t the
 position key of (s, t) or the context key of the tokens before t (for a drafted position:
@@ -22,7 +24,7 @@ import torch
 from bubblespec.core.context_keys import CONTEXT_LEN, ResponseKeys, mix64
 from bubblespec.core.keyed_noise import GOLDEN, M64, MIX1, MIX2, VOCAB_STRIDE
 from bubblespec.engine import vllm_glue
-from bubblespec.engine.sampling import CONTEXT_ARG, KEY_ARG
+from bubblespec.engine.sampling import CONTEXT_ARG, KEY_ARG, START_ARG
 
 PLACEHOLDER = -1
 
@@ -95,15 +97,17 @@ class KeyedSampling:
         self.runner = runner
         self.fault_context_only = fault_context_only
         self.spec: tuple[list[int], list[list[int]]] | None = None
-        self._opts: dict[str, tuple[int, bool] | None] = {}
+        self._opts: dict[str, tuple[int, bool, int] | None] = {}
         self._ctx: dict[str, ResponseKeys] = {}
 
-    def _options(self, rid: str) -> tuple[int, bool] | None:
-        """(seed, context keys?) of a keyed request, None for other requests (cached)."""
+    def _options(self, rid: str) -> tuple[int, bool, int] | None:
+        """(seed, context keys?, output position of its first token) of a keyed request,
+        None for other requests (cached)."""
         if rid not in self._opts:
             extra = vllm_glue.request_extra_args(self.runner, rid)
             self._opts[rid] = (None if not extra or KEY_ARG not in extra
-                               else (int(extra[KEY_ARG]), bool(extra.get(CONTEXT_ARG))))
+                               else (int(extra[KEY_ARG]), bool(extra.get(CONTEXT_ARG)),
+                                     int(extra.get(START_ARG, 0))))
         return self._opts[rid]
 
     def rows(self) -> list[_Row]:
@@ -115,8 +119,9 @@ class KeyedSampling:
             opts = self._options(rid)
             if opts is None:
                 continue
-            seed, by_context = opts
-            n_tok, n_prompt = int(batch.num_tokens_no_spec[i]), int(batch.num_prompt_tokens[i])
+            seed, by_context, start = opts
+            n_tok = int(batch.num_tokens_no_spec[i])
+            n_prompt = int(batch.num_prompt_tokens[i]) - start  # where the response starts
             ctx, tail = None, []
             if by_context:
                 ctx = self._ctx.get(rid)

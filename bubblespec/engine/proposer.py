@@ -26,7 +26,7 @@ from typing import Any
 
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import Request, SuffixIndex, step
-from bubblespec.core.batch import RESYNC
+from bubblespec.core.batch import RESYNC, take_branch
 from bubblespec.core.candidates import Calibration, SourceStats
 from bubblespec.engine.vllm_glue import (
     VllmProposer,
@@ -66,6 +66,11 @@ class BubbleSpecProposer:
         self.prompts_added: set[str] = set()
         self.drafts_by_group: dict[str, list[tuple]] = {}
         self.aligned: dict[tuple[str, int], list[int]] = {}
+        # margin branches per (group, sample): (branch position, tokens); and per running
+        # request that has some: [its current aligned response, its branches]
+        self.branches: dict[tuple[str, int], list[tuple[int, list[int]]]] = {}
+        self.branching: dict[str, list] = {}
+        self.branches_taken = 0
         self.history_seqs: dict[str, list[tuple]] = {}  # finished outputs kept per group
         self.calib = Calibration()
         self.src_stats = SourceStats()
@@ -101,8 +106,11 @@ class BubbleSpecProposer:
                                       int(options.get("ngram_max", 5)))
         return self.mode
 
-    def add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
-        """Store pre-generated responses: (group token, sample index, token ids).
+    def add_drafts(self, items: list[tuple]) -> int:
+        """Store pre-generated responses: (group token, sample index, token ids[, branch
+        position]); a margin branch (position not None) is kept beside its sample's draft
+        for `core.batch.take_branch`, and its part from shortly before the branch point goes
+        into the group's index like the drafts.
 
         A response with an id outside [0, vocab) is dropped (and counted): drafting it would
         fail the embedding lookup, and with it the engine step of every request."""
@@ -110,9 +118,19 @@ class BubbleSpecProposer:
             return 0
         n = 0
         vocab = self.vocab_size
-        for gtok, sample, ids in items:
+        for gtok, sample, ids, *branch in items:
             if any(not 0 <= t < vocab for t in ids):
                 self.drafts_dropped += 1
+                continue
+            at = branch[0] if branch else None
+            if at is not None:
+                if 0 <= at < len(ids):
+                    self.branches.setdefault((gtok, int(sample)), []).append((int(at), list(ids)))
+                    seq_id = ("branch", gtok, int(sample), int(at),
+                              len(self.drafts_by_group.get(gtok, ())))
+                    self.index.add_sequence(seq_id, gtok, ids[max(0, at - 16):])
+                    self.drafts_by_group.setdefault(gtok, []).append(seq_id)
+                    n += len(ids) - at
                 continue
             seq_id = ("pre", gtok, int(sample), len(self.drafts_by_group.get(gtok, ())))
             if ids:
@@ -134,6 +152,7 @@ class BubbleSpecProposer:
         for base in [b for b in self.finished if parse_request_id(b)[0] in dead]:
             del self.finished[base]
         self.aligned = {k: v for k, v in self.aligned.items() if k[0] not in dead}
+        self.branches = {k: v for k, v in self.branches.items() if k[0] not in dead}
         for gtok in groups:
             if self.history:
                 self.index.remove_sequences(self.drafts_by_group.pop(gtok, []))
@@ -161,7 +180,8 @@ class BubbleSpecProposer:
                 "global_tokens": idx.num_global_tokens,
                 "global_token_budget": idx.global_token_budget or 0, "bytes": idx.nbytes(),
                 "aligned": len(self.aligned), "finished_stats": len(self.finished),
-                "drafts_dropped": self.drafts_dropped}
+                "drafts_dropped": self.drafts_dropped, "branches": len(self.branches),
+                "branches_taken": self.branches_taken}
 
     def source_stats(self, reset: bool = False) -> dict[str, int]:
         """Per draft source: engine steps it won, its drafted and accepted tokens (and the
@@ -198,12 +218,16 @@ class BubbleSpecProposer:
                     if self.global_pool and self.inner is None else None)
         aligned = self.aligned.get((gtok, sample)) if self.pregen else None
         on = aligned is not None and aligned[: len(done)] == done
+        branches = self.branches.get((gtok, sample)) if aligned is not None else None
+        if branches:
+            self.branching[req_id] = [aligned, branches]
         return Request(group, seq_id, matcher, gmatcher, aligned=aligned, aligned_on=on,
                        tail=done[-RESYNC:], n_out=len(done),
                        out=list(done) if self.history or self.global_pool else [])
 
     def _finish(self, req_id: str) -> None:
         st = self.reqs.pop(req_id)
+        self.branching.pop(req_id, None)
         self._order = None
         gtok = parse_request_id(req_id)[0]
         if self.siblings or self.self_context:
@@ -244,6 +268,8 @@ class BubbleSpecProposer:
         reqs = (self._requests(ids, sampled_token_ids, num_tokens_no_spec,
                                batch.num_prompt_tokens, token_ids_cpu)
                 if fresh else self._order_reqs)
+        if self.branching:
+            self._take_branches(ids, reqs, sampled_token_ids)
         inner = None
         if self.inner is not None:
             inner = self.inner.propose(self.k, sampled_token_ids, num_tokens_no_spec,
@@ -258,6 +284,18 @@ class BubbleSpecProposer:
                 self._finish(rid)
             self._order, self._order_reqs = ids, reqs
         return out
+
+    def _take_branches(self, ids: list[str], reqs: list[Any], sampled: list[list[int]]) -> None:
+        """Requests whose new tokens left their aligned response where a margin branch takes
+        them follow the branch from this step on (`core.batch.take_branch`)."""
+        for i, new in enumerate(sampled):
+            b = self.branching.get(ids[i]) if new else None
+            if b is None:
+                continue
+            taken = take_branch(reqs[i], b[0], new, b[1])
+            if taken is not None:
+                b[0] = taken
+                self.branches_taken += 1
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No draft model to load."""

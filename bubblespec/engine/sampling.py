@@ -17,11 +17,15 @@ from bubblespec.protocol.sampling import SamplingParams
 KEY_ARG = "bubblespec_keyed_seed"
 #: `extra_args` key set (True) when the keys are context keys (`seed_mode: keyed_context`).
 CONTEXT_ARG = "bubblespec_keyed_context"
+#: `extra_args` key: output position of the first generated token (a margin branch).
+START_ARG = "bubblespec_keyed_start"
 
 
-def vllm_sampling(sp: SamplingParams, seed: int | None) -> Any:
+def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
+                  top_logprobs: int = 0) -> Any:
     """The vLLM sampling parameters of one sample seeded `seed` (None: unseeded), streaming
-    token-id deltas with the sampled token's log-prob."""
+    token-id deltas with the sampled token's log-prob (and the `top_logprobs` most likely
+    tokens'); keyed samples start at output position `start` (GenRequest.keyed_start)."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -31,12 +35,15 @@ def vllm_sampling(sp: SamplingParams, seed: int | None) -> Any:
         n=1, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
         repetition_penalty=sp.repetition_penalty,
         max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
-        ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=0,
+        ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=top_logprobs,
         detokenize=False, output_kind=RequestOutputKind.DELTA,
-        extra_args=_keyed_args(sp, seed))
+        extra_args=_keyed_args(sp, seed, start))
 
 
-def _keyed_args(sp: SamplingParams, seed: int | None) -> dict | None:
+def _keyed_args(sp: SamplingParams, seed: int | None, start: int = 0) -> dict | None:
     if not sp.keyed:
         return None
-    return {KEY_ARG: seed, CONTEXT_ARG: True} if sp.keyed_by_context else {KEY_ARG: seed}
+    args: dict = {KEY_ARG: seed, CONTEXT_ARG: True} if sp.keyed_by_context else {KEY_ARG: seed}
+    if start:
+        args[START_ARG] = int(start)
+    return args

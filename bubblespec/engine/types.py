@@ -52,6 +52,13 @@ class GenRequest:
     seeds: list[int] | None = None
     group: str | None = None
     sample_offset: int = 0
+    keyed_start: int = 0
+    """Keyed sampling: the output position of the first generated token. A margin branch
+    continues a response whose first `keyed_start` tokens end `input_ids`, with the keyed
+    noise those positions have in the response (0: a response starts after input_ids)."""
+    top_logprobs: int = 0
+    """Also return, per generated token, the log-probabilities of the `top_logprobs` most
+    likely tokens (raw, before temperature; pre-generation reads keyed margins from them)."""
 
     def group_key(self) -> str:
         """Prompt-group key: explicit, else a stable hash of the prompt ids."""
@@ -83,6 +90,9 @@ class SampleResult:
     """Accepted draft tokens (any source) at or after `first_divergence`."""
     num_recouplings: int = 0
     """Times the output re-joined the aligned response after leaving it (drafting resumed)."""
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per output token, {token id: raw log-probability} of the most likely tokens (and the
+    sampled one), when the request asked for `top_logprobs`."""
 
 
 @dataclass

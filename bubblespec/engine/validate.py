@@ -36,6 +36,11 @@ def validate_request(req: GenRequest, vocab_size: int, max_model_len: int) -> No
         raise InvalidRequest(f"input_ids[{i}]", f"token id {ids[i]!r} outside [0, {vocab_size})")
     if not isinstance(req.n, int) or not 1 <= req.n <= L.MAX_N:
         raise InvalidRequest("n", f"must be an integer in [1, {L.MAX_N}], got {req.n!r}")
+    if not 0 <= req.keyed_start <= len(ids):
+        raise InvalidRequest("keyed_start", f"must be in [0, {len(ids)}] (the input's "
+                                            f"length), got {req.keyed_start}")
+    if not 0 <= req.top_logprobs <= 20:
+        raise InvalidRequest("top_logprobs", f"must be in [0, 20], got {req.top_logprobs}")
     s = req.sampling
     if len(ids) + s.max_new_tokens > max_model_len:
         raise InvalidRequest("sampling_params.max_new_tokens",

@@ -383,7 +383,7 @@ class WorkerExtension:
             runner._bubblespec_keyed.install()
         return True
 
-    def bubblespec_add_drafts(self, items: list[tuple[str, int, list[int]]]) -> int:
+    def bubblespec_add_drafts(self, items: list[tuple]) -> int:
         return self._drafter().add_drafts(items)
 
     def bubblespec_release(self, groups: list[str]) -> int:

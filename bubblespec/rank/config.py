@@ -43,6 +43,9 @@ class RankConfig(BaseConfig, EngineConfig):
     """T: decode steps between stop polls while pre-generating."""
     pregen_inflight: int = Field(64, ge=1)
     """Most pre-generation tasks decoding at once (refilled as each finishes)."""
+    pregen_branches: int = Field(0, ge=0, le=64)
+    """Margin branches per complete keyed draft, decoded once the pre-generation queue is
+    drained, at the draft's smallest keyed margins (0: none; docs/design.md section 5)."""
     engine_restarts: int = Field(3, ge=0, le=1000)
     """Engine restarts this process makes after its engine died (with the last good weights);
     when they are spent and the engine dies again, the process exits non-zero so that its

@@ -15,6 +15,8 @@ trains); the watch also notes when it first saw the stop signal, so the time and
 before it (the bubble) and after it (the training window) are reported apart.
 Drafts are pushed as lanes finish (complete ones retire their tasks at once, so no other
 rank redoes them) and, on stop, as partial drafts in one batch.
+With `branches` > 0, once the queue is drained the free lanes decode margin branches of
+this rank's complete keyed drafts (`rank/branches.py`), pushed beside their drafts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubblespec.engine.types import GenRequest, GenResult
+from bubblespec.rank.branches import TOP_LOGPROBS, Branch, BranchQueue, branchable
 from bubblespec.protocol.domain import PregenDraft, PregenTask, StepEventKind
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,8 @@ class PregenOutcome:
     tasks: int = 0
     complete: int = 0
     pushed_tokens: int = 0
+    branches: int = 0
+    """Margin branches decoded (their tokens are in `tokens`)."""
     stopped: bool = False
     """The stop signal (or a local stop) ended it, rather than an empty queue."""
     started_at: float = 0.0
@@ -119,10 +124,12 @@ class PregenOutcome:
                 ("pregen_window", cut[0], self.ended_at, self.tokens - before)]
 
 
-def task_request(t: PregenTask) -> GenRequest:
-    """The engine request of one pre-generation task (one sample, its own seed)."""
+def task_request(t: PregenTask, branching: bool = False) -> GenRequest:
+    """The engine request of one pre-generation task (one sample, its own seed); with
+    `branching`, also the top log-probs its margin branches are chosen by."""
     return GenRequest(input_ids=list(t.prompt_token_ids), n=1, seeds=[t.seed],
-                      sample_offset=t.sample_index, group=t.prompt_key, sampling=t.sampling)
+                      sample_offset=t.sample_index, group=t.prompt_key, sampling=t.sampling,
+                      top_logprobs=TOP_LOGPROBS if branching and branchable(t) else 0)
 
 
 def task_draft(t: PregenTask, g: GenResult) -> PregenDraft:
@@ -136,13 +143,15 @@ class Pregenerator:
     """Runs one bubble: claim, decode up to `inflight` tasks at once, push, until stop."""
 
     def __init__(self, engine: Any, sync: Any, rank_id: str, step: int, inflight: int,
-                 poll_every: int, local_stop: asyncio.Event) -> None:
+                 poll_every: int, local_stop: asyncio.Event, branches: int = 0) -> None:
         self.engine = engine
         self.sync = sync
         self.rank_id = rank_id
         self.step = step
         self.inflight = inflight
         self.lanes: dict[asyncio.Task, PregenTask] = {}
+        self.branches = BranchQueue(branches) if branches > 0 else None
+        self.branch_lanes: dict[asyncio.Task, Branch] = {}
         self.stop = StopWatch(sync, step, rank_id, local_stop, engine, poll_every,
                               lambda: len(self.lanes))
         self.target = step + 1
@@ -167,6 +176,8 @@ class Pregenerator:
                         lanes[asyncio.create_task(self._lane(t))] = t
                         groups.add(t.prompt_key)
                     out.tasks += len(claim.tasks)
+                if room > 0 and exhausted and self.branches and not await self.stop():
+                    self._start_branches(room)
                 if not lanes:
                     break
                 done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED)
@@ -183,10 +194,22 @@ class Pregenerator:
         out.stop_seen = None if seen is None else (seen[0], seen[1] - base)
         return out
 
-    async def _lane(self, t: PregenTask) -> GenResult:
-        results = await self.engine.generate([task_request(t)], should_stop=self.stop,
-                                             poll_every=1, counters=False)
+    async def _lane(self, t: PregenTask, req: GenRequest | None = None) -> GenResult:
+        req = req or task_request(t, self.branches is not None)
+        results = await self.engine.generate([req], should_stop=self.stop, poll_every=1,
+                                             counters=False)
         return results[0]
+
+    def _start_branches(self, room: int) -> None:
+        """Fill free lanes with margin branches (after the queue is drained)."""
+        assert self.branches is not None
+        for b in self.branches.take(room):
+            req = b.request()
+            if req is None:
+                continue
+            lane = asyncio.create_task(self._lane(b.task, req))
+            self.lanes[lane] = b.task
+            self.branch_lanes[lane] = b
 
     async def _push(self, out: PregenOutcome, finished: list[tuple[PregenTask, Any]]) -> None:
         drafts = []
@@ -195,9 +218,17 @@ class Pregenerator:
                 log.warning("pre-generation of %s/%d failed: %r", t.prompt_key, t.sample_index,
                             lane.exception())
                 continue
-            d = task_draft(t, lane.result())
-            out.tokens += len(d.token_ids)
-            out.complete += d.complete
+            branch = self.branch_lanes.pop(lane, None)
+            if branch is not None:
+                d = branch.draft(lane.result())
+                out.branches += 1
+                out.tokens += len(d.token_ids) - len(branch.prefix)
+            else:
+                d = task_draft(t, lane.result())
+                out.tokens += len(d.token_ids)
+                out.complete += d.complete
+                if self.branches is not None:
+                    self.branches.add(t, lane.result())
             if d.token_ids:
                 drafts.append(d)
         if not drafts:

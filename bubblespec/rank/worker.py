@@ -148,7 +148,8 @@ class RankWorker:
         if self.sync is None or not self.engine.speculative or not self.cfg.src_pregen:
             return 0
         drafts = await self.sync.fetch_drafts(step, sorted({r.group_key() for r in reqs}))
-        items = [(d.prompt_key, d.sample_index, list(d.token_ids)) for d in drafts if d.token_ids]
+        items = [(d.prompt_key, d.sample_index, list(d.token_ids), d.branch_at)
+                 for d in drafts if d.token_ids]
         if items:
             await self.engine.add_drafts(items)
         n = sum(len(i[2]) for i in items)
@@ -166,7 +167,7 @@ class RankWorker:
         try:
             out = await Pregenerator(self.engine, self.sync, self.rank_id, step,
                                      self.cfg.pregen_inflight, self.cfg.poll_every,
-                                     self._pregen_stop).run()
+                                     self._pregen_stop, self.cfg.pregen_branches).run()
         except Exception:  # pre-generation is best effort: never take the rank down
             log.exception("pre-generation of step %d failed", step + 1)
         t1 = time.time()

@@ -243,7 +243,14 @@ NB_MODULE(bubblespec_native, mod) {
       .def_ro("aligned_on", &Request::aligned_on)
       .def_prop_ro("tail", [](const Request& r) { return to_list(r.tail); })
       .def_ro("n_out", &Request::n_out)
-      .def_prop_ro("out", [](const Request& r) { return to_list(r.out); });
+      .def_prop_ro("out", [](const Request& r) { return to_list(r.out); })
+      .def("follow_branch", [](Request& r, nb::handle tokens, int64_t pos) {
+        // batch.Request.follow_branch: the branch becomes the aligned response
+        r.aligned = tokens_of(tokens);
+        r.has_aligned = true;
+        r.aligned_on = true;
+        if (r.stats[6] < 0) r.stats[6] = pos;
+      }, nb::arg("tokens"), nb::arg("pos"));
 
   mod.def("step", [](Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
                      int64_t k, int64_t max_model_len, nb::handle params, nb::handle calib,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from scipy.stats import chisquare, kstest
 
 from bubblespec.core.keyed_noise import gumbel, keyed_sample, uniforms
@@ -75,3 +76,29 @@ def test_keyed_top2_is_the_keyed_sample_and_its_runner_up() -> None:
         bumped = logits.copy()
         bumped[ru] += temperature * margin * 1.0001 + 1e-9
         assert keyed_sample_of_key(bumped, key, temperature) == ru
+
+
+def test_keyed_margin_from_top_logprobs_matches_the_full_vocabulary() -> None:
+    from bubblespec.core.keyed_noise import (
+        gumbel,
+        gumbel_of,
+        keyed_margin,
+        keyed_top2,
+        position_key,
+    )
+
+    assert np.allclose(gumbel_of(position_key(5, 2), [0, 7, 99]), gumbel(5, 2, 100)[[0, 7, 99]])
+    rng = np.random.default_rng(4)
+    for trial in range(100):
+        logits = rng.normal(0, 3.0, 30)
+        logp = logits - np.logaddexp.reduce(logits)
+        key = position_key(trial, 3)
+        tok, margin, ru = keyed_top2(logits, key)
+        full = {int(v): float(logp[v]) for v in range(30)}
+        assert keyed_margin(full, tok, key) == pytest.approx((margin, ru))
+        top = dict(sorted(full.items(), key=lambda kv: -kv[1])[:4]) | {tok: full[tok]}
+        m, r = keyed_margin(top, tok, key)
+        assert m >= margin - 1e-9  # fewer rivals: the margin can only grow
+        if ru in top:
+            assert (m, r) == pytest.approx((margin, ru))
+    assert keyed_margin({3: -0.1}, 3, 1) == (float("inf"), -1)
