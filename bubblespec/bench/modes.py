@@ -71,6 +71,18 @@ MODES: tuple[Mode, ...] = (
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window",
          pregen_window=PregenWindow.TRAINING),
 )
+BRANCH_MODES: tuple[Mode, ...] = (
+    Mode("bubblespec-keyed-branch", ("--spec-mode=bubblespec", "--no-src-history",
+                                     "--pregen-branches=1"), pregen=True,
+         seed_mode=SeedMode.KEYED, label="keyed_branch"),
+    Mode("bubblespec-keyed-window-branch", ("--spec-mode=bubblespec", "--no-src-history",
+                                            "--pregen-branches=1"), pregen=True,
+         seed_mode=SeedMode.KEYED, label="keyed_window_branch",
+         pregen_window=PregenWindow.TRAINING),
+)
+"""The keyed modes with one margin branch per complete keyed draft, decoded once the
+pre-generation queue is drained (`bubblespec rank --pregen-branches`, docs/design.md
+section 5)."""
 KEYED_BASELINE_MODES: tuple[Mode, ...] = (
     Mode("ngram-keyed", ("--spec-mode=ngram",), seed_mode=SeedMode.KEYED, label="ngram_keyed"),
     Mode("suffix-keyed", ("--spec-mode=suffix",), seed_mode=SeedMode.KEYED,
@@ -81,7 +93,7 @@ KEYED_BASELINE_MODES: tuple[Mode, ...] = (
 """The baselines under keyed sampling: their tokens are those of keyed sampling without
 speculation, so their rows compare with bubblespec-keyed on identical outputs (run by
 `bench paced`; `bench service` runs them when named in --modes)."""
-ALL_MODES = MODES + KEYED_BASELINE_MODES
+ALL_MODES = MODES + KEYED_BASELINE_MODES + BRANCH_MODES
 BASELINE = "nospec"
 KEYED_BASELINE = "nospec-keyed"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",

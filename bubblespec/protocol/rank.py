@@ -133,6 +133,9 @@ class DraftIndexBody(_Body):
     finished_stats: int = Field(0, description="Per-request counters not yet collected.")
     drafts_dropped: int = Field(0, description="Drafts dropped for token ids outside the "
                                                "vocabulary.")
+    branches: int = Field(0, description="Drafts that have margin branches kept.")
+    branches_taken: int = Field(0, description="Times a response followed a margin branch "
+                                               "(since the engine started).")
 
 
 class PaceBody(_Body):

@@ -43,7 +43,8 @@ TAG = "[calibration]"
 WITHIN = 0.10
 """The agreement asked of the replay: modelled speed-up within 10% of the measured one."""
 GAP_KEYS = ("bubblespec", "suffix", "bubblespec-keyed", "suffix-keyed",
-            "bubblespec-keyed-window", "ngram", "ngram-keyed")
+            "bubblespec-keyed-window", "ngram", "ngram-keyed", "bubblespec-keyed-branch",
+            "bubblespec-keyed-window-branch")
 """Modes of the last line, in its order (labels from `Mode.key`)."""
 
 
