@@ -175,6 +175,7 @@ class RankWorker:
             self._set("idle")
         lab = self.rank_id
         self.m.pregen_requests.labels(lab).inc(out.tasks)
+        self.m.pregen_branches.labels(lab).inc(out.branches)
         self.m.pregen_tokens.labels(lab).inc(out.tokens)
         self.m.pregen_pushed_tokens.labels(lab).inc(out.pushed_tokens)
         if out.ended_at > out.started_at:

@@ -33,8 +33,10 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # one margin branch per complete keyed draft (only keyed hand-off steps make any)
     yield from local_cluster(tmp_path_factory, sync_args=["--heartbeat-interval-s", "0.5",
-                                                          "--rank-timeout-s", "5"])
+                                                          "--rank-timeout-s", "5"],
+                             rank_args=["--pregen-branches", "1"])
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +183,32 @@ def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task
     assert fast.pregen_s > 0 and fast.pregen_tokens > 0
     assert slow.bubble_fraction < fast.bubble_fraction
     assert rep.pregen_tokens == sum(r.pregen_tokens for r in rep.ranks)
+
+
+def _rank_counter(cluster: LocalCluster, name: str) -> float:
+    total = 0.0
+    for url in cluster.rank_urls.values():
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_keyed_drafts_get_margin_branches(client: BubbleSpecClient, cluster: LocalCluster,
+                                          task: Any) -> None:
+    now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
+    nxt = [task.make_prompt(9, 4, 3), task.make_prompt(21, 2, 2)]  # short: drafts complete
+    keyed = {**SAMPLING, "seed_mode": "keyed"}
+    before = _rank_counter(cluster, "bubblespec_pregen_branches_total")
+    a = client.rollout(now, n=1, sampling_params=keyed, seeds=[[11], [12]],
+                       next_prompts=nxt, next_seeds=[[13], [14]])
+    b = client.rollout(nxt, n=1, sampling_params=keyed, seeds=[[13], [14]])
+    assert b.step == a.step + 1 and b.counters.drafts_fetched_tokens > 0
+    assert _rank_counter(cluster, "bubblespec_pregen_branches_total") > before
+    # the same weights: every response follows its draft, no branch is taken, and the
+    # tokens are those of keyed sampling with the same seeds without pre-generation
+    again = client.rollout(nxt, n=1, sampling_params=keyed, seeds=[[13], [14]], pregen=False)
+    assert again.output_ids() == b.output_ids()
 
 
 def test_ranks_health_and_metrics(client: BubbleSpecClient, cluster: LocalCluster) -> None:
