@@ -172,6 +172,7 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
     costs = {b: 0 for b in BUDGETS}
     draft_tokens = 0
     drafts = None
+    old_model = None  # the weights that pre-generated the drafts (W_k-1 at step k)
     per_step = []
     for k in range(steps + 1):
         new = sample(trainer.model, k)
@@ -231,15 +232,15 @@ def format_report(doc: dict[str, Any]) -> list[str]:
     """The printed figures; the last line is machine-readable."""
     s, bud = doc["summary"], doc["budgets"]
     q = s["relative_position_quartiles"]
-    lines = [f"responses {s['responses']}, left their pre-generated draft {s['diverged']}, "
-             f"runner-up was the flip {s['runner_up_hits']} "
-             f"({s['runner_up_hits'] / max(1, s['diverged']):.0%}), median margin rank of the "
-             f"flip position {s['margin_rank_median']}, flip at relative position "
-             f"quartiles {', '.join(f'{x:.2f}' for x in q)}",
-             f"runner-up branch predicted the whole rest of the new response: "
-             f"{s['branch_whole_tail']} of {s['runner_up_hits']}",
-             "budget (branches per draft)  covered flips  tail share predicted  cost (of draft "
-             "tokens, estimated)"]
+    lines = [(f"responses {s['responses']}, left their pre-generated draft {s['diverged']}, "
+              f"runner-up was the flip {s['runner_up_hits']} "
+              f"({s['runner_up_hits'] / max(1, s['diverged']):.0%}), median margin rank of "
+              f"the flip position {s['margin_rank_median']}, flip at relative position "
+              f"quartiles {', '.join(f'{x:.2f}' for x in q)}"),
+             (f"runner-up branch predicted the whole rest of the new response: "
+              f"{s['branch_whole_tail']} of {s['runner_up_hits']}"),
+             ("budget (branches per draft)  covered flips  tail share predicted  cost (of "
+              "draft tokens, estimated)")]
     for b, f in bud.items():
         share = "-" if f["tail_share"] is None else f"{f['tail_share']:.1%}"
         cost = "-" if f["cost_share"] is None else f"{f['cost_share']:.0%}"

@@ -161,7 +161,6 @@ def _ranks(args: argparse.Namespace) -> list[int]:
 def calibrated(args: argparse.Namespace, out: Path | None) -> None:
     """`--calibrate`: the projection from the paced run's inputs, then the comparison."""
     from bubblespec.sim import calreport
-
     from bubblespec.sim.flipcaps import load_flips
 
     run, first, window = calreport.load(args.calibrate)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubblespec.engine.types import GenRequest, GenResult
-from bubblespec.rank.branches import TOP_LOGPROBS, Branch, BranchQueue, branchable
 from bubblespec.protocol.domain import PregenDraft, PregenTask, StepEventKind
+from bubblespec.rank.branches import TOP_LOGPROBS, Branch, BranchQueue, branchable
 
 log = logging.getLogger(__name__)
 

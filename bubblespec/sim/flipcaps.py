@@ -35,8 +35,8 @@ def load_flips(path: str | Path, branches: int = 0) -> Flips:
     measured it (the whole rest: no flip)."""
     doc = json.loads(Path(path).read_text())
     rows = doc.get("rows") if isinstance(doc, dict) else None
-    if not isinstance(rows, list):
-        raise ValueError(f"{path}: rows: expected the rows of `bubblespec bench flips`")
+    if not isinstance(rows, list):  # a bad file, reported like the paced.json checks
+        raise ValueError(f"{path}: rows: expected the rows of `bubblespec bench flips`")  # noqa: TRY004
     out: Flips = {}
     for r in rows:
         f = r.get("first_divergence")
@@ -88,7 +88,7 @@ def flip_stats(run: PacedRun, flips: Flips | None = None) -> tuple[float, tuple[
     """(share of the responses after step 0 that left their draft, where: shares of their
     lengths) over the pre-generating modes' flips (the simulator's `flip_share` and
     `flip_positions`); (0, ()) when no flip is known."""
-    for name, m in run.modes.items():
+    for name in run.modes:
         caps = flip_caps(run, name, flips)
         if caps is None:
             continue

@@ -99,7 +99,7 @@ def test_no_update_no_flip_and_a_large_update_flips(tiny) -> None:
     from bubblespec.tasks import default_model_dir
 
     _, task = tiny
-    kw = dict(steps=1, prompts=2, n=4, seed=1, max_new=96, log=lambda _: None)
+    kw = {"steps": 1, "prompts": 2, "n": 4, "seed": 1, "max_new": 96, "log": lambda _: None}
     same = run_flips(task, str(default_model_dir()), lr=0.0, **kw)
     assert same["summary"]["responses"] == 8 and same["summary"]["diverged"] == 0
     moved = run_flips(task, str(default_model_dir()), lr=3e-2, **kw)

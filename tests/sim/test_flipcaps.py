@@ -24,7 +24,7 @@ def _with_divergences(tmp_path: Path, at: int | None) -> Path:
     """The fixture with every response of the pre-generating modes leaving its draft at
     `at` (None: never), as the paced records now carry it."""
     doc = json.loads(FIXTURE.read_text())
-    for name, r in doc["runs"]["0"].items():
+    for r in doc["runs"]["0"].values():
         for s in r.get("steps", []):
             s["request_first_divergence"] = [[at] * len(row) for row in s["output_lengths"]]
     path = tmp_path / "paced.json"
@@ -135,7 +135,7 @@ def test_branches_move_the_flips_they_cover(tmp_path):
     assert load_flips(path) == {(1, 0, 0): 5, (1, 0, 1): 5, (1, 1, 0): 2}
     assert load_flips(path, 1) == {(1, 0, 1): 5, (1, 1, 0): 2}  # rank 1 needs 2 branches
     assert load_flips(path, 2) == {(1, 0, 1): 9, (1, 1, 0): 2}
-    run, first, _ = load(_with_divergences(tmp_path, 0))
+    run, _, _ = load(_with_divergences(tmp_path, 0))
     everyone = {(k, j, i): 0 for k in range(run.steps) for j in range(run.prompts)
                 for i in range(run.n)}
     from bubblespec.sim.calreport import whatif, whatif_lines
