@@ -102,6 +102,11 @@ class SyncMetrics:
             "bubblespec_pregen_tasks_completed", "Tasks whose complete draft was pushed.",
             registry=registry,
         )
+        self.branches_offered = Counter(
+            "bubblespec_pregen_branches_offered",
+            "Margin branch tasks queued from the offers of complete keyed drafts.",
+            registry=registry,
+        )
         self.drafts_stored = Counter(
             "bubblespec_draft_store_stored", "Draft pushes stored.", registry=registry,
         )

@@ -67,6 +67,11 @@ class PregenTask:
     sample_index: int
     seed: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    prefix: Sequence[int] = ()
+    """A margin branch task: the stored draft's tokens before `branch_at`, then its
+    runner-up token there (the response continues after them)."""
+    branch_at: int | None = None
+    """The output position where the branch takes the runner-up; None: a plain task."""
 
     @property
     def max_new_tokens(self) -> int:
@@ -98,6 +103,9 @@ class PregenDraft:
     branch_at: int | None = None
     """A margin branch: the output position where it takes the draft's runner-up token
     (its tokens before that equal the draft's); None: the draft itself."""
+    branch_offers: Sequence[tuple[int, int]] = ()
+    """(position, runner-up token) where a complete draft offers margin branches, smallest
+    keyed margin first; the synchronizer queues each as a branch task for any rank."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,8 @@ class Claim:
     target_step: int
     stop: bool
     remaining: int
+    in_progress: int = 0
+    """Tasks claimed by ranks and not complete (their drafts may still offer branches)."""
 
 
 @dataclass(frozen=True)

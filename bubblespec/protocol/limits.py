@@ -37,6 +37,8 @@ MAX_N = 1024
 """Most samples of one prompt in one request."""
 MAX_SAMPLE_INDEX = 2**30
 """Largest sample index (`sample_offset + n - 1` stays an int32)."""
+MAX_BRANCH_OFFERS = 16
+"""Margin branches one complete draft may offer (`PregenDraft.branch_offers`)."""
 MAX_INDEX = INT32_MAX
 """Largest position of a prompt in a batch."""
 MAX_NEW_TOKENS = 2**24

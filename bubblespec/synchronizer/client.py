@@ -344,7 +344,8 @@ class SyncClient:
             timeout_s, rank_id)
         if r is None:
             return Claim([], step + 1, False, 0)
-        return Claim([cv.task_from_pb(t) for t in r.tasks], r.target_step, r.stop, r.remaining)
+        return Claim([cv.task_from_pb(t) for t in r.tasks], r.target_step, r.stop, r.remaining,
+                     r.in_progress)
 
     async def push_drafts(self, step: int, rank_id: str, drafts: Sequence[PregenDraft],
                           timeout_s: float | None = None) -> PushResult:

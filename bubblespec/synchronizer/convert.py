@@ -92,13 +92,16 @@ def task_to_pb(t: PregenTask) -> pb.PregenTask:
     return pb.PregenTask(
         prompt_key=t.prompt_key, prompt_token_ids=t.prompt_token_ids,
         sample_index=t.sample_index, seed=t.seed, max_new_tokens=t.max_new_tokens,
-        sampling=sampling_to_pb(t.sampling),
+        sampling=sampling_to_pb(t.sampling), prefix_token_ids=t.prefix,
+        branch_at=t.branch_at,
     )
 
 
 def task_from_pb(m: pb.PregenTask) -> PregenTask:
     return PregenTask(m.prompt_key, list(m.prompt_token_ids), m.sample_index, m.seed,
-                      sampling_from_pb(m.sampling, m.max_new_tokens))
+                      sampling_from_pb(m.sampling, m.max_new_tokens),
+                      list(m.prefix_token_ids) or (),
+                      m.branch_at if m.HasField("branch_at") else None)
 
 
 def tasks_to_prompts(tasks: Sequence[PregenTask]) -> list[pb.PregenPrompt]:
@@ -145,13 +148,15 @@ def shard_to_pb(s: ShardAssignment) -> pb.ShardAssignment:
 def draft_to_pb(d: PregenDraft) -> pb.Draft:
     return pb.Draft(prompt_key=d.prompt_key, sample_index=d.sample_index,
                     token_ids=d.token_ids, complete=d.complete,
-                    weight_version=d.weight_version, offset=d.offset, branch_at=d.branch_at)
+                    weight_version=d.weight_version, offset=d.offset, branch_at=d.branch_at,
+                    branch_offers=[pb.BranchOffer(at=a, token_id=t) for a, t in d.branch_offers])
 
 
 def draft_from_pb(m: pb.Draft) -> PregenDraft:
     return PregenDraft(m.prompt_key, m.sample_index, list(m.token_ids), m.complete,
                        m.weight_version, m.offset,
-                       m.branch_at if m.HasField("branch_at") else None)
+                       m.branch_at if m.HasField("branch_at") else None,
+                       [(o.at, o.token_id) for o in m.branch_offers] or ())
 
 
 def span_to_pb(s: Span) -> pb.Span:

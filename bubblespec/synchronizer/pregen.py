@@ -19,10 +19,19 @@ sample moves its prompt back, behind the prompts still unknown.
 A min-heap keeps that order also for tasks put back after their rank was lost (a task's heap
 entry is replaced when its prompt's prediction changes). Each task is held by at most one
 rank; a pushed *complete* draft retires it.
+
+Margin branches (docs/design.md section 5): a complete keyed draft may offer positions where
+the policy is likely to flip, with the runner-up token there. Each offer becomes a branch
+task (the draft's prefix up to it plus the runner-up) that any rank may claim once no plain
+task is queued, longest draft first, then in offer order (smallest margin first). So the
+ranks that pre-generated nothing, or finished their share, spend the rest of the bubble on
+the branches of the drafts most likely to set the next step's critical path, instead of the
+rank that made the draft doing them after its own share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import OrderedDict, deque
@@ -32,6 +41,8 @@ from bubblespec.protocol.domain import PregenTask
 
 TaskKey = tuple[str, int]
 Priority = tuple[int, float, int, int]
+BranchKey = tuple[str, int, int]
+"""(prompt key, sample index, branch position)."""
 
 
 class LengthPredictor:
@@ -100,6 +111,12 @@ class TaskQueue:
         self._claimed: dict[TaskKey, str] = {}
         self._by_rank: dict[str, set[TaskKey]] = {}
         self.completed = 0
+        self._branches: dict[BranchKey, tuple[tuple[int, int, int], PregenTask]] = {}
+        self._bheap: list[tuple[tuple[int, int, int], BranchKey]] = []
+        self._bqueued: set[BranchKey] = set()
+        self._bclaimed: dict[BranchKey, str] = {}
+        self._bseq = 0
+        self.branches_offered = 0
 
     def _priority(self, key: TaskKey) -> Priority:
         return (key[1] // self.depth, -self._pred[key[0]], self._pos[key[0]], key[1])
@@ -113,16 +130,23 @@ class TaskQueue:
 
     @property
     def queued(self) -> int:
-        """Tasks waiting for a rank."""
-        return len(self._queued)
+        """Tasks (plain and branch) waiting for a rank."""
+        return len(self._queued) + len(self._bqueued)
 
     @property
     def claimed(self) -> int:
-        """Tasks held by a rank and not complete."""
+        """Plain tasks held by a rank and not complete (their drafts may still offer
+        branches)."""
         return len(self._claimed)
 
+    @property
+    def branches_claimed(self) -> int:
+        """Branch tasks held by a rank and not complete."""
+        return len(self._bclaimed)
+
     def claim(self, rank_id: str, max_tasks: int) -> list[PregenTask]:
-        """Hand up to `max_tasks` queued tasks to `rank_id`, in queue order."""
+        """Hand up to `max_tasks` queued tasks to `rank_id`, in queue order: plain tasks,
+        then branch tasks."""
         out: list[PregenTask] = []
         mine = self._by_rank.setdefault(rank_id, set())
         while self._heap and len(out) < max_tasks:
@@ -134,7 +158,49 @@ class TaskQueue:
             self._claimed[key] = rank_id
             mine.add(key)
             out.append(self._tasks[key])
+        while self._bheap and len(out) < max_tasks:
+            _, bkey = heapq.heappop(self._bheap)
+            if bkey not in self._bqueued:  # completed while queued
+                continue
+            self._bqueued.discard(bkey)
+            self._bclaimed[bkey] = rank_id
+            mine.add(bkey)
+            out.append(self._branches[bkey][1])
         return out
+
+    def add_branches(self, key: TaskKey, draft: Sequence[int],
+                     offers: Sequence[tuple[int, int]]) -> int:
+        """Queue the branches that the complete draft of task `key` offers, (position,
+        runner-up) in the draft's order; offers already queued, past the draft's end, or of
+        unknown tasks are skipped. Returns how many were queued."""
+        task = self._tasks.get(key)
+        if task is None:
+            return 0
+        n = 0
+        for j, (at, tok) in enumerate(offers):
+            bkey = (key[0], key[1], int(at))
+            if bkey in self._branches or not 0 <= at < len(draft) or draft[at] == tok:
+                continue
+            self._bseq += 1
+            prio = (-len(draft), j, self._bseq)
+            bt = dataclasses.replace(task, prefix=[*draft[:at], int(tok)], branch_at=int(at))
+            self._branches[bkey] = (prio, bt)
+            self._bqueued.add(bkey)
+            heapq.heappush(self._bheap, (prio, bkey))
+            n += 1
+        self.branches_offered += n
+        return n
+
+    def complete_branch(self, bkey: BranchKey) -> bool:
+        """Retire a branch task (its complete branch draft arrived); True if it was open."""
+        if bkey in self._bqueued:
+            self._bqueued.discard(bkey)
+            return True
+        holder = self._bclaimed.pop(bkey, None)
+        if holder is None:
+            return False
+        self._by_rank[holder].discard(bkey)
+        return True
 
     def complete(self, key: TaskKey, length: int | None = None) -> bool:
         """Retire a task (its complete draft of `length` tokens arrived); True if it was open.
@@ -159,11 +225,16 @@ class TaskQueue:
         """Put every unfinished task held by `rank_id` back in the queue; return how many."""
         keys = self._by_rank.pop(rank_id, set())
         for key in keys:
+            if len(key) == 3:  # a branch task
+                del self._bclaimed[key]
+                self._bqueued.add(key)
+                heapq.heappush(self._bheap, (self._branches[key][0], key))
+                continue
             del self._claimed[key]
             self._queued.add(key)
             self._push(key)
         return len(keys)
 
-    def held_by(self, rank_id: str) -> list[TaskKey]:
+    def held_by(self, rank_id: str) -> list[tuple]:
         """Keys of the tasks `rank_id` holds (for tests and state dumps)."""
         return sorted(self._by_rank.get(rank_id, ()))

@@ -177,9 +177,10 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
     @_rpc(mutating=True)
     def ClaimTasks(self, r: pb.ClaimTasksRequest) -> pb.ClaimTasksResponse:
         self.v.claim(r)
-        tasks, target, stop, remaining = self.state.claim(r.step, r.rank_id, r.max_tasks)
+        tasks, target, stop, remaining, busy = self.state.claim(r.step, r.rank_id, r.max_tasks)
         return pb.ClaimTasksResponse(tasks=[cv.task_to_pb(t) for t in tasks],
-                                     target_step=target, stop=stop, remaining=remaining)
+                                     target_step=target, stop=stop, remaining=remaining,
+                                     in_progress=busy)
 
     @_rpc(mutating=True)
     def PushDrafts(self, r: pb.PushDraftsRequest) -> pb.PushDraftsResponse:

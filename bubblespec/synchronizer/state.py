@@ -251,12 +251,13 @@ class SyncState:
     # ------------------------------------------------------------------ pre-generation, drafts
 
     def claim(self, step: int, rank_id: str, max_tasks: int
-              ) -> tuple[list[PregenTask], int, bool, int]:
-        """Tasks for a rank in its bubble: (tasks, target step, stop, remaining queued)."""
+              ) -> tuple[list[PregenTask], int, bool, int, int]:
+        """Tasks for a rank in its bubble: (tasks, target step, stop, remaining queued,
+        plain tasks in progress on some rank)."""
         self.ranks.require_live(rank_id)
         cur = self._require_step(step)
         if cur is None or self.pregen_over(step):
-            return [], step + 1, True, 0
+            return [], step + 1, True, 0, 0
         if rank_id in cur.shards and rank_id not in cur.done:
             raise precondition(
                 "rank_id", f"rank {rank_id!r} has not reported done for step {step}: "
@@ -264,7 +265,7 @@ class SyncState:
         tasks = cur.queue.claim(rank_id, min(max_tasks, self.config.max_tasks_per_claim))
         if tasks:
             self.metrics.tasks_claimed.inc(len(tasks))
-        return tasks, cur.queue.target_step, False, cur.queue.queued
+        return tasks, cur.queue.target_step, False, cur.queue.queued, cur.queue.claimed
 
     def accepts_drafts_for(self, step: int) -> bool:
         """Drafts are taken for the current step and the next one, while not over."""
@@ -283,10 +284,8 @@ class SyncState:
             why = ""
             if cur is not None and step == cur.queue.target_step:
                 for d, st in zip(drafts, statuses):
-                    done = d.complete and st is DraftStatus.STORED and d.branch_at is None
-                    key, length = (d.prompt_key, d.sample_index), d.offset + len(d.token_ids)
-                    if done and cur.queue.complete(key, length):
-                        self.metrics.tasks_completed.inc()
+                    if d.complete and st is DraftStatus.STORED:
+                        self._completed(step, cur.queue, d)
         stored = sum(s is DraftStatus.STORED for s in statuses)
         rejected = len(statuses) - stored
         if stored:
@@ -300,6 +299,21 @@ class SyncState:
             why = "offset past the stored draft's length: resend from offset 0"
         return PushResult(statuses, stored, rejected, why, self.store.bytes,
                           self.store.budget_bytes)
+
+    def _completed(self, step: int, queue: TaskQueue, d: PregenDraft) -> None:
+        """A complete draft was stored for the queue's step: retire its task (a branch
+        retires its branch task) and queue the branches it offers."""
+        key, length = (d.prompt_key, d.sample_index), d.offset + len(d.token_ids)
+        if d.branch_at is not None:
+            queue.complete_branch((*key, d.branch_at))
+            return
+        if queue.complete(key, length):
+            self.metrics.tasks_completed.inc()
+        if d.branch_offers:
+            tokens = self.store.tokens_of(step, d.prompt_key, d.sample_index)
+            if tokens is not None:
+                self.metrics.branches_offered.inc(
+                    queue.add_branches(key, tokens, d.branch_offers))
 
     def fetch(self, step: int, prompt_keys: Sequence[str]) -> tuple[list[PregenDraft], bool]:
         """Stored drafts of the given prompts, capped to fit in one reply."""

@@ -84,6 +84,11 @@ class DraftStore:
         self.tokens += new_len - old_len
         return DraftStatus.STORED
 
+    def tokens_of(self, step: int, prompt_key: str, sample_index: int) -> array | None:
+        """The stored draft (not a branch) of one sample, read-only; None if absent."""
+        s = self._steps.get(step, {}).get(prompt_key, {}).get((sample_index, -1))
+        return None if s is None else s.tokens
+
     def fetch(
         self, step: int, prompt_keys: Iterable[str], max_bytes: int | None = None
     ) -> tuple[list[PregenDraft], bool]:

@@ -197,6 +197,30 @@ class Validator:
             if d.HasField("branch_at"):  # the runner-up token is one of its tokens
                 self.in_range(d.branch_at, f"{path}.branch_at",
                               d.offset + len(d.token_ids) - 1)
+            self.offers(d, path)
+
+    def offers(self, d: pb.Draft, path: str) -> None:
+        """Branch offers: only on a complete draft that is not itself a branch, each at a
+        position of the draft with a token id of the vocabulary other than the draft's."""
+        if not d.branch_offers:
+            return
+        path = f"{path}.branch_offers"
+        if d.HasField("branch_at") or not d.complete:
+            raise invalid(path, "only a complete draft that is not a branch offers branches")
+        self.count(len(d.branch_offers), L.MAX_BRANCH_OFFERS, path)
+        n = d.offset + len(d.token_ids)
+        seen: set[int] = set()
+        for j, o in enumerate(d.branch_offers):
+            self.in_range(o.at, f"{path}[{j}].at", n - 1)
+            vocab = self.vocab_size
+            self.in_range(o.token_id, f"{path}[{j}].token_id",
+                          L.MAX_TOKEN_ID if vocab is None else vocab - 1)
+            if o.at in seen:
+                raise invalid(f"{path}[{j}].at", f"position {o.at} is offered twice")
+            seen.add(o.at)
+            if o.at >= d.offset and d.token_ids[o.at - d.offset] == o.token_id:
+                raise invalid(f"{path}[{j}].token_id",
+                              f"{o.token_id} is the draft's own token at {o.at}")
 
     def fetch(self, r: pb.FetchDraftsRequest) -> None:
         self.step(r.step)

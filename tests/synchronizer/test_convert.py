@@ -52,3 +52,14 @@ def test_draft_round_trip() -> None:
         b = PregenDraft("p", 2, [5, 6], branch_at=at)
         assert cv.draft_from_pb(cv.draft_to_pb(b)) == b
     assert not cv.draft_to_pb(d).HasField("branch_at")
+    o = PregenDraft("p", 2, [5, 6, 7], complete=True, branch_offers=[(2, 9), (0, 4)])
+    assert cv.draft_from_pb(cv.draft_to_pb(o)) == o
+
+
+def test_branch_task_round_trip() -> None:
+    t = PregenTask("p", [1, 2], 3, 11)
+    assert cv.task_from_pb(cv.task_to_pb(t)) == t
+    assert not cv.task_to_pb(t).HasField("branch_at")
+    for at in (0, 4):  # a branch at 0 has a one-token prefix: the runner-up alone
+        b = PregenTask("p", [1, 2], 3, 11, prefix=[5, 6, 7, 8, 9][:at] + [3], branch_at=at)
+        assert cv.task_from_pb(cv.task_to_pb(b)) == b

@@ -43,6 +43,16 @@ def draft(key: str = "p", index: int = 0, tokens: Sequence[int] = (1,), offset: 
     return pb.Draft(prompt_key=key, sample_index=index, token_ids=list(tokens), offset=offset)
 
 
+def offered(complete: bool = True, branch_at: int | None = None, at: int = 1, token: int = 5,
+            twice: bool = False, many: int = 0) -> pb.Draft:
+    """A draft [1, 2] offering a branch at `at` to `token` (or `many` offers)."""
+    offers = [pb.BranchOffer(at=at, token_id=token)] * (2 if twice else 1)
+    if many:
+        offers = [pb.BranchOffer(at=0, token_id=5)] * many
+    return pb.Draft(prompt_key="p", sample_index=0, token_ids=[1, 2], complete=complete,
+                    branch_at=branch_at, branch_offers=offers)
+
+
 CASES = [
     ("RegisterRank", pb.RegisterRankRequest(rank_id=""), INVALID, "rank_id"),
     ("RegisterRank", pb.RegisterRankRequest(rank_id="x" * 300), INVALID, "rank_id"),
@@ -113,6 +123,20 @@ CASES = [
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
         pb.Draft(prompt_key="p0", sample_index=0, token_ids=[1, 2], branch_at=2)]),
      INVALID, "drafts[0].branch_at"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(complete=False)]),
+     INVALID, "drafts[0].branch_offers"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(branch_at=0)]),
+     INVALID, "drafts[0].branch_offers"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(at=2)]),
+     INVALID, "drafts[0].branch_offers[0].at"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(token=-1)]),
+     INVALID, "drafts[0].branch_offers[0].token_id"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(token=2)]),
+     INVALID, "drafts[0].branch_offers[0].token_id"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(twice=True)]),
+     INVALID, "drafts[0].branch_offers[1].at"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(many=17)]),
+     INVALID, "drafts[0].branch_offers"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(), draft(key="")]),
      INVALID, "drafts[1].prompt_key"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(tokens=[1] * 101)]),

@@ -175,20 +175,24 @@ class PregenPrompt(_message.Message):
     def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[PregenSample, _Mapping]]] = ...) -> None: ...
 
 class PregenTask(_message.Message):
-    __slots__ = ("prompt_key", "prompt_token_ids", "sample_index", "seed", "max_new_tokens", "sampling")
+    __slots__ = ("prompt_key", "prompt_token_ids", "sample_index", "seed", "max_new_tokens", "sampling", "prefix_token_ids", "branch_at")
     PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_AT_FIELD_NUMBER: _ClassVar[int]
     prompt_key: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sample_index: int
     seed: int
     max_new_tokens: int
     sampling: SamplingParams
-    def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sample_index: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    branch_at: int
+    def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sample_index: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., branch_at: _Optional[int] = ...) -> None: ...
 
 class OpenStepRequest(_message.Message):
     __slots__ = ("step", "shards", "next_prompts", "pregen_window")
@@ -297,19 +301,21 @@ class ClaimTasksRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., rank_id: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class ClaimTasksResponse(_message.Message):
-    __slots__ = ("tasks", "target_step", "stop", "remaining")
+    __slots__ = ("tasks", "target_step", "stop", "remaining", "in_progress")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     TARGET_STEP_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     REMAINING_FIELD_NUMBER: _ClassVar[int]
+    IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[PregenTask]
     target_step: int
     stop: bool
     remaining: int
-    def __init__(self, tasks: _Optional[_Iterable[_Union[PregenTask, _Mapping]]] = ..., target_step: _Optional[int] = ..., stop: _Optional[bool] = ..., remaining: _Optional[int] = ...) -> None: ...
+    in_progress: int
+    def __init__(self, tasks: _Optional[_Iterable[_Union[PregenTask, _Mapping]]] = ..., target_step: _Optional[int] = ..., stop: _Optional[bool] = ..., remaining: _Optional[int] = ..., in_progress: _Optional[int] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset", "branch_at")
+    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset", "branch_at", "branch_offers")
     PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +323,7 @@ class Draft(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     BRANCH_AT_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_OFFERS_FIELD_NUMBER: _ClassVar[int]
     prompt_key: str
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -324,7 +331,16 @@ class Draft(_message.Message):
     weight_version: int
     offset: int
     branch_at: int
-    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ..., branch_at: _Optional[int] = ...) -> None: ...
+    branch_offers: _containers.RepeatedCompositeFieldContainer[BranchOffer]
+    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ..., branch_at: _Optional[int] = ..., branch_offers: _Optional[_Iterable[_Union[BranchOffer, _Mapping]]] = ...) -> None: ...
+
+class BranchOffer(_message.Message):
+    __slots__ = ("at", "token_id")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    at: int
+    token_id: int
+    def __init__(self, at: _Optional[int] = ..., token_id: _Optional[int] = ...) -> None: ...
 
 class PushDraftsRequest(_message.Message):
     __slots__ = ("step", "rank_id", "drafts")

@@ -1,0 +1,68 @@
+"""Margin branch tasks in the pre-generation queue (`synchronizer/pregen.py`): offered with a
+complete draft, handed out after every plain task (longest draft first, then smallest
+margin first), retired by their complete branch draft, put back when their rank is lost;
+and end to end through the daemon, with `in_progress` telling idle ranks to keep asking."""
+
+from __future__ import annotations
+
+from bubblespec.protocol.domain import PregenDraft
+from bubblespec.synchronizer.pregen import TaskQueue
+
+from .helpers import make_tasks, serving
+
+
+def test_branches_come_after_plain_tasks_longest_draft_first() -> None:
+    q = TaskQueue(1, make_tasks(2, 2))
+    first = q.claim("a", 3)
+    assert q.add_branches(("p0", 0), [1, 2, 3], [(1, 9), (0, 8)]) == 2
+    assert q.add_branches(("p1", 0), [4, 5, 6, 7, 8], [(3, 6)]) == 1
+    # already offered, past the end, the draft's own token, an unknown task: skipped
+    assert q.add_branches(("p0", 0), [1, 2, 3], [(1, 9), (3, 1), (2, 3)]) == 0
+    assert q.add_branches(("p9", 0), [1], [(0, 2)]) == 0
+    assert (q.queued, q.claimed, q.branches_offered) == (4, 3, 3)
+    got = q.claim("b", 10)
+    assert [(t.prompt_key, t.sample_index, t.branch_at) for t in got] == [
+        ("p1", 1, None), ("p1", 0, 3), ("p0", 0, 1), ("p0", 0, 0)]
+    assert [list(t.prefix) for t in got[1:]] == [[4, 5, 6, 6], [1, 9], [8]]
+    assert got[1].seed == first[1].seed and got[1].sampling == first[1].sampling
+    assert (q.queued, q.claimed, q.branches_claimed) == (0, 4, 3)
+
+
+def test_a_branch_is_retired_by_its_draft_and_requeued_with_a_lost_rank() -> None:
+    q = TaskQueue(1, make_tasks(1, 1))
+    q.claim("a", 1)
+    q.add_branches(("p0", 0), [1, 2, 3, 4], [(2, 7), (1, 5)])
+    assert q.complete_branch(("p0", 0, 1))  # done while queued (another rank had it once)
+    (b,) = q.claim("b", 5)
+    assert b.branch_at == 2 and q.queued == 0
+    assert q.release("b") == 1 and q.queued == 1  # rank b lost: the branch goes back
+    (again,) = q.claim("c", 5)
+    assert again == b and q.complete_branch(("p0", 0, 2))
+    assert not q.complete_branch(("p0", 0, 2)) and q.held_by("c") == []
+
+
+async def test_offers_become_tasks_for_an_idle_rank_through_the_daemon() -> None:
+    async with serving() as (_, client):
+        for r in ("r0", "r1", "slow"):
+            await client.register(r, r)
+        await client.open_step(0, {"r0": 1, "r1": 1, "slow": 1}, make_tasks(1, 2))
+        await client.report_done(0, "r0")
+        await client.report_done(0, "r1")
+        held = await client.claim_tasks(0, "r0", 8)
+        assert len(held.tasks) == 2
+        idle = await client.claim_tasks(0, "r1", 8)  # nothing yet, but r0 may offer some
+        assert (idle.tasks, idle.remaining, idle.in_progress) == ([], 0, 2)
+        res = await client.push_drafts(1, "r0", [PregenDraft(
+            "p0", 0, [3, 4, 5], complete=True, branch_offers=[(1, 9)])])
+        assert res.stored == 1
+        got = await client.claim_tasks(0, "r1", 8)
+        assert [(t.branch_at, list(t.prefix)) for t in got.tasks] == [(1, [3, 9])]
+        assert got.in_progress == 1  # sample 1 is still decoding on r0
+        await client.push_drafts(1, "r1", [PregenDraft("p0", 0, [3, 9, 6], complete=True,
+                                                       branch_at=1)])
+        await client.push_drafts(1, "r0", [PregenDraft("p0", 1, [2], complete=True)])
+        done = await client.claim_tasks(0, "r1", 8)
+        assert (done.tasks, done.in_progress, done.remaining) == ([], 0, 0)
+        drafts = await client.fetch_drafts(1, ["p0"])
+        assert [(d.sample_index, d.branch_at, list(d.token_ids)) for d in drafts] == [
+            (0, None, [3, 4, 5]), (0, 1, [3, 9, 6]), (1, None, [2])]
