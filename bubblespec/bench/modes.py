@@ -80,9 +80,9 @@ BRANCH_MODES: tuple[Mode, ...] = (
          seed_mode=SeedMode.KEYED, label="keyed_window_branch",
          pregen_window=PregenWindow.TRAINING),
 )
-"""The keyed modes with one margin branch per complete keyed draft, decoded once the
-pre-generation queue is drained (`bubblespec rank --pregen-branches`, docs/design.md
-section 5)."""
+"""The keyed modes with one margin branch offered per complete keyed draft, decoded by any
+rank once the step's plain tasks are handed out (`bubblespec rank --pregen-branches`,
+docs/design.md section 5)."""
 KEYED_BASELINE_MODES: tuple[Mode, ...] = (
     Mode("ngram-keyed", ("--spec-mode=ngram",), seed_mode=SeedMode.KEYED, label="ngram_keyed"),
     Mode("suffix-keyed", ("--spec-mode=suffix",), seed_mode=SeedMode.KEYED,

@@ -1,5 +1,5 @@
-"""Margin branches: what a rank pre-generates once the queue is drained (docs/design.md
-section 5, "Where updates flip, and margin branching").
+"""Margin branches: offered with a rank's complete keyed drafts, decoded by whichever rank
+claims them (docs/design.md section 5, "Where updates flip, and margin branching").
 
 A keyed pre-generated draft is the old weights' response under the next step's noise; the
 new weights leave it where the update moves another token's perturbed score past the
@@ -16,12 +16,16 @@ Margins come from the engine's top log-probabilities of each draft token
 (`core.keyed_noise.keyed_margin`: tokens outside the top few are not seen, which only ever
 raises a margin). Position keys only: with context keys the noise after a flip is not the
 draft's at the same position anyway.
+
+The rank that made a draft does not decode its branches itself: it offers them with the
+draft (`PregenDraft.branch_offers`), the synchronizer queues them behind the step's plain
+tasks (`synchronizer/pregen.py`), and any rank with free lanes claims them, so the ranks
+that had no plain task left spend their bubble on branches of the longest drafts.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
 from bubblespec.core.keyed_noise import keyed_margin, position_key
 from bubblespec.engine.types import GenRequest, GenResult
@@ -51,63 +55,38 @@ def branch_points(tokens: list[int], top: list[dict[int, float]], seed: int,
     return [(p, ru) for _, p, ru in heapq.nsmallest(budget, scored)]
 
 
-@dataclass(frozen=True)
-class Branch:
-    """One branch to decode: the draft's task, its prefix (draft[:at] + runner-up)."""
-
-    task: PregenTask
-    prefix: list[int]
-    at: int
-
-    def request(self) -> GenRequest | None:
-        """The engine request that continues the branch (None: no token budget left)."""
-        left = self.task.sampling.max_new_tokens - len(self.prefix)
-        if left < 1:
-            return None
-        return GenRequest(input_ids=list(self.task.prompt_token_ids) + self.prefix, n=1,
-                          seeds=[self.task.seed], sample_offset=self.task.sample_index,
-                          group=self.task.prompt_key, keyed_start=len(self.prefix),
-                          sampling=self.task.sampling.model_copy(
-                              update={"max_new_tokens": left}))
-
-    def draft(self, g: GenResult) -> PregenDraft:
-        s = g.samples[0]
-        return PregenDraft(prompt_key=self.task.prompt_key, sample_index=self.task.sample_index,
-                           token_ids=self.prefix + list(s.output_ids),
-                           complete=s.finish_reason != "abort",
-                           weight_version=s.weight_version, branch_at=self.at)
+def offers(t: PregenTask, g: GenResult, budget: int) -> list[tuple[int, int]]:
+    """The branches a finished draft offers: its `budget` smallest keyed margins as
+    (position, runner-up); none for a draft cut short, without top log-probs, or of a task
+    that cannot branch."""
+    s = g.samples[0] if g.samples else None
+    if (budget <= 0 or s is None or s.finish_reason == "abort" or not s.top_logprobs
+            or not branchable(t) or t.branch_at is not None):
+        return []
+    return branch_points(list(s.output_ids), s.top_logprobs, t.seed, t.sampling.temperature,
+                         budget)
 
 
-class BranchQueue:
-    """Branches of this rank's complete drafts, longest draft first."""
+def branch_request(t: PregenTask) -> GenRequest | None:
+    """The engine request that continues a branch task (None: no token budget left): the
+    prompt plus the branch prefix, keyed noise from the position after it."""
+    left = t.sampling.max_new_tokens - len(t.prefix)
+    if left < 1:
+        return None
+    return GenRequest(input_ids=list(t.prompt_token_ids) + list(t.prefix), n=1,
+                      seeds=[t.seed], sample_offset=t.sample_index, group=t.prompt_key,
+                      keyed_start=len(t.prefix),
+                      sampling=t.sampling.model_copy(update={"max_new_tokens": left}))
 
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self._heap: list[tuple[int, int, Branch]] = []
-        self._n = 0
-        self.made = 0
 
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def add(self, t: PregenTask, g: GenResult) -> None:
-        """Queue the branches of a finished draft (complete, keyed by position, with top
-        log-probs); others are ignored."""
-        s = g.samples[0] if g.samples else None
-        if (s is None or s.finish_reason == "abort" or not s.top_logprobs
-                or not branchable(t)):
-            return
-        tokens = list(s.output_ids)
-        for at, ru in branch_points(tokens, s.top_logprobs, t.seed, t.sampling.temperature,
-                                    self.budget):
-            self._n += 1
-            heapq.heappush(self._heap, (-len(tokens), self._n,
-                                        Branch(t, tokens[:at] + [ru], at)))
-
-    def take(self, n: int) -> list[Branch]:
-        """Up to `n` branches to decode now."""
-        out = []
-        while self._heap and len(out) < n:
-            out.append(heapq.heappop(self._heap)[2])
-        self.made += len(out)
-        return out
+def branch_draft(t: PregenTask, g: GenResult | None) -> PregenDraft:
+    """The branch draft of a branch task: its prefix and what the engine continued (None:
+    the prefix alone, complete, when it had no budget left)."""
+    if g is None:
+        return PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index,
+                           token_ids=list(t.prefix), complete=True, branch_at=t.branch_at)
+    s = g.samples[0]
+    return PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index,
+                       token_ids=list(t.prefix) + list(s.output_ids),
+                       complete=s.finish_reason != "abort",
+                       weight_version=s.weight_version, branch_at=t.branch_at)

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr
 
 from bubblespec.config import BaseConfig
 from bubblespec.engine.config import EngineConfig
+from bubblespec.protocol.limits import MAX_BRANCH_OFFERS
 
 ENV_PREFIX = "BUBBLESPEC_RANK_"
 
@@ -43,9 +44,10 @@ class RankConfig(BaseConfig, EngineConfig):
     """T: decode steps between stop polls while pre-generating."""
     pregen_inflight: int = Field(64, ge=1)
     """Most pre-generation tasks decoding at once (refilled as each finishes)."""
-    pregen_branches: int = Field(0, ge=0, le=64)
-    """Margin branches per complete keyed draft, decoded once the pre-generation queue is
-    drained, at the draft's smallest keyed margins (0: none; docs/design.md section 5)."""
+    pregen_branches: int = Field(0, ge=0, le=MAX_BRANCH_OFFERS)
+    """Margin branches each complete keyed draft offers, at its smallest keyed margins; the
+    rank also decodes branch tasks the synchronizer hands out after the plain tasks (0:
+    neither; docs/design.md section 5)."""
     engine_restarts: int = Field(3, ge=0, le=1000)
     """Engine restarts this process makes after its engine died (with the last good weights);
     when they are spent and the engine dies again, the process exits non-zero so that its

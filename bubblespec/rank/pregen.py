@@ -15,8 +15,11 @@ trains); the watch also notes when it first saw the stop signal, so the time and
 before it (the bubble) and after it (the training window) are reported apart.
 Drafts are pushed as lanes finish (complete ones retire their tasks at once, so no other
 rank redoes them) and, on stop, as partial drafts in one batch.
-With `branches` > 0, once the queue is drained the free lanes decode margin branches of
-this rank's complete keyed drafts (`rank/branches.py`), pushed beside their drafts.
+With `branches` > 0 the rank asks for top log-probs, each complete keyed draft offers its
+`branches` smallest-margin positions to the synchronizer, and the rank also decodes branch
+tasks (of any rank's drafts) that the queue hands out after its plain tasks: while other
+ranks still decode plain tasks (whose drafts may offer more), a rank with free lanes keeps
+asking every `branch_poll_s` instead of ending its pre-generation (`rank/branches.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from typing import Any
 
 from bubblespec.engine.types import GenRequest, GenResult
 from bubblespec.protocol.domain import PregenDraft, PregenTask, StepEventKind
-from bubblespec.rank.branches import TOP_LOGPROBS, Branch, BranchQueue, branchable
+from bubblespec.rank.branches import (
+    TOP_LOGPROBS,
+    branch_draft,
+    branch_request,
+    branchable,
+    offers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,26 +141,29 @@ def task_request(t: PregenTask, branching: bool = False) -> GenRequest:
                       top_logprobs=TOP_LOGPROBS if branching and branchable(t) else 0)
 
 
-def task_draft(t: PregenTask, g: GenResult) -> PregenDraft:
+def task_draft(t: PregenTask, g: GenResult,
+               branch_offers: list[tuple[int, int]] | None = None) -> PregenDraft:
+    """The draft of a finished plain task, with the margin branches it offers."""
     s = g.samples[0]
     return PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index,
                        token_ids=s.output_ids, complete=s.finish_reason != "abort",
-                       weight_version=s.weight_version)
+                       weight_version=s.weight_version, branch_offers=branch_offers or ())
 
 
 class Pregenerator:
     """Runs one bubble: claim, decode up to `inflight` tasks at once, push, until stop."""
 
     def __init__(self, engine: Any, sync: Any, rank_id: str, step: int, inflight: int,
-                 poll_every: int, local_stop: asyncio.Event, branches: int = 0) -> None:
+                 poll_every: int, local_stop: asyncio.Event, branches: int = 0,
+                 branch_poll_s: float = 0.25) -> None:
         self.engine = engine
         self.sync = sync
         self.rank_id = rank_id
         self.step = step
         self.inflight = inflight
         self.lanes: dict[asyncio.Task, PregenTask] = {}
-        self.branches = BranchQueue(branches) if branches > 0 else None
-        self.branch_lanes: dict[asyncio.Task, Branch] = {}
+        self.branches = max(0, int(branches))
+        self.branch_poll_s = branch_poll_s
         self.stop = StopWatch(sync, step, rank_id, local_stop, engine, poll_every,
                               lambda: len(self.lanes))
         self.target = step + 1
@@ -161,7 +173,7 @@ class Pregenerator:
         base = self.engine.tokens_generated
         lanes = self.lanes
         groups: set[str] = set()
-        exhausted = False
+        exhausted = waiting = False
         watcher = asyncio.create_task(self.stop.watch())
         try:
             while True:
@@ -171,16 +183,21 @@ class Pregenerator:
                     self.target = claim.target_step
                     if claim.stop:
                         self.stop.fire()
-                    exhausted = claim.stop or not claim.tasks
+                    # with branches on, plain tasks still decoding elsewhere may offer more
+                    waiting = (self.branches > 0 and not claim.stop and not claim.tasks
+                               and claim.in_progress > 0)
+                    exhausted = claim.stop or (not claim.tasks and not waiting)
                     for t in claim.tasks:
-                        lanes[asyncio.create_task(self._lane(t))] = t
+                        self._start(t)
                         groups.add(t.prompt_key)
-                    out.tasks += len(claim.tasks)
-                if room > 0 and exhausted and self.branches and not await self.stop():
-                    self._start_branches(room)
+                    out.tasks += sum(t.branch_at is None for t in claim.tasks)
                 if not lanes:
-                    break
-                done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED)
+                    if not waiting or await self.stop():
+                        break
+                    await asyncio.sleep(self.branch_poll_s)
+                    continue
+                done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=self.branch_poll_s if waiting else None)
                 await self._push(out, [(lanes.pop(d), d) for d in done])
         finally:
             watcher.cancel()
@@ -194,22 +211,20 @@ class Pregenerator:
         out.stop_seen = None if seen is None else (seen[0], seen[1] - base)
         return out
 
-    async def _lane(self, t: PregenTask, req: GenRequest | None = None) -> GenResult:
-        req = req or task_request(t, self.branches is not None)
+    def _start(self, t: PregenTask) -> None:
+        """A lane for a claimed task: a plain task, or a branch task (its prefix first)."""
+        if t.branch_at is None:
+            req: GenRequest | None = task_request(t, self.branches > 0)
+        else:
+            req = branch_request(t)
+        self.lanes[asyncio.create_task(self._lane(req))] = t
+
+    async def _lane(self, req: GenRequest | None) -> GenResult | None:
+        if req is None:  # a branch without token budget left: its prefix is the draft
+            return None
         results = await self.engine.generate([req], should_stop=self.stop, poll_every=1,
                                              counters=False)
         return results[0]
-
-    def _start_branches(self, room: int) -> None:
-        """Fill free lanes with margin branches (after the queue is drained)."""
-        assert self.branches is not None
-        for b in self.branches.take(room):
-            req = b.request()
-            if req is None:
-                continue
-            lane = asyncio.create_task(self._lane(b.task, req))
-            self.lanes[lane] = b.task
-            self.branch_lanes[lane] = b
 
     async def _push(self, out: PregenOutcome, finished: list[tuple[PregenTask, Any]]) -> None:
         drafts = []
@@ -218,17 +233,15 @@ class Pregenerator:
                 log.warning("pre-generation of %s/%d failed: %r", t.prompt_key, t.sample_index,
                             lane.exception())
                 continue
-            branch = self.branch_lanes.pop(lane, None)
-            if branch is not None:
-                d = branch.draft(lane.result())
+            if t.branch_at is not None:
+                d = branch_draft(t, lane.result())
                 out.branches += 1
-                out.tokens += len(d.token_ids) - len(branch.prefix)
+                out.tokens += len(d.token_ids) - len(t.prefix)
             else:
-                d = task_draft(t, lane.result())
+                g = lane.result()
+                d = task_draft(t, g, offers(t, g, self.branches))
                 out.tokens += len(d.token_ids)
                 out.complete += d.complete
-                if self.branches is not None:
-                    self.branches.add(t, lane.result())
             if d.token_ids:
                 drafts.append(d)
         if not drafts:

@@ -1,6 +1,6 @@
-"""Margin branches on a rank (`rank/branches.py`): which positions branch (the smallest
-keyed margins, read from top log-probs), longest drafts first, and the requests and drafts
-a branch makes."""
+"""Margin branches on a rank (`rank/branches.py`): which positions a draft offers (the
+smallest keyed margins, read from top log-probs), and the requests and drafts a claimed
+branch task makes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from bubblespec.core.keyed_noise import keyed_top2, position_key
 from bubblespec.engine.types import GenResult, SampleResult
 from bubblespec.protocol.domain import PregenTask
 from bubblespec.protocol.sampling import SamplingParams
-from bubblespec.rank.branches import BranchQueue, branch_points, branchable
+from bubblespec.rank.branches import (
+    branch_draft,
+    branch_points,
+    branch_request,
+    branchable,
+    offers,
+)
 
 
 def _task(seed: int = 3, mode: str = "keyed", max_new: int = 50) -> PregenTask:
@@ -49,24 +55,28 @@ def test_branch_points_are_the_smallest_margins_with_their_runner_ups() -> None:
     assert got == [(p, rus[p]) for p in want]
 
 
-def test_queue_takes_longest_drafts_first_and_builds_requests_and_drafts() -> None:
-    q = BranchQueue(budget=1)
-    short, long_ = _draft(3, 10, rng_seed=1), _draft(3, 30, rng_seed=2)
-    q.add(_task(), _result(short[0], short[1]))
-    q.add(_task(), _result(long_[0], long_[1]))
-    q.add(_task(), _result(long_[0], long_[1], finish="abort"))  # cut short: no branch
-    q.add(_task(mode="keyed_context"), _result(long_[0], long_[1]))  # context keys: none
-    q.add(_task(), _result(long_[0], None))  # no log-probs: none
-    assert len(q) == 2
-    first, second = q.take(5)
-    assert len(first.prefix) > 0 and first.prefix[:-1] == long_[0][:first.at]
-    assert second.prefix[:-1] == short[0][:second.at] and q.made == 2
-    req = first.request()
-    assert req.input_ids == [1, 2] + first.prefix and req.keyed_start == first.at + 1
-    assert req.sampling.max_new_tokens == 50 - len(first.prefix) and req.seeds == [3]
-    d = first.draft(_result([7, 8], None))
-    assert d.branch_at == first.at and list(d.token_ids) == first.prefix + [7, 8]
-    assert d.complete and not first.draft(_result([7], None, "abort")).complete
+def test_offers_requests_and_drafts_of_branch_tasks() -> None:
+    toks, tops, margins, _ = _draft(3, 30, rng_seed=2)
+    t = _task()
+    got = offers(t, _result(toks, tops), 2)
+    assert [at for at, _ in got] == sorted(range(30), key=lambda p: margins[p])[:2]
+    assert offers(t, _result(toks, tops), 0) == []  # branching off
+    assert offers(t, _result(toks, tops, finish="abort"), 2) == []  # cut short: no branch
+    assert offers(_task(mode="keyed_context"), _result(toks, tops), 2) == []  # context keys
+    assert offers(t, _result(toks, None), 2) == []  # no log-probs
+    at, ru = got[0]
+    bt = PregenTask("p", [1, 2], 0, seed=3, sampling=t.sampling, prefix=toks[:at] + [ru],
+                    branch_at=at)
+    assert offers(bt, _result(toks, tops), 2) == []  # a branch offers no branches
+    req = branch_request(bt)
+    assert req is not None and req.input_ids == [1, 2] + toks[:at] + [ru]
+    assert req.keyed_start == at + 1 and req.seeds == [3] and req.top_logprobs == 0
+    assert req.sampling.max_new_tokens == 50 - (at + 1)
+    d = branch_draft(bt, _result([7, 8], None))
+    assert d.branch_at == at and list(d.token_ids) == toks[:at] + [ru, 7, 8] and d.complete
+    assert not branch_draft(bt, _result([7], None, "abort")).complete
     assert branchable(_task()) and not branchable(_task(mode="default"))
-    from bubblespec.rank.branches import Branch
-    assert Branch(_task(max_new=3), [1, 2, 3], 2).request() is None  # no budget left
+    full = PregenTask("p", [1, 2], 0, seed=3, sampling=_task(max_new=3).sampling,
+                      prefix=[1, 2, 3], branch_at=2)
+    assert branch_request(full) is None  # no budget left: the prefix is the whole branch
+    assert list(branch_draft(full, None).token_ids) == [1, 2, 3]

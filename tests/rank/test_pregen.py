@@ -13,7 +13,8 @@ import pytest
 from bubblespec.engine.types import GenRequest
 from bubblespec.protocol.domain import PregenTask
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
-from bubblespec.rank.pregen import Pregenerator
+from bubblespec.rank.branches import branch_request, offers
+from bubblespec.rank.pregen import Pregenerator, task_draft, task_request
 from bubblespec.tasks import default_task
 from bubblespec.tasks.addchain import MAX_STEPS
 
@@ -42,7 +43,7 @@ def test_lanes_drain_the_queue_with_exact_drafts(loop_runner: Any, spec_engine: 
     tasks = tasks_for(task.make_prompts(3, 5), 2, 40)
 
     async def go() -> None:
-        async with serving() as (_, sync):
+        async with serving(rank_timeout_s=120.0) as (_, sync):
             for r in ("fast", "slow"):
                 await sync.register(r, r)
             await sync.open_step(0, {"fast": 1, "slow": 1}, tasks)
@@ -73,7 +74,7 @@ def run_until_stopped(runner: Any, engine: Any, window: PregenWindow) -> tuple[A
         await eventually(lambda: engine.tokens_generated >= mark + tokens, timeout_s=60)
 
     async def go() -> tuple[Any, dict]:
-        async with serving() as (_, sync):
+        async with serving(rank_timeout_s=120.0) as (_, sync):
             for r in ("fast", "slow"):
                 await sync.register(r, r)
             await sync.open_step(0, {"fast": 1, "slow": 1}, tasks, pregen_window=window)
@@ -112,3 +113,49 @@ def test_training_window_goes_on_until_the_close(loop_runner: Any, spec_engine: 
     kinds = [(k, n) for k, _, _, n in out.spans()]
     assert [k for k, _ in kinds] == ["pregen", "pregen_window"]
     assert all(n > 0 for _, n in kinds) and sum(n for _, n in kinds) == out.tokens
+
+
+def test_an_idle_rank_decodes_the_branches_another_rank_offers(loop_runner: Any,
+                                                                 spec_engine: Any) -> None:
+    """Rank "maker" holds every plain task; rank "idle" (branching on) finds none, keeps
+    asking while they are in progress, then claims and decodes the branches the maker's
+    complete keyed drafts offer; each branch is the draft's prefix, the runner-up token, and
+    the keyed continuation the engine gives for that prefix."""
+    task = default_task()
+    tasks = tasks_for(task.make_prompts(2, 5), 2, 40)
+
+    async def go() -> None:
+        async with serving(rank_timeout_s=120.0) as (_, sync):
+            for r in ("maker", "idle", "slow"):
+                await sync.register(r, r)
+            await sync.open_step(0, {"maker": 1, "idle": 1, "slow": 1}, tasks)
+            await sync.report_done(0, "maker")
+            await sync.report_done(0, "idle")
+            assert len((await sync.claim_tasks(0, "maker", 8)).tasks) == len(tasks)
+            idle = Pregenerator(spec_engine, sync, "idle", 0, inflight=8, poll_every=4,
+                                local_stop=asyncio.Event(), branches=1, branch_poll_s=0.05)
+            run = asyncio.create_task(idle.run())
+            await asyncio.sleep(0.3)
+            assert not run.done()  # nothing to claim yet, but the maker may still offer
+            made = await spec_engine.generate([task_request(t, branching=True) for t in tasks])
+            drafts = [task_draft(t, g, offers(t, g, 1)) for t, g in zip(tasks, made)]
+            assert all(len(d.branch_offers) == 1 for d in drafts)
+            await sync.push_drafts(1, "maker", drafts)
+            out = await asyncio.wait_for(run, 60)
+            assert (out.tasks, out.branches) == (0, len(tasks))
+            stored = await sync.fetch_drafts(1, sorted({t.prompt_key for t in tasks}))
+            by_key = {(d.prompt_key, d.sample_index, d.branch_at): list(d.token_ids)
+                      for d in stored}
+            for t, d in zip(tasks, drafts):
+                (at, ru), = d.branch_offers
+                branch = by_key[(t.prompt_key, t.sample_index, at)]
+                assert branch[:at] == list(d.token_ids)[:at] and branch[at] == ru
+                bt = PregenTask(t.prompt_key, t.prompt_token_ids, t.sample_index, t.seed,
+                                t.sampling, prefix=branch[:at + 1], branch_at=at)
+                req = branch_request(bt)
+                if req is not None:
+                    req.group = f"direct-{t.prompt_key}"
+                    (again,) = await spec_engine.generate([req])
+                    assert branch[at + 1:] == again.samples[0].output_ids
+
+    loop_runner.run(go())
