@@ -177,6 +177,20 @@ def rank_pace(cluster: Any) -> dict[str, dict[str, Any]]:
             for rid, url in cluster.rank_urls.items()}
 
 
+def rank_branches(cluster: Any) -> dict[str, int]:
+    """Margin branches over all ranks: decoded (`bubblespec_pregen_branches_total`) and
+    taken by a proposer because the output left its draft where a branch did (draft index
+    `branches_taken`); counters since each rank started."""
+    made = taken = 0.0
+    for url in cluster.rank_urls.values():
+        for line in httpx.get(url + "/metrics", timeout=10.0).text.splitlines():
+            if line.startswith("bubblespec_pregen_branches_total{"):
+                made += float(line.rsplit(" ", 1)[1])
+        idx = httpx.get(url + "/v1/draft_index", timeout=10.0)  # not 200 without spec
+        taken += idx.json().get("branches_taken", 0) if idx.status_code == 200 else 0
+    return {"made": int(made), "taken": int(taken)}
+
+
 def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
     """Whether a mode may run on a cluster a previous mode used: its engines keep nothing
     across steps (no speculation, vLLM's n-gram, bubblespec without history or global
@@ -224,7 +238,7 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
             t1 = time.monotonic()
             window = cfg.train_window_s * cfg.pace_scale if (
                 mode.pregen_window == PregenWindow.TRAINING) else 0.0
-            before = rank_pace(cluster)
+            before, b_before = rank_pace(cluster), rank_branches(cluster)
             try:
                 res = run_schedule(cluster.gateway_url, mode, args, model_dir, task,
                                    min_train_s=window, reset_weights=i > 0)
@@ -233,9 +247,10 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
                 out[mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
                 save()
                 continue
-            after = rank_pace(cluster)
+            after, b_after = rank_pace(cluster), rank_branches(cluster)
             per_rank = {r: stats_delta(after[r], before[r]) for r in after}
             res.update(rank_args=rank_args, cluster_start_s=start_s,
+                       branches={k: b_after[k] - b_before[k] for k in b_after},
                        mode_wall_s=time.monotonic() - t1, shared_cluster=name,
                        cluster={"pace": merge_stats(per_rank.values()),
                                 "pace_per_rank": per_rank, "memory": mem.figures(cfg.ranks)})
@@ -342,6 +357,10 @@ def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
         print("first divergence from the pre-generated response (steps after step 0):")
         print("\n".join(div) + "\n")
     print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
+    if branched := {k: v["branches"] for k, v in first.items()
+                    if (v.get("branches") or {}).get("made")}:
+        print("margin branches (decoded / taken by a proposer): " + ", ".join(
+            f"{k}: {b['made']} / {b['taken']}" for k, b in branched.items()))
     print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
           f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
     g = doc["greedy_check"]
