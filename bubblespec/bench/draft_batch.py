@@ -19,6 +19,9 @@ numba's worker threads are counted too):
   (counters and calibration, append to the request's live sequence, aligned-draft check,
   extend + draft, the choice among sources);
 - ``python step``: the same loop in pure Python (:func:`bubblespec.core.batch.step`);
+- ``native step, no live appends``: the same call without appending the emitted tokens to
+  the requests' live sequences in their groups (``extend_index=False``; siblings then draft
+  from the stored responses only): where the native step's time goes, not a mode;
 - ``native classes, Python loop``: the pure-Python loop over the native index and matchers;
 - ``arctic tree``: arctic-inference's C++ ``SuffixTree`` per group, called per request from
   Python as vLLM's suffix proposer does (append the emitted tokens, speculate on the last 64);
@@ -219,6 +222,9 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
     if nat is not None:
         drivers["native step"] = (
             index_driver(nat.SuffixIndex, nat.Request, nat.step, work), Batch(work))
+        drivers["native step, no live appends"] = (index_driver(
+            nat.SuffixIndex, nat.Request,
+            lambda *a: nat.step(*a, extend_index=False), work), Batch(work))
         drivers["native classes, Python loop"] = (
             index_driver(nat.SuffixIndex, pybatch.Request, pybatch.step, work), Batch(work))
     drivers["python step"] = (
