@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,12 +22,7 @@ from bubblespec.protocol.gateway import RolloutResponse
 from bubblespec.tasks.addchain import MAX_STEPS
 from tests.deploy.helpers import engine_model_dir
 from tests.integration.test_cluster import (
-    _owes_shard,
-    _rollout_in_thread,
-    _rollout_mid_step,
-    _step_now,
-    _sync_state,
-    _wait_decoding,
+    _fault_mid_step,
     check_result,
 )
 
@@ -149,22 +143,12 @@ def test_rank_actor_killed_mid_step_is_rerun_and_comes_back(
     task = _task()
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(4)]
     old = cluster.info["r1"]
-    for _ in range(3):  # freeze, re-check with the synchronizer, kill; retry if drafts won
-        before = _step_now(cluster)
-        t, out = _rollout_in_thread(client, prompts=prompts, n=2, sampling_params=LONG)
-        if _wait_decoding(cluster, "r1", before, t):
-            server = _group(old["pid"])  # rank server and engine processes, not the reaper
-            _signal_all(server, signal.SIGSTOP)
-            if _owes_shard(_sync_state(cluster), "r1", before):
-                ray.kill(cluster.actors["r1"], no_restart=False)
-                break
-            _signal_all(server, signal.SIGCONT)
-        t.join(300)
-        assert "result" in out, out.get("error")
-    else:
-        raise AssertionError("r1 finished its shard before the kill in 3 tries")
+    server = _group(old["pid"])  # rank server and engine processes, not the reaper
+    out = _fault_mid_step(client, cluster, "r1",
+                          lambda: ray.kill(cluster.actors["r1"], no_restart=False),
+                          signal_rank=lambda sig: _signal_all(server, sig),
+                          prompts=prompts, n=2, sampling_params=LONG)
     assert all(_gone(p) for p in [old["pid"], *server]), "the rank outlived its actor"
-    t.join(300)
     assert "result" in out, out.get("error")
     res: RolloutResponse = out["result"]
     check_result(res, prompts, 2)
@@ -184,12 +168,12 @@ def test_sync_actor_killed_mid_step_loses_nothing(client: BubbleSpecClient,
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 30 + i) for i in range(4)]
     clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
     old = cluster.info["sync"]
-    t, out = _rollout_mid_step(client, cluster, "r0", prompts=prompts, n=1,
-                               sampling_params=greedy, next_prompts=prompts)
-    server = _group(old["pid"])
-    ray.kill(cluster.actors["sync"], no_restart=False)
-    assert all(_gone(p) for p in [old["pid"], *server]), "the synchronizer outlived its actor"
-    t.join(300)
+    sync_server, r0_server = _group(old["pid"]), _group(cluster.info["r0"]["pid"])
+    out = _fault_mid_step(client, cluster, "r0",
+                          lambda: ray.kill(cluster.actors["sync"], no_restart=False),
+                          signal_rank=lambda sig: _signal_all(r0_server, sig),
+                          prompts=prompts, n=1, sampling_params=greedy, next_prompts=prompts)
+    assert all(_gone(p) for p in [old["pid"], *sync_server]), "the synchronizer outlived it"
     assert "result" in out, out.get("error")
     res: RolloutResponse = out["result"]
     check_result(res, prompts, 1)

@@ -12,7 +12,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -333,38 +333,41 @@ def _rollout_in_thread(client: BubbleSpecClient, **kw: Any) -> tuple[threading.T
     return t, out
 
 
-def _rollout_mid_step(client: BubbleSpecClient, cluster: LocalCluster, rank: str,
-                      **kw: Any) -> tuple[threading.Thread, dict]:
-    """Start a rollout in a thread and return once `rank` is mid-step in it."""
-    before = _step_now(cluster)
-    t, out = _rollout_in_thread(client, **kw)
-    assert _wait_decoding(cluster, rank, before, t), f"{rank} never started decoding: {out}"
-    time.sleep(0.5)
-    return t, out
-
-
-def _kill_rank_mid_step(client: BubbleSpecClient, cluster: LocalCluster, rank: str,
-                        attempts: int = 3, **kw: Any) -> dict:
-    """SIGKILL `rank` while it provably owes its shard, and return the rollout's outcome.
+def _fault_mid_step(client: BubbleSpecClient, cluster: Any, rank: str, fault: Callable[[], None],
+                    signal_rank: Callable[[int], None] | None = None, attempts: int = 3,
+                    **kw: Any) -> dict:
+    """Inject `fault` while `rank` provably owes its shard, and return the rollout's outcome.
 
     The rank is frozen (SIGSTOP to its process group) the moment the synchronizer lists it
-    as owing the open step, and killed only if the synchronizer still lists it once frozen:
-    a frozen rank cannot finish, so the kill lands mid-step. Drafts can make a shard finish
-    within the poll's window; then the rank is resumed, the rollout ends normally, and the
-    drill is tried again on the next step (at most `attempts` times)."""
+    as owing the open step, and the fault is injected only if the synchronizer still lists it
+    once frozen: a frozen rank cannot finish, so the fault lands mid-step. The rank is then
+    resumed (harmless for a killed one). Drafts can make a shard finish within the poll's
+    window; then the rollout ends normally and the drill is tried again on the next step (at
+    most `attempts` times). `signal_rank(sig)` signals the rank's processes (default: a
+    LocalCluster child's process group)."""
+    if signal_rank is None:
+        def signal_rank(sig: int) -> None:
+            cluster.children[rank].signal(sig, group=True)
     for _ in range(attempts):
         before = _step_now(cluster)
         t, out = _rollout_in_thread(client, **kw)
         if _wait_decoding(cluster, rank, before, t):
-            cluster.children[rank].signal(signal.SIGSTOP, group=True)
+            signal_rank(signal.SIGSTOP)
             if _owes_shard(_sync_state(cluster), rank, before):
-                cluster.kill(rank)
+                fault()
+                signal_rank(signal.SIGCONT)
                 t.join(300)
                 return out
-            cluster.children[rank].signal(signal.SIGCONT, group=True)
+            signal_rank(signal.SIGCONT)
         t.join(300)
         assert "result" in out, out.get("error")
-    raise AssertionError(f"{rank} finished its shard before the kill in {attempts} tries")
+    raise AssertionError(f"{rank} finished its shard before the fault in {attempts} tries")
+
+
+def _kill_rank_mid_step(client: BubbleSpecClient, cluster: LocalCluster, rank: str,
+                        **kw: Any) -> dict:
+    """SIGKILL `rank` while it provably owes its shard (see `_fault_mid_step`)."""
+    return _fault_mid_step(client, cluster, rank, lambda: cluster.kill(rank), **kw)
 
 
 def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: LocalCluster,
@@ -374,10 +377,8 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
     greedy = {"temperature": 0.0, "max_new_tokens": 600, "ignore_eos": True}
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 30 + i) for i in range(4)]
     clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
-    t, out = _rollout_mid_step(client, cluster, "r0", prompts=prompts, n=1,
-                               sampling_params=greedy, next_prompts=prompts)
-    cluster.kill("sync")
-    t.join(300)
+    out = _fault_mid_step(client, cluster, "r0", lambda: cluster.kill("sync"), prompts=prompts,
+                          n=1, sampling_params=greedy, next_prompts=prompts)
     assert "result" in out, out.get("error")
     res: RolloutResponse = out["result"]
     check_result(res, prompts, 1)
