@@ -32,10 +32,19 @@ from bubblespec.sim.calibrate import (
     assignments,
     pooled_spec,
     replay_all,
+    with_tail_rates,
 )
 from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import NO_FLIP, Flips, flip_caps, flip_stats, lost_tokens
+from bubblespec.sim.flipcaps import (
+    NO_FLIP,
+    Flips,
+    flip_caps,
+    flip_stats,
+    lost_tokens,
+    tail_rates,
+)
 from bubblespec.sim.model import SimConfig
+from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.run import Scenario
 from bubblespec.sim.workload import LengthSource
 
@@ -72,8 +81,7 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
         "groups)"), groups=groups)
     names = [n for n in run.modes if n != "nospec-keyed" or "nospec" not in run.modes]
     share, where = flip_stats(run, flips)
-    modes = [pooled_spec(run, n, lost_tokens(run, n, flip_caps(run, n, flips)) if share
-                         else None) for n in names]
+    modes = [_flipped_spec(run, n, flips) if share else pooled_spec(run, n) for n in names]
     cfg = SimConfig(prompts_per_rank=max(1, run.prompts // run.ranks), n=run.n,
                     prompt_len=round(run.prompt_len(first)), steps=steps,
                     pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
@@ -171,6 +179,16 @@ def gap_line(pooled: dict[str, Replayed]) -> str:
     return f"sim_vs_paced_gap: {' '.join(cells)} (within 10%: {ok}/{n})"
 
 
+def _flipped_spec(run: PacedRun, name: str, flips: Flips | None) -> ModeSpec:
+    """A mode's pooled spec with measured flips: covered acceptance solved on the tokens
+    before them, after-flip rates per tail-length class."""
+    caps = flip_caps(run, name, flips)
+    spec = with_tail_rates(pooled_spec(run, name, lost_tokens(run, name, caps)),
+                           tail_rates(run, name, caps))
+    assert isinstance(spec, ModeSpec)
+    return spec
+
+
 def flip_lines(run: PacedRun, flips: Flips | None, src: str) -> tuple[list[str], bool]:
     """How many responses of each pre-generating mode left their drafts where (measured),
     and whether any flip is known."""
@@ -184,6 +202,11 @@ def flip_lines(run: PacedRun, flips: Flips | None, src: str) -> tuple[list[str],
         out.append(f"{TAG} flips {name}: {int(hit.sum())} of {hit.size} responses after step "
                    f"0 left their draft ({src}); tokens after the flips: "
                    f"{int(lost_tokens(run, name, caps)[1:].sum())}")
+        rates = tail_rates(run, name, caps)
+        if rates:
+            out.append(f"{TAG} after-flip acceptance {name} by tail length (per-request "
+                       "records; tail tokens <= edge: accepted per forward): " + " ".join(
+                           f"{e:g}:{r:.2f}" for e, r in rates))
     return out, any_caps
 
 
@@ -219,6 +242,8 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
     if has_flips:
         fl.append(f"{TAG} without the flips: " + gap_line(replay_all(run.path,
                                                                      use_flips=False)))
+        fl.append(f"{TAG} flips, one pooled after-flip rate: " + gap_line(
+            replay_all(run.path, flips=flips, tail_classes=False)))
     checks = assignment_check(run, assignments(run))
     head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
             f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "

@@ -97,3 +97,58 @@ def flip_stats(run: PacedRun, flips: Flips | None = None) -> tuple[float, tuple[
         return (float(hit.mean()) if hit.size else 0.0,
                 tuple(float(x) for x in (caps[1:][hit] / L[hit])))
     return 0.0, ()
+
+
+TAIL_EDGES = (32, 64, 128, 256)
+"""Upper edges (tokens after the flip) of the tail-length classes of `tail_rates`."""
+MIN_CLASS = 8
+"""Fewest flipped responses a tail-length class needs; a sparser one joins its shorter
+neighbour."""
+
+
+def tail_rates(run: PacedRun, name: str, caps: np.ndarray | None
+               ) -> tuple[tuple[float, float], ...]:
+    """Accepted draft tokens per forward after a flip, per class of tail length: ((upper
+    edge, rate), ...) ascending, the last edge infinite; () without per-request records.
+
+    Why: a step waits for its slowest response, and the long tails decode slower than the
+    short ones (their siblings, whose text drafts a tail, ended long before), so one pooled
+    after-flip rate overstates the critical path's. Per flipped response of the steps after
+    step 0: tail tokens L - f over tail forwards D - (f - accepted pre-generated tokens, at
+    most f), from its recorded decode steps D and accepted pre-generated tokens; a class's
+    rate is its tail tokens over its tail forwards, minus the one token a forward emits. A
+    class with fewer than `MIN_CLASS` responses joins the next longer one (the last, the
+    previous)."""
+    m = run.modes[name]
+    if caps is None or not all("request_decode_steps" in s and "request_accepted_pregen" in s
+                               for s in m.steps):
+        return ()
+    L = run.lengths(name)[1:]
+    D = np.stack([np.asarray(s["request_decode_steps"], dtype=np.int64) for s in m.steps[1:]])
+    P = np.stack([np.asarray(s["request_accepted_pregen"], dtype=np.int64)
+                  for s in m.steps[1:]])
+    f = caps[1:]
+    hit = f < L
+    if not hit.any():
+        return ()
+    tail = (L - f)[hit]
+    fw = np.maximum(1, D[hit] - (f[hit] - np.minimum(P[hit], f[hit])))
+    cls = np.searchsorted(np.asarray(TAIL_EDGES), tail, side="left")
+    edges = [*map(float, TAIL_EDGES), float("inf")]
+    sums: list[list[float]] = []  # [upper edge, tail tokens, tail forwards, responses]
+    acc = [0.0, 0.0, 0.0]
+    for k, edge in enumerate(edges):  # a sparse class joins the next longer one
+        sel = cls == k
+        acc = [acc[0] + float(tail[sel].sum()), acc[1] + float(fw[sel].sum()),
+               acc[2] + float(sel.sum())]
+        if acc[2] >= MIN_CLASS:
+            sums.append([edge, *acc])
+            acc = [0.0, 0.0, 0.0]
+    if acc[2]:  # sparse longest tails: with the last class, or alone if none
+        if sums:
+            last = sums[-1]
+            sums[-1] = [last[0], last[1] + acc[0], last[2] + acc[1], last[3] + acc[2]]
+        else:
+            sums.append([edges[-1], *acc])
+    sums[-1][0] = float("inf")
+    return tuple((e, max(0.0, t / w - 1.0)) for e, t, w, _ in sums)

@@ -184,7 +184,7 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     """The step's requests; `flip` (per request, optional): the output position where the
     response leaves its pre-generated draft (a policy update flipped a token there), past
     which its draft no longer covers it and it decodes at the mode's accepted-after-flip
-    rate (default: the uncovered rate)."""
+    rate for its tail's length (default: the uncovered rate)."""
     prompts, n = L.shape
     size = prompts * n
     first = np.zeros((prompts, n))
@@ -195,8 +195,9 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     if flip is not None and mode.uses_pregen:
         flipped = flip.ravel() < cov
         cov = np.minimum(cov, flip.ravel())
-        if mode.accepted_after_flip is not None:
-            acc_unc = np.where(flipped, mode.accepted_after_flip * m, acc_unc)
+        after = mode.after_flip(np.maximum(0, L.ravel() - flip.ravel()))
+        if after is not None:
+            acc_unc = np.where(flipped, after * m, acc_unc)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
                     acc_cov=mode.accepted_covered * m * mult_cov.ravel(),
                     acc_unc=acc_unc,

@@ -46,6 +46,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 BASELINE_NAMES = ("none", "nospec", "no_spec", "baseline")
 DRAFT_ACCEPT_RATE = 0.5
 """Assumed accepted/drafted ratio when a source gives no drafted figure."""
@@ -74,6 +76,21 @@ class ModeSpec:
     accepted_after_flip: float | None = None
     """Draft tokens accepted per forward after a response left its pre-generated draft (a
     flip, `SimConfig.flip_share`); None: the uncovered figure."""
+    after_flip_by_tail: tuple[tuple[float, float], ...] = ()
+    """The same per class of tail length (tokens after the flip): ((upper edge, accepted per
+    forward), ...) ascending, the last edge infinite (`flipcaps.tail_rates`); when given it
+    replaces `accepted_after_flip` per response."""
+
+    def after_flip(self, tail: np.ndarray) -> np.ndarray | None:
+        """Accepted per forward after the flip of responses with `tail` tokens after it
+        (None: no after-flip figure, the uncovered one applies)."""
+        if self.after_flip_by_tail:
+            edges = np.asarray([e for e, _ in self.after_flip_by_tail[:-1]])
+            rates = np.asarray([r for _, r in self.after_flip_by_tail])
+            return rates[np.searchsorted(edges, tail, side="left")]
+        if self.accepted_after_flip is None:
+            return None
+        return np.full(np.shape(tail), self.accepted_after_flip)
 
     @property
     def is_baseline(self) -> bool:
@@ -85,7 +102,10 @@ class ModeSpec:
             s += (f" uncovered, {self.accepted_covered:.2f}/{self.drafted_covered:.2f} covered "
                   "by pre-generation" + (" (bubble + training window)" if self.pregen_window
                                          else ""))
-            if self.accepted_after_flip is not None:
+            if self.after_flip_by_tail:
+                s += ", accepted after a flip by tail length " + " ".join(
+                    f"<={e:g}:{r:.2f}" for e, r in self.after_flip_by_tail)
+            elif self.accepted_after_flip is not None:
                 s += f", {self.accepted_after_flip:.2f} accepted after a flip"
         return f"{s} ({self.source})"
 
