@@ -31,7 +31,7 @@ measured per step (`calreport` prints it). Every simulated figure is MODELLED.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ import numpy as np
 from bubblespec.bench.modes import baseline_of
 from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
 from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import Flips, flip_caps, lost_tokens, tail_rates
+from bubblespec.sim.flipcaps import Flips, flip_caps, lost_tokens
 from bubblespec.sim.model import (
     SimConfig,
     StepResult,
@@ -50,8 +50,9 @@ from bubblespec.sim.model import (
     run_mode,
     summarise,
 )
-from bubblespec.sim.policy import ModeSpec, solve_covered
+from bubblespec.sim.policy import ModeSpec, solve_covered, with_spread, with_tail_rates
 from bubblespec.sim.pregen import breadth_first
+from bubblespec.sim.tails import rate_spread, tail_multipliers, tail_rates
 
 SCHEMA = "bubblespec.bench.paced/v1"
 PREGEN_INFLIGHT = 64
@@ -283,16 +284,6 @@ def pooled_spec(run: PacedRun, name: str, lost: np.ndarray | None = None) -> Mod
                    Counts.of(m.steps[:1]), f"measured, {run.path} (steps after 0)")
 
 
-def with_tail_rates(spec: ModeSpec | list[ModeSpec], rates: tuple[tuple[float, float], ...]
-                    ) -> ModeSpec | list[ModeSpec]:
-    """`spec` (or each step's) with the after-flip rates per tail-length class, if any."""
-    if not rates:
-        return spec
-    if isinstance(spec, list):
-        return [replace(x, after_flip_by_tail=rates) if x.uses_pregen else x for x in spec]
-    return replace(spec, after_flip_by_tail=rates) if spec.uses_pregen else spec
-
-
 @dataclass
 class Replayed:
     """One mode of the paced run, modelled (on its own lengths and assignment) and measured:
@@ -321,16 +312,19 @@ def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
 
 def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
            cover_cv: float = 0.0, seed: int = 0, prompt_len: float | None = None,
-           flips: Flips | None = None, use_flips: bool = True, tail_classes: bool = True
-           ) -> dict[str, Replayed]:
+           flips: Flips | None = None, use_flips: bool = True, tail_classes: bool = True,
+           own_tails: bool = False, draw_spread: bool = False) -> dict[str, Replayed]:
     """Every mode of one seed simulated on its own measured lengths and replayed
     assignment, with its pooled measured acceptance (or each step's own, `per_step`);
     `cover_cv` > 0 draws a per-request spread of the covered acceptance (an assumption,
     `SimConfig.cover_cv`). With measured flips (`flips`, else the records' own; off with
     `use_flips=False`) a response's draft covers it only up to its flip, and the covered
     acceptance is solved on the tokens before the flips, and the tokens after a flip decode
-    at the measured rate of their tail-length class (`flipcaps.tail_rates`; one pooled rate
-    with `tail_classes=False`)."""
+    at the measured rate of their tail-length class (`tails.tail_rates`; one pooled rate
+    with `tail_classes=False`), or with `own_tails` each at its own measured rate (a replay
+    of the measured tails, which checks the rest of the model); `draw_spread` draws each
+    request's rate from its mode's measured per-request spread (`tails.rate_spread`, one
+    quantile per request shared by the modes, from `seed`)."""
     et = EngineTime.preset(run.pace)
     assign = assignments(run)
     plen = run.prompt_len(first) if prompt_len is None else prompt_len
@@ -348,7 +342,14 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
             drawn["flip"] = caps.reshape(run.steps, -1)
         spec = (per_step_specs(run, name, lost) if per_step
                 else pooled_spec(run, name, lost))
-        spec = with_tail_rates(spec, tail_rates(run, name, caps) if tail_classes else ())
+        rates = tail_rates(run, name, caps) if tail_classes else ()
+        spec = with_tail_rates(spec, rates)
+        mult = tail_multipliers(run, name, caps, rates) if own_tails else None
+        if mult is not None:
+            drawn["flip_mult"] = mult.reshape(run.steps, -1)
+        if draw_spread:
+            spec = with_spread(spec, rate_spread(run, name, caps))
+            drawn["rate_q"] = np.random.default_rng([seed, 0]).random((run.steps, L[0].size))
         summ = summarise(run.ranks, name, run_mode(cfg, run.ranks, spec, et, drawn), 1)
         use = summ.steps[1:] or summ.steps[-1:]
         out[name] = Replayed(name, run.modes[name].baseline, summ, run.measured(name),
@@ -360,7 +361,8 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
 
 def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
                seed: int = 0, flips: Flips | None = None, use_flips: bool = True,
-               tail_classes: bool = True) -> dict[str, Replayed]:
+               tail_classes: bool = True, own_tails: bool = False, draw_spread: bool = False
+               ) -> dict[str, Replayed]:
     """`replay` of every seed of a paced run, tokens and seconds summed per mode over the
     seeds (as the bench sums them); steps shown are the first seed's."""
     doc = json.loads(Path(path).read_text())
@@ -371,7 +373,8 @@ def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
     first = PacedRun.load(path, keys[0])
     plen = first.prompt_len(doc["runs"][keys[0]])
     reps = [replay(PacedRun.load(path, k), doc["runs"][k], per_step, cover_cv, seed, plen,
-                   flips if k == keys[0] else None, use_flips, tail_classes) for k in keys]
+                   flips if k == keys[0] else None, use_flips, tail_classes, own_tails,
+                   draw_spread) for k in keys]
     out = reps[0]
     for rep in reps[1:]:
         for name, r in rep.items():

@@ -16,7 +16,7 @@ rank, n, prompt tokens and trainer time, at any rank counts.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from bubblespec.sim.calibrate import (
     assignments,
     pooled_spec,
     replay_all,
-    with_tail_rates,
 )
 from bubblespec.sim.engine_time import EngineTime
 from bubblespec.sim.flipcaps import (
@@ -41,11 +40,11 @@ from bubblespec.sim.flipcaps import (
     flip_caps,
     flip_stats,
     lost_tokens,
-    tail_rates,
 )
 from bubblespec.sim.model import SimConfig
-from bubblespec.sim.policy import ModeSpec
+from bubblespec.sim.policy import ModeSpec, with_tail_rates
 from bubblespec.sim.run import Scenario
+from bubblespec.sim.tails import rate_spread, tail_rates
 from bubblespec.sim.workload import LengthSource
 
 TAG = "[calibration]"
@@ -81,17 +80,27 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
         "groups)"), groups=groups)
     names = [n for n in run.modes if n != "nospec-keyed" or "nospec" not in run.modes]
     share, where = flip_stats(run, flips)
-    modes = [_flipped_spec(run, n, flips) if share else pooled_spec(run, n) for n in names]
+    modes = [replace(_flipped_spec(run, n, flips) if share else pooled_spec(run, n),
+                     rate_spread=rate_spread(run, n, flip_caps(run, n, flips)))
+             for n in names]
     cfg = SimConfig(prompts_per_rank=max(1, run.prompts // run.ranks), n=run.n,
                     prompt_len=round(run.prompt_len(first)), steps=steps,
                     pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
-                    flip_share=share, flip_positions=where, seed=seed)
+                    flip_share=share, flip_positions=where, seed=seed,
+                    rate_spread=any(m.rate_spread for m in modes))
     notes = [(f"calibrated from {run.path}: per-rank workload, lengths and pooled acceptance "
              f"of its {run.ranks}-rank run; trainer {window_s:g} s (its training window); "
              "the keyed baseline equals nospec in the model (same lengths)")]
     if share:
         notes.append(f"measured flips: {share:.1%} of the responses with a draft leave it, "
                      f"at median {np.median(where):.2f} of their length")
+    for m in modes:
+        if m.rate_spread:
+            x = np.asarray(m.rate_spread)
+            what = "after a flip, over its tail class's" if m.uses_pregen else "over the mode's"
+            notes.append(f"measured per-request spread {m.name}: tokens per forward {what} "
+                         f"x one of {x.size} measured multipliers (CV "
+                         f"{x.std() / x.mean():.2f}, 10th percentile {np.percentile(x, 10):.2f})")
     return Scenario(cfg, ranks, modes, EngineTime.preset(run.pace), lengths, notes,
                     f"calibrated from {Path(run.path).name}")
 
@@ -162,6 +171,25 @@ def spread_lines(run: PacedRun, cover_cv: float, draws: int) -> list[str]:
                    f"{sp.mean():.2f}x ({np.percentile(sp, 10):.2f}-{np.percentile(sp, 90):.2f}),"
                    f" gap {_pct(sp.mean() / r.measured_speedup - 1.0)}")
     return out
+
+
+def tail_spread_lines(run: PacedRun, flips: Flips | None, draws: int) -> list[str]:
+    """The replay's speed-ups with each request's rate drawn from its mode's MEASURED
+    per-request spread (`tails.rate_spread`), over `draws` draws: mean (p10-p90), gap."""
+    reps = [replay_all(run.path, seed=k, flips=flips, draw_spread=True) for k in range(draws)]
+    out = [(f"{TAG} with the measured per-request spread (tails of the pre-generating "
+            f"modes, whole responses of the others), {draws} draws: modelled mean (p10-p90), "
+            "gap")]
+    for name, r in reps[0].items():
+        if r.baseline == name:
+            continue
+        sp = np.array([rep[name].modelled_speedup for rep in reps])
+        out.append(f"{TAG} {name:<24} measured {r.measured_speedup:.2f}x, modelled "
+                   f"{sp.mean():.2f}x ({np.percentile(sp, 10):.2f}-{np.percentile(sp, 90):.2f}),"
+                   f" gap {_pct(sp.mean() / r.measured_speedup - 1.0)}")
+    mean = {name: replace(r, modelled_speedup=float(np.mean(
+        [rep[name].modelled_speedup for rep in reps]))) for name, r in reps[0].items()}
+    return [*out, gap_line(mean).replace("sim_vs_paced_gap:", "sim_vs_paced_gap_spread:")]
 
 
 def gap_line(pooled: dict[str, Replayed]) -> str:
@@ -244,6 +272,9 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
                                                                      use_flips=False)))
         fl.append(f"{TAG} flips, one pooled after-flip rate: " + gap_line(
             replay_all(run.path, flips=flips, tail_classes=False)))
+        fl.append(f"{TAG} flips, each tail at its own measured rate (replays the tails; "
+                  "checks the rest): " + gap_line(replay_all(run.path, flips=flips,
+                                                             own_tails=True)))
     checks = assignment_check(run, assignments(run))
     head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
             f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "
@@ -257,6 +288,9 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
                 f"{k}: {'yes' if v else 'NO'}" for k, v in checks.items()) or "no mode")]
     head += [f"{TAG} input {pooled_spec(run, n).describe()}" for n in run.modes]
     spread = spread_lines(run, cover_cv, draws) if cover_cv > 0 and draws > 0 else []
+    if has_flips and draws > 0 and any(rate_spread(run, n, flip_caps(run, n, flips))
+                                       for n in run.modes if run.modes[n].pregen):
+        spread += tail_spread_lines(run, flips, draws)
     lines = (head + fl + mode_lines(run, pooled, stepwise) + step_lines(run, pooled)
              + rank_lines(run, pooled) + spread + [gap_line(pooled)])
     doc = {"label": "measured (paced) beside modelled (simulator replay)", "path": run.path,

@@ -90,6 +90,10 @@ class SimConfig:
     flips a keyed token; measured by `bench flips` or the paced records); 0: none."""
     flip_positions: tuple[float, ...] = ()
     """Where they leave it, as shares of the response's length (drawn from these)."""
+    rate_spread: bool = False
+    """Draw each request's tokens per forward from its mode's measured per-request spread
+    (`ModeSpec.rate_spread`; one uniform quantile per request, shared by the modes so that
+    they are compared on the same luck)."""
     seed: int = 0
 
 
@@ -166,6 +170,8 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
         hit = rng.random(L.shape) < cfg.flip_share
         at = np.floor(rng.choice(np.asarray(cfg.flip_positions), L.shape) * L)
         drawn["flip"] = np.where(hit, at, NO_FLIP).astype(np.int64).reshape(cfg.steps, -1)
+    if cfg.rate_spread:
+        drawn["rate_q"] = rng.random((cfg.steps, prompts * cfg.n))
     return drawn
 
 
@@ -180,11 +186,16 @@ def gamma_mult(rng: np.random.Generator, cv: float, shape: tuple[int, ...]) -> n
 
 def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
               mult_cov: np.ndarray, covered: np.ndarray, mode: ModeSpec,
-              et: EngineTime, flip: np.ndarray | None = None) -> Requests:
+              et: EngineTime, flip: np.ndarray | None = None,
+              flip_mult: np.ndarray | None = None, rate_q: np.ndarray | None = None
+              ) -> Requests:
     """The step's requests; `flip` (per request, optional): the output position where the
     response leaves its pre-generated draft (a policy update flipped a token there), past
     which its draft no longer covers it and it decodes at the mode's accepted-after-flip
-    rate for its tail's length (default: the uncovered rate)."""
+    rate for its tail's length (default: the uncovered rate), its tokens per forward times
+    `flip_mult` (per request, optional). `rate_q` (per request, optional): quantiles of
+    the mode's measured per-request spread (`ModeSpec.spread_at`), applied to the tails
+    after a flip of a pre-generating mode and to every position of the others."""
     prompts, n = L.shape
     size = prompts * n
     first = np.zeros((prompts, n))
@@ -192,10 +203,16 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     m = mult.ravel()
     cov = np.minimum(covered, L.ravel()) if mode.uses_pregen else np.zeros(size, np.int64)
     acc_unc = mode.accepted * m
+    if flip_mult is None and rate_q is not None:
+        flip_mult = mode.spread_at(rate_q.ravel())
+        if flip_mult is not None and not mode.uses_pregen:
+            acc_unc = np.maximum(0.0, (1.0 + acc_unc) * flip_mult - 1.0)
     if flip is not None and mode.uses_pregen:
         flipped = flip.ravel() < cov
         cov = np.minimum(cov, flip.ravel())
         after = mode.after_flip(np.maximum(0, L.ravel() - flip.ravel()))
+        if after is not None and flip_mult is not None:
+            after = np.maximum(0.0, (1.0 + after) * flip_mult.ravel() - 1.0)
         if after is not None:
             acc_unc = np.where(flipped, after * m, acc_unc)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
@@ -217,9 +234,10 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
     out = []
     for s in range(cfg.steps):
         mode = specs[s]
-        flip = drawn.get("flip")
+        flip, fm, q = drawn.get("flip"), drawn.get("flip_mult"), drawn.get("rate_q")
         req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et,
-                        None if flip is None else flip[s])
+                        None if flip is None else flip[s], None if fm is None else fm[s],
+                        None if q is None else q[s])
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
         fmax = float(F.max())

@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from bubblespec.sim.tails import Rates, class_rate
 
 BASELINE_NAMES = ("none", "nospec", "no_spec", "baseline")
 DRAFT_ACCEPT_RATE = 0.5
@@ -81,13 +83,22 @@ class ModeSpec:
     forward), ...) ascending, the last edge infinite (`flipcaps.tail_rates`); when given it
     replaces `accepted_after_flip` per response."""
 
+    rate_spread: tuple[float, ...] = ()
+    """Measured per-request multipliers of tokens per forward (`tails.rate_spread`): of the
+    tails after a flip relative to their class for a pre-generating mode, of whole responses
+    relative to the mode's pooled figure for the others; drawn with `SimConfig.rate_spread`."""
+
+    def spread_at(self, q: np.ndarray) -> np.ndarray | None:
+        """The multipliers at quantiles `q` of the measured spread (None: no spread)."""
+        if not self.rate_spread:
+            return None
+        return np.quantile(np.asarray(self.rate_spread), q, method="inverted_cdf")
+
     def after_flip(self, tail: np.ndarray) -> np.ndarray | None:
         """Accepted per forward after the flip of responses with `tail` tokens after it
         (None: no after-flip figure, the uncovered one applies)."""
         if self.after_flip_by_tail:
-            edges = np.asarray([e for e, _ in self.after_flip_by_tail[:-1]])
-            rates = np.asarray([r for _, r in self.after_flip_by_tail])
-            return rates[np.searchsorted(edges, tail, side="left")]
+            return class_rate(self.after_flip_by_tail, tail)
         if self.accepted_after_flip is None:
             return None
         return np.full(np.shape(tail), self.accepted_after_flip)
@@ -108,6 +119,24 @@ class ModeSpec:
             elif self.accepted_after_flip is not None:
                 s += f", {self.accepted_after_flip:.2f} accepted after a flip"
         return f"{s} ({self.source})"
+
+
+def with_tail_rates(spec: ModeSpec | list[ModeSpec], rates: Rates
+                    ) -> ModeSpec | list[ModeSpec]:
+    """`spec` (or each step's) with the after-flip rates per tail-length class, if any."""
+    if not rates:
+        return spec
+    if isinstance(spec, list):
+        return [replace(x, after_flip_by_tail=rates) if x.uses_pregen else x for x in spec]
+    return replace(spec, after_flip_by_tail=rates) if spec.uses_pregen else spec
+
+
+def with_spread(spec: ModeSpec | list[ModeSpec], spread: tuple[float, ...]
+                ) -> ModeSpec | list[ModeSpec]:
+    """`spec` (or each step's) with its measured per-request spread."""
+    if isinstance(spec, list):
+        return [replace(x, rate_spread=spread) for x in spec]
+    return replace(spec, rate_spread=spread)
 
 
 def default_modes() -> list[ModeSpec]:

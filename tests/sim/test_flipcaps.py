@@ -13,14 +13,7 @@ import pytest
 from bubblespec.sim.calibrate import Counts, PacedRun, replay, spec_of
 from bubblespec.sim.calreport import compare, load
 from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import (
-    MIN_CLASS,
-    NO_FLIP,
-    flip_caps,
-    load_flips,
-    lost_tokens,
-    tail_rates,
-)
+from bubblespec.sim.flipcaps import NO_FLIP, flip_caps, load_flips, lost_tokens
 from bubblespec.sim.model import SimConfig, _requests
 from bubblespec.sim.policy import ModeSpec
 
@@ -37,74 +30,6 @@ def _with_divergences(tmp_path: Path, at: int | None) -> Path:
     path = tmp_path / "paced.json"
     path.write_text(json.dumps(doc))
     return path
-
-
-def _with_tails(tmp_path: Path, long_samples: int = 4) -> Path:
-    """Every response of the pre-generating modes leaves its draft at 4 (all 4 tokens
-    accepted from it): in each prompt the first `long_samples` samples have 300-token tails
-    decoded at 1.5 tokens per forward, the others 16-token tails at 2 per forward."""
-    doc = json.loads(FIXTURE.read_text())
-    for r in doc["runs"]["0"].values():
-        for s in r.get("steps", []):
-            rows = len(s["output_lengths"])
-            n = len(s["output_lengths"][0])
-            long = [i < long_samples for i in range(n)]
-            s["output_lengths"] = [[304 if x else 20 for x in long]] * rows
-            s["request_first_divergence"] = [[4] * n] * rows
-            s["request_accepted_pregen"] = [[4] * n] * rows
-            s["request_decode_steps"] = [[200 if x else 8 for x in long]] * rows
-    path = tmp_path / "paced.json"
-    path.write_text(json.dumps(doc))
-    return path
-
-
-def test_tail_rates_are_measured_per_tail_length_class(tmp_path):
-    run = PacedRun.load(_with_tails(tmp_path))
-    rates = tail_rates(run, "bubblespec", flip_caps(run, "bubblespec"))
-    assert rates == ((32.0, pytest.approx(1.0)), (float("inf"), pytest.approx(0.5)))
-    assert tail_rates(run, "bubblespec", None) == ()
-    assert tail_rates(PacedRun.load(_with_divergences(tmp_path, 3)), "bubblespec",
-                      flip_caps(run, "bubblespec")) == ()  # no per-request decode steps
-    # one long tail per step after step 0 is too few for a class of its own: it joins the
-    # last class, weighted by its tokens and forwards
-    run = PacedRun.load(_with_tails(tmp_path, long_samples=0))
-    assert tail_rates(run, "bubblespec", flip_caps(run, "bubblespec")) == (
-        (float("inf"), pytest.approx(1.0)),)
-    doc = json.loads((tmp_path / "paced.json").read_text())
-    for s in doc["runs"]["0"]["bubblespec"]["steps"][1:]:
-        s["output_lengths"][0][0], s["request_decode_steps"][0][0] = 304, 200
-    (tmp_path / "paced.json").write_text(json.dumps(doc))
-    run = PacedRun.load(tmp_path / "paced.json")
-    assert 2 < MIN_CLASS
-    short = (run.steps - 1) * (run.prompts * run.n - 1)
-    want = (short * 16 + 2 * 300) / (short * 8 + 2 * 200) - 1.0
-    assert tail_rates(run, "bubblespec", flip_caps(run, "bubblespec")) == (
-        (float("inf"), pytest.approx(want)),)
-
-
-def test_long_tails_decode_at_their_class_rate_in_the_replay(tmp_path):
-    cfg = SimConfig(prompts=1, n=2, prompt_len=10)
-    mode = ModeSpec("m", 0.5, 1.0, True, 7.0, 8.0, accepted_after_flip=2.0,
-                    after_flip_by_tail=((32.0, 1.0), (float("inf"), 0.25)))
-    req = _requests(cfg, np.array([[42, 300]]), np.zeros(1, np.int64), np.ones((1, 2)),
-                    np.ones((1, 2)), np.array([300, 300]), mode, EngineTime.preset("h100"),
-                    np.array([10, 10]))
-    assert req.acc_unc.tolist() == [1.0, 0.25]  # tails 32 (<= the edge) and 290
-    run, first, _ = load(_with_tails(tmp_path))
-    classes, pooled = replay(run, first), replay(run, first, tail_classes=False)
-    # the fixture's records carry no divergence counters, so without classes the tails
-    # decode at the uncovered rate (below both classes' rates): classes can only speed up
-    for name, r in classes.items():
-        if run.modes[name].pregen:
-            assert r.modelled[1] <= pooled[name].modelled[1], name
-        else:
-            assert r.modelled == pooled[name].modelled, name
-    window = "bubblespec-keyed-window"  # the mode whose drafts cover past the flips here
-    assert classes[window].modelled[1] < pooled[window].modelled[1]
-    lines, _ = compare(run, first)
-    assert any("after-flip acceptance bubblespec by tail length" in line
-               and "32:1.00 inf:0.50" in line for line in lines)
-    assert any("one pooled after-flip rate: sim_vs_paced_gap" in line for line in lines)
 
 
 def test_caps_from_the_records_and_from_bench_flips(tmp_path):
