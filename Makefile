@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml native/pyproject.toml native/CMakeLists.txt $(wildcard 
 	$(BIN)/pip install -q ./native || echo "bubblespec_native not built: pure-Python draft path"
 	touch $(STAMP)
 
+# --durations: the slowest tests in every CI log, to keep the suite's time in view
 test: install real-model
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.
