@@ -157,12 +157,10 @@ def rank_lines(run: PacedRun, pooled: dict[str, Replayed]) -> list[str]:
     return out
 
 
-def spread_lines(run: PacedRun, cover_cv: float, draws: int) -> list[str]:
-    """The replay's speed-ups with an ASSUMED per-request spread of the covered acceptance
-    (`cover_cv`), over `draws` draws: mean and 10th-90th percentiles against measured."""
-    reps = [replay_all(run.path, cover_cv=cover_cv, seed=k) for k in range(draws)]
-    out = [(f"{TAG} sensitivity (assumed, not measured): covered acceptance spread per "
-           f"request, gamma CV {cover_cv:g}, {draws} draws: modelled mean (p10-p90), gap")]
+def _draw_lines(reps: list[dict[str, Replayed]], head: str) -> list[str]:
+    """Per mode over replays drawn with a spread: modelled mean (p10-p90) against measured,
+    and the gap of the mean."""
+    out = [head]
     for name, r in reps[0].items():
         if r.baseline == name:
             continue
@@ -173,20 +171,23 @@ def spread_lines(run: PacedRun, cover_cv: float, draws: int) -> list[str]:
     return out
 
 
+def spread_lines(run: PacedRun, cover_cv: float, draws: int) -> list[str]:
+    """The replay's speed-ups with an ASSUMED per-request spread of the covered acceptance
+    (`cover_cv`), over `draws` draws: mean and 10th-90th percentiles against measured."""
+    reps = [replay_all(run.path, cover_cv=cover_cv, seed=k) for k in range(draws)]
+    return _draw_lines(reps, f"{TAG} sensitivity (assumed, not measured): covered acceptance "
+                             f"spread per request, gamma CV {cover_cv:g}, {draws} draws: "
+                             "modelled mean (p10-p90), gap")
+
+
 def tail_spread_lines(run: PacedRun, flips: Flips | None, draws: int) -> list[str]:
     """The replay's speed-ups with each request's rate drawn from its mode's MEASURED
-    per-request spread (`tails.rate_spread`), over `draws` draws: mean (p10-p90), gap."""
+    per-request spread (`tails.rate_spread`), over `draws` draws: mean (p10-p90), gap, and
+    `sim_vs_paced_gap_spread: ...` of the means."""
     reps = [replay_all(run.path, seed=k, flips=flips, draw_spread=True) for k in range(draws)]
-    out = [(f"{TAG} with the measured per-request spread (tails of the pre-generating "
-            f"modes, whole responses of the others), {draws} draws: modelled mean (p10-p90), "
-            "gap")]
-    for name, r in reps[0].items():
-        if r.baseline == name:
-            continue
-        sp = np.array([rep[name].modelled_speedup for rep in reps])
-        out.append(f"{TAG} {name:<24} measured {r.measured_speedup:.2f}x, modelled "
-                   f"{sp.mean():.2f}x ({np.percentile(sp, 10):.2f}-{np.percentile(sp, 90):.2f}),"
-                   f" gap {_pct(sp.mean() / r.measured_speedup - 1.0)}")
+    out = _draw_lines(reps, f"{TAG} with the measured per-request spread (tails of the "
+                            "pre-generating modes, whole responses of the others), "
+                            f"{draws} draws: modelled mean (p10-p90), gap")
     mean = {name: replace(r, modelled_speedup=float(np.mean(
         [rep[name].modelled_speedup for rep in reps]))) for name, r in reps[0].items()}
     return [*out, gap_line(mean).replace("sim_vs_paced_gap:", "sim_vs_paced_gap_spread:")]
