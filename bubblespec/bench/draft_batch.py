@@ -15,6 +15,9 @@ numba's worker threads are counted too):
 - ``proposer (native)``: the engine proposer's whole ``propose`` call
   (:class:`bubblespec.engine.proposer.BubbleSpecProposer` on a stand-in model runner that
   holds the batch's request ids): its bookkeeping plus the native step (needs vLLM);
+- ``proposer, global pool + live``: the same with the global pool on and every live output
+  mirrored into it (``--src-global-live``): the cost of drafting across prompts from live
+  responses, as vLLM's suffix decoding does (other drafts: not compared with Python);
 - ``native step``: ``bubblespec_native.step``, the proposer's per-request loop in one call
   (counters and calibration, append to the request's live sequence, aligned-draft check,
   extend + draft, the choice among sources);
@@ -133,14 +136,15 @@ class ProposerDriver:
     indices (none aligned); prompts are empty and the first token of each response was
     emitted before the first step (the index then holds what the other drivers' hold)."""
 
-    def __init__(self, work: sb.Work) -> None:
+    def __init__(self, work: sb.Work, sources: dict | None = None) -> None:
         from bubblespec.engine.proposer import BubbleSpecProposer
         ns = types.SimpleNamespace
         cfg = ns(speculative_config=ns(num_speculative_tokens=K),
                  model_config=ns(max_model_len=MAX_LEN, get_vocab_size=lambda: 1 << 30))
         self.prop = BubbleSpecProposer(cfg)
         p = sb.PARAMS
-        self.prop.bubblespec_configure({"max_depth": sb.DEPTH, "draft": {
+        self.prop.bubblespec_configure({"max_depth": sb.DEPTH, "sources": sources or {},
+                                        "draft": {
             "max_spec_tokens": p.max_spec_tokens, "max_spec_factor": p.max_spec_factor,
             "max_spec_offset": p.max_spec_offset, "min_token_prob": p.min_token_prob}})
         self.prop.add_drafts([(f"g{gi}", 100 + ri, r.tolist()) for gi, g in enumerate(work)
@@ -219,6 +223,9 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
     drivers: dict[str, tuple[Callable, Batch]] = {}
     if nat is not None and proposer:
         drivers["proposer (native)"] = (ProposerDriver(work), Batch(work))
+        # the cost of --src-global-live: every live output also in the global pool
+        drivers["proposer, global pool + live"] = (ProposerDriver(
+            work, {"global_pool": True, "global_live": True}), Batch(work))
     if nat is not None:
         drivers["native step"] = (
             index_driver(nat.SuffixIndex, nat.Request, nat.step, work), Batch(work))

@@ -131,16 +131,19 @@ async def run(args: EngineBenchConfig) -> None:
                   for r, o in zip(r1, pregen) for s in o.samples]
         pushed_keyed = [(r.group_key(), s.sample_index, s.output_ids)
                         for r, o in zip(k1, pregen_keyed) for s in o.samples]
-        # (row, requests, pre-generated drafts, siblings-only?, global pool?)
-        for name, reqs, drafts, sib_only, glob in (
-                ("bubblespec_siblings", r1, None, True, False),
-                ("bubblespec_live", r1, None, False, True),
-                ("bubblespec_pregen", r1, pushed, True, False),
-                ("bubblespec_all", r1, pushed, False, True),
-                ("bubblespec_pregen_keyed", k1, pushed_keyed, True, False),
-                ("bubblespec_live_keyed", k1, None, False, True)):
+        # (row, requests, pre-generated drafts, siblings-only?, global pool?, live in it?)
+        for name, reqs, drafts, sib_only, glob, glive in (
+                ("bubblespec_siblings", r1, None, True, False, False),
+                ("bubblespec_live", r1, None, False, True, False),
+                ("bubblespec_live_glive", r1, None, False, True, True),
+                ("bubblespec_pregen", r1, pushed, True, False, False),
+                ("bubblespec_all", r1, pushed, False, True, False),
+                ("bubblespec_pregen_keyed", k1, pushed_keyed, True, False, False),
+                ("bubblespec_live_keyed", k1, None, False, True, False),
+                ("bubblespec_live_keyed_glive", k1, None, False, True, True)):
             await eng.set_sources(pregen=drafts is not None, siblings=True,
-                                  self_context=not sib_only, global_pool=glob)
+                                  self_context=not sib_only, global_pool=glob,
+                                  global_live=glive)
             if drafts:
                 await eng.add_drafts(drafts)
             t = time.monotonic()
@@ -183,7 +186,9 @@ async def run(args: EngineBenchConfig) -> None:
                 for s in ("aligned", "group", "global")) + f"  none={src['empty']}")
     if "suffix_keyed" in red:  # keyed sampling: both rows decode the very same tokens
         print(f"same tokens (keyed): suffix_keyed={red['suffix_keyed']:.3f} "
-              f"bubblespec_live_keyed={red['bubblespec_live_keyed']:.3f}")
+              f"bubblespec_live_keyed={red['bubblespec_live_keyed']:.3f} "
+              f"bubblespec_live_keyed_glive={red['bubblespec_live_keyed_glive']:.3f} "
+              "(glive: live responses in the global pool, --src-global-live)")
     fmt = {k: (f"{red[k]:.3f}" if k in red else "n/a") for k in
            ("ngram", "suffix", "bubblespec_siblings", "bubblespec_pregen")}
     print(f"bubblespec_pregen_keyed (pre-generated drafts + keyed-noise sampling): "
@@ -191,6 +196,7 @@ async def run(args: EngineBenchConfig) -> None:
     print("decode_step_reduction_vs_nospec: ngram={ngram} suffix={suffix} "
           "bubblespec_siblings={bubblespec_siblings} bubblespec_pregen={bubblespec_pregen}"
           .format(**fmt) + f" bubblespec_live={red.get('bubblespec_live', float('nan')):.3f}"
+          f" bubblespec_live_glive={red.get('bubblespec_live_glive', float('nan')):.3f}"
           f" bubblespec_all={red.get('bubblespec_all', float('nan')):.3f}")
     if args.out:
         print(f"wrote {args.out}")

@@ -41,6 +41,11 @@ class EngineConfig(BaseModel):
     """Keep finished responses across batches as drafts."""
     src_global: bool = False
     """Draft from a global pool of recent finished responses to any prompt."""
+    src_global_live: bool = False
+    """With `src_global`: the global pool also holds the responses still being generated
+    (as vLLM's suffix decoding does); a finished one stays in the pool when its prompt's
+    batch ends. Closes the gap to suffix decoding on live sources (README); off by default
+    until its drafting cost per engine step is measured."""
     global_token_budget: int = Field(200_000, ge=1000)
     """Token budget of the global pool (oldest dropped first)."""
     index_token_budget: int = Field(4_000_000, ge=1000)

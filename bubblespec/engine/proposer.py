@@ -88,6 +88,11 @@ class BubbleSpecProposer:
         self.self_context = bool(src.get("self_context", True))
         self.history = bool(src.get("history", False))
         self.global_pool = bool(src.get("global_pool", False))
+        # live outputs mirrored into the global pool (shared groups only: a private group
+        # goes when its request ends, and its mirrors would go with it)
+        self.global_live = self.global_pool and self.siblings and bool(
+            src.get("global_live", False))
+        self.mirrored_done: dict[str, list[tuple[Any, list[int]]]] = {}
         dp = options.get("draft", {})
         self.params = DraftParams(
             max_spec_tokens=min(int(dp.get("max_spec_tokens", self.k)), self.k),
@@ -154,9 +159,12 @@ class BubbleSpecProposer:
         self.aligned = {k: v for k, v in self.aligned.items() if k[0] not in dead}
         self.branches = {k: v for k, v in self.branches.items() if k[0] not in dead}
         for gtok in groups:
+            kept = self.mirrored_done.pop(gtok, [])
             if self.history:
                 self.index.remove_sequences(self.drafts_by_group.pop(gtok, []))
             else:
+                for sid, out in kept:  # the global pool keeps the finished outputs
+                    self.index.add_sequence(("glob",) + sid[1:], None, out, to_global=True)
                 self.drafts_by_group.pop(gtok, None)
                 self.prompts_added.discard(gtok)
                 if gtok in self.index.groups():
@@ -212,7 +220,7 @@ class BubbleSpecProposer:
         seq_id = ("out", base, n_tokens)
         done = token_ids_cpu[row, n_prompt:n_tokens].tolist()
         if self.siblings or self.self_context:
-            self.index.add_sequence(seq_id, group, done, live=True)
+            self.index.add_sequence(seq_id, group, done, live=True, to_global=self.global_live)
         matcher = self.index.matcher(group, prompt + done, use_global=False)
         gmatcher = (self.index.matcher(None, prompt + done)
                     if self.global_pool and self.inner is None else None)
@@ -232,7 +240,9 @@ class BubbleSpecProposer:
         gtok = parse_request_id(req_id)[0]
         if self.siblings or self.self_context:
             self.index.finish_sequence(st.seq_id)
-        if self.global_pool and st.out:  # a copy in the global pool, outside every group
+        if self.global_live and st.out:  # mirrored already; kept past its group's release
+            self.mirrored_done.setdefault(gtok, []).append((st.seq_id, st.out))
+        elif self.global_pool and st.out:  # a copy in the global pool, outside every group
             self.index.add_sequence(("glob",) + st.seq_id[1:], None, st.out, to_global=True)
         if self.history and self.siblings:  # the finished output stays in the shared group
             self.history_seqs.setdefault(gtok, []).append(st.seq_id)

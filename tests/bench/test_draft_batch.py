@@ -24,5 +24,7 @@ def test_bench_draft_batch_smoke():
     if any(line.startswith("bubblespec_native is not installed") for line in lines):
         return
     assert "DRAFTS DIFFER" not in out.stdout
-    rows = 4 if any("proposer (native)" in line for line in lines) else 2
-    assert sum("drafts = python" in line for line in lines) == rows
+    proposer = any("proposer (native)" in line for line in lines)
+    assert sum("drafts = python" in line for line in lines) == (4 if proposer else 2)
+    if proposer:  # the --src-global-live row, at both sizes
+        assert sum("proposer, global pool + live" in line for line in lines) == 2

@@ -52,3 +52,40 @@ def test_source_counters_add_up_and_the_aligned_draft_wins(loop_runner, spec_eng
     assert src["aligned_wins"] > 0
     assert accepted >= 6 * 35  # of ~6 x 47 available
     assert loop_runner.run(spec_engine.source_stats()) == dict.fromkeys(src, 0)
+
+
+def _global_run(loop_runner, eng, reqs, live: bool) -> tuple[list, dict, dict]:
+    """One greedy batch with siblings and the global pool (live outputs in it or not), no
+    pre-generated drafts: (results, source counters, index stats after the release)."""
+    loop_runner.run(eng.set_sources(pregen=False, siblings=True, self_context=False,
+                                    global_pool=True, global_live=live))
+    loop_runner.run(eng.source_stats(reset=True))
+    res = loop_runner.run(eng.generate(reqs))
+    src = loop_runner.run(eng.source_stats(reset=True))
+    loop_runner.run(eng.release_groups([r.group_key() for r in reqs]))
+    return res, src, loop_runner.run(eng.index_stats())
+
+
+def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_engine) -> None:
+    """`src_global_live`: the global pool holds the responses still being generated, so a
+    request drafts from other prompts' live outputs; without it the pool holds finished
+    responses only, and fills only as the batch's requests end.
+    Greedy outputs are the same either way, and the finished outputs stay in the pool
+    after their prompts' batch is released."""
+    prompts = default_task().make_prompts(6, 92)
+    sp = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    reqs = [GenRequest(input_ids=list(p.input_ids), n=1, sampling=sp) for p in prompts]
+    try:
+        off, src_off, _ = _global_run(loop_runner, spec_engine, reqs, live=False)
+        on, src_on, idx = _global_run(loop_runner, spec_engine, reqs, live=True)
+    finally:  # the engine fixture is shared: back to every source on, finished-only pool
+        loop_runner.run(spec_engine.set_sources(pregen=True, siblings=True,
+                                                self_context=True, global_pool=True,
+                                                global_live=False))
+    assert [s.output_ids for r in on for s in r.samples] == [
+        s.output_ids for r in off for s in r.samples]
+    print("global pool, finished only:", src_off, "with live outputs:", src_on)
+    # finished-only, the pool fills only as requests end (drafts end some early)
+    assert src_on["global_wins"] > 2 * src_off["global_wins"]
+    assert src_on["global_accepted"] > src_off["global_accepted"]
+    assert idx["global_tokens"] >= 6 * 40  # kept after the release
