@@ -170,10 +170,10 @@ async def run(args: EngineBenchConfig) -> None:
     print(f"\n{args.task}: {args.prompts} prompts x n={args.n}, T=1.0, "
           f"k={EngineConfig().num_speculative_tokens}")
     hdr = ("mode", "steps/req", "tokens/req", "tokens/fwd", "accepted/fwd", "wall_s")
-    print("{:<22}{:>10}{:>12}{:>12}{:>14}{:>9}".format(*hdr))
+    print("{:<30}{:>10}{:>12}{:>12}{:>14}{:>9}".format(*hdr))
     red = {}
     for r in rows:
-        print(f"{r['mode']:<22}{r['steps_per_req']:>10.1f}{r['tokens_per_req']:>12.1f}"
+        print(f"{r['mode']:<30}{r['steps_per_req']:>10.1f}{r['tokens_per_req']:>12.1f}"
               f"{r['tokens_per_forward']:>12.2f}{r['accepted_per_forward']:>14.2f}"
               f"{r['wall_s']:>9.1f}")
         red[r["mode"]] = 1 - (r["steps"] / max(r["tokens"], 1)) / base
@@ -181,7 +181,7 @@ async def run(args: EngineBenchConfig) -> None:
     for r in rows:
         if r.get("sources"):
             src = r["sources"]
-            print(f"{r['mode']:<26}" + "  ".join(
+            print(f"{r['mode']:<30}" + "  ".join(
                 f"{s}={src[s + '_wins']}/{src[s + '_drafted']}/{src[s + '_accepted']}"
                 for s in ("aligned", "group", "global")) + f"  none={src['empty']}")
     if "suffix_keyed" in red:  # keyed sampling: both rows decode the very same tokens
