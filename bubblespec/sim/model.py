@@ -184,6 +184,12 @@ def gamma_mult(rng: np.random.Generator, cv: float, shape: tuple[int, ...]) -> n
     return rng.gamma(k, 1.0 / k, size=shape)
 
 
+def _scaled(accepted: np.ndarray, mult: np.ndarray) -> np.ndarray:
+    """Accepted per forward with the tokens per forward (1 + accepted) times `mult`, never
+    below one token per forward (no speculation)."""
+    return np.maximum(0.0, (1.0 + accepted) * mult - 1.0)
+
+
 def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
               mult_cov: np.ndarray, covered: np.ndarray, mode: ModeSpec,
               et: EngineTime, flip: np.ndarray | None = None,
@@ -206,13 +212,13 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     if flip_mult is None and rate_q is not None:
         flip_mult = mode.spread_at(rate_q.ravel())
         if flip_mult is not None and not mode.uses_pregen:
-            acc_unc = np.maximum(0.0, (1.0 + acc_unc) * flip_mult - 1.0)
+            acc_unc = _scaled(acc_unc, flip_mult)
     if flip is not None and mode.uses_pregen:
         flipped = flip.ravel() < cov
         cov = np.minimum(cov, flip.ravel())
         after = mode.after_flip(np.maximum(0, L.ravel() - flip.ravel()))
         if after is not None and flip_mult is not None:
-            after = np.maximum(0.0, (1.0 + after) * flip_mult.ravel() - 1.0)
+            after = _scaled(after, flip_mult.ravel())
         if after is not None:
             acc_unc = np.where(flipped, after * m, acc_unc)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,

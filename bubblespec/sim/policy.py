@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,7 +81,7 @@ class ModeSpec:
     flip, `SimConfig.flip_share`); None: the uncovered figure."""
     after_flip_by_tail: tuple[tuple[float, float], ...] = ()
     """The same per class of tail length (tokens after the flip): ((upper edge, accepted per
-    forward), ...) ascending, the last edge infinite (`flipcaps.tail_rates`); when given it
+    forward), ...) ascending, the last edge infinite (`tails.tail_rates`); when given it
     replaces `accepted_after_flip` per response."""
 
     rate_spread: tuple[float, ...] = ()
@@ -123,20 +124,22 @@ class ModeSpec:
 
 def with_tail_rates(spec: ModeSpec | list[ModeSpec], rates: Rates
                     ) -> ModeSpec | list[ModeSpec]:
-    """`spec` (or each step's) with the after-flip rates per tail-length class, if any."""
+    """`spec` (or each step's) with the after-flip rates per tail-length class, if any
+    (pre-generating modes only: the others have no flips)."""
     if not rates:
         return spec
-    if isinstance(spec, list):
-        return [replace(x, after_flip_by_tail=rates) if x.uses_pregen else x for x in spec]
-    return replace(spec, after_flip_by_tail=rates) if spec.uses_pregen else spec
+    return _each(spec, lambda x: replace(x, after_flip_by_tail=rates) if x.uses_pregen else x)
 
 
 def with_spread(spec: ModeSpec | list[ModeSpec], spread: tuple[float, ...]
                 ) -> ModeSpec | list[ModeSpec]:
     """`spec` (or each step's) with its measured per-request spread."""
-    if isinstance(spec, list):
-        return [replace(x, rate_spread=spread) for x in spec]
-    return replace(spec, rate_spread=spread)
+    return _each(spec, lambda x: replace(x, rate_spread=spread))
+
+
+def _each(spec: ModeSpec | list[ModeSpec], fn: Callable[[ModeSpec], ModeSpec]
+          ) -> ModeSpec | list[ModeSpec]:
+    return [fn(x) for x in spec] if isinstance(spec, list) else fn(spec)
 
 
 def default_modes() -> list[ModeSpec]:
