@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,11 +20,8 @@ from bubblespec.client import BubbleSpecClient, BubbleSpecError
 from bubblespec.cluster import LocalCluster
 from bubblespec.protocol.gateway import RolloutResponse
 from bubblespec.tasks.addchain import MAX_STEPS
+from tests.cluster.drills import check_result, fault_mid_step
 from tests.deploy.helpers import engine_model_dir
-from tests.integration.test_cluster import (
-    _fault_mid_step,
-    check_result,
-)
 
 ray = pytest.importorskip("ray")
 from bubblespec.cluster.ray import RayCluster
@@ -110,6 +107,17 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+def _kill_actor(name: str, cluster: RayCluster, pids: list[int]) -> Callable[[], None]:
+    """A fault for `fault_mid_step`: `ray.kill` the role's actor (Ray restarts it) and wait
+    until its processes are gone. `ray.kill` returns before the raylet kills the worker, and
+    the reaper's SIGKILL follows that; resuming a frozen rank earlier lets it finish and
+    answer its shard, which turns the drill into a fault-free step."""
+    def fault() -> None:
+        ray.kill(cluster.actors[name], no_restart=False)
+        assert all(_gone(p, timeout_s=60) for p in pids), f"{name} outlived its actor"
+    return fault
+
+
 def _wait_back(client: BubbleSpecClient, rank_ids: set[str], timeout_s: float = 300) -> None:
     """Until the gateway sees every rank ready and registered (after a restart)."""
     deadline = time.monotonic() + timeout_s
@@ -144,8 +152,8 @@ def test_rank_actor_killed_mid_step_is_rerun_and_comes_back(
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(4)]
     old = cluster.info["r1"]
     server = _group(old["pid"])  # rank server and engine processes, not the reaper
-    out = _fault_mid_step(client, cluster, "r1",
-                          lambda: ray.kill(cluster.actors["r1"], no_restart=False),
+    out = fault_mid_step(client, cluster, "r1",
+                          _kill_actor("r1", cluster, [old["pid"], *server]),
                           signal_rank=lambda sig: _signal_all(server, sig),
                           prompts=prompts, n=2, sampling_params=LONG)
     assert all(_gone(p) for p in [old["pid"], *server]), "the rank outlived its actor"
@@ -169,8 +177,8 @@ def test_sync_actor_killed_mid_step_loses_nothing(client: BubbleSpecClient,
     clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
     old = cluster.info["sync"]
     sync_server, r0_server = _group(old["pid"]), _group(cluster.info["r0"]["pid"])
-    out = _fault_mid_step(client, cluster, "r0",
-                          lambda: ray.kill(cluster.actors["sync"], no_restart=False),
+    out = fault_mid_step(client, cluster, "r0",
+                          _kill_actor("sync", cluster, [old["pid"], *sync_server]),
                           signal_rank=lambda sig: _signal_all(r0_server, sig),
                           prompts=prompts, n=1, sampling_params=greedy, next_prompts=prompts)
     assert all(_gone(p) for p in [old["pid"], *sync_server]), "the synchronizer outlived it"

@@ -8,11 +8,8 @@ mid-step, then the last rank killed). Set BUBBLESPEC_TEST_MODEL to use another m
 
 from __future__ import annotations
 
-import asyncio
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +19,8 @@ import pytest
 from bubblespec.client import BubbleSpecClient, BubbleSpecError, BubbleSpecUnavailable
 from bubblespec.cluster import LocalCluster
 from bubblespec.protocol.gateway import RolloutResponse
-from bubblespec.synchronizer.client import SyncClient
-from bubblespec.synchronizer.errors import SyncError
 from bubblespec.tasks.addchain import MAX_STEPS
+from tests.cluster.drills import check_result, fault_mid_step
 from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import engine_model_dir
 
@@ -54,18 +50,6 @@ def task() -> Any:
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 600}
 LONG = {"temperature": 1.0, "max_new_tokens": 600, "ignore_eos": True}  # seconds of decoding
-
-
-def check_result(res: RolloutResponse, prompts: list[Any], n: int) -> None:
-    assert len(res.prompts) == len(prompts)
-    for i, (p, pr) in enumerate(zip(prompts, res.prompts)):
-        assert pr.index == i and pr.input_ids == list(p.input_ids)
-        assert [s.sample_index for s in pr.samples] == list(range(n))
-        for s in pr.samples:
-            assert s.output_ids and len(s.output_logprobs) == len(s.output_ids)
-            assert s.finish_reason in ("stop", "length")
-            assert s.completion_tokens == len(s.output_ids)
-            assert s.decode_steps >= 1
 
 
 def test_rollout_in_request_order_over_both_ranks(client: BubbleSpecClient, task: Any) -> None:
@@ -280,94 +264,10 @@ def test_synchronizer_down_then_back(client: BubbleSpecClient, cluster: LocalClu
     check_result(res, prompts, 2)
 
 
-def _sync_state(cluster: LocalCluster) -> Any:
-    async def get() -> Any:
-        async with SyncClient(cluster.sync_address, timeout_s=2.0) as c:
-            return await c.get_state()
-
-    return asyncio.run(get())
-
-
-def _step_now(cluster: LocalCluster) -> int:
-    step = _sync_state(cluster).current_step
-    return -1 if step is None else step
-
-
-def _owes_shard(state: Any, rank: str, after_step: int) -> bool:
-    return (state.current_step is not None and state.current_step > after_step
-            and state.step_open and rank in state.pending_rank_ids)
-
-
-def _wait_decoding(cluster: LocalCluster, rank: str, after_step: int, rollout: threading.Thread,
-                   timeout_s: float = 60) -> bool:
-    """Poll the synchronizer (one channel, no pause) until a step newer than `after_step` is
-    open with `rank` still owing its shard; False if the rollout ended first. Asked of the
-    synchronizer, not the rank: on 2 cores a decoding rank's event loop can leave HTTP
-    requests unanswered for seconds."""
-    async def poll() -> bool:
-        deadline = time.monotonic() + timeout_s
-        async with SyncClient(cluster.sync_address, timeout_s=2.0) as c:
-            while time.monotonic() < deadline and rollout.is_alive():
-                try:
-                    if _owes_shard(await c.get_state(), rank, after_step):
-                        return True
-                except SyncError:
-                    pass
-                await asyncio.sleep(0.01)
-        return False
-
-    return asyncio.run(poll())
-
-
-def _rollout_in_thread(client: BubbleSpecClient, **kw: Any) -> tuple[threading.Thread, dict]:
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["result"] = client.rollout(**kw)
-        except BubbleSpecError as e:
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
-
-
-def _fault_mid_step(client: BubbleSpecClient, cluster: Any, rank: str, fault: Callable[[], None],
-                    signal_rank: Callable[[int], None] | None = None, attempts: int = 3,
-                    **kw: Any) -> dict:
-    """Inject `fault` while `rank` provably owes its shard, and return the rollout's outcome.
-
-    The rank is frozen (SIGSTOP to its process group) the moment the synchronizer lists it
-    as owing the open step, and the fault is injected only if the synchronizer still lists it
-    once frozen: a frozen rank cannot finish, so the fault lands mid-step. The rank is then
-    resumed (harmless for a killed one). Drafts can make a shard finish within the poll's
-    window; then the rollout ends normally and the drill is tried again on the next step (at
-    most `attempts` times). `signal_rank(sig)` signals the rank's processes (default: a
-    LocalCluster child's process group)."""
-    if signal_rank is None:
-        def signal_rank(sig: int) -> None:
-            cluster.children[rank].signal(sig, group=True)
-    for _ in range(attempts):
-        before = _step_now(cluster)
-        t, out = _rollout_in_thread(client, **kw)
-        if _wait_decoding(cluster, rank, before, t):
-            signal_rank(signal.SIGSTOP)
-            if _owes_shard(_sync_state(cluster), rank, before):
-                fault()
-                signal_rank(signal.SIGCONT)
-                t.join(300)
-                return out
-            signal_rank(signal.SIGCONT)
-        t.join(300)
-        assert "result" in out, out.get("error")
-    raise AssertionError(f"{rank} finished its shard before the fault in {attempts} tries")
-
-
 def _kill_rank_mid_step(client: BubbleSpecClient, cluster: LocalCluster, rank: str,
                         **kw: Any) -> dict:
-    """SIGKILL `rank` while it provably owes its shard (see `_fault_mid_step`)."""
-    return _fault_mid_step(client, cluster, rank, lambda: cluster.kill(rank), **kw)
+    """SIGKILL `rank` while it provably owes its shard (see `fault_mid_step`)."""
+    return fault_mid_step(client, cluster, rank, lambda: cluster.kill(rank), **kw)
 
 
 def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: LocalCluster,
@@ -377,7 +277,7 @@ def test_synchronizer_sigkilled_mid_step(client: BubbleSpecClient, cluster: Loca
     greedy = {"temperature": 0.0, "max_new_tokens": 600, "ignore_eos": True}
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 30 + i) for i in range(4)]
     clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
-    out = _fault_mid_step(client, cluster, "r0", lambda: cluster.kill("sync"), prompts=prompts,
+    out = fault_mid_step(client, cluster, "r0", lambda: cluster.kill("sync"), prompts=prompts,
                           n=1, sampling_params=greedy, next_prompts=prompts)
     assert "result" in out, out.get("error")
     res: RolloutResponse = out["result"]
