@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from bubblespec.bench.coupling import coupling_figures, follow
+from bubblespec.core.context_keys import CONTEXT_LEN, next_key
 from bubblespec.core.keyed_noise import keyed_top2, position_key
 from bubblespec.train.schedule import schedule_seeds
 
@@ -45,36 +47,74 @@ class Decoded:
 
 
 def keyed_decode(model: Any, prefix: Sequence[int], seeds: Sequence[int], start: int,
-                 max_new: int, eos_id: int, temperature: float = 1.0) -> list[Decoded]:
-    """Keyed responses after `prefix`, one per seed, batched: output position `start + i`
-    uses the position key of (seed, start + i) (start > 0 continues a response whose first
-    `start` tokens end `prefix`). Stops a row at eos or after `max_new` tokens."""
+                 max_new: int, eos_id: int, temperature: float = 1.0,
+                 by_context: bool = False) -> list[Decoded]:
+    """Keyed responses after `prefix`, one per seed (`decode_rows` with one prefix)."""
+    k = len(seeds)
+    return decode_rows(model, [prefix] * k, seeds, [start] * k, [max_new] * k, eos_id,
+                       temperature, by_context)
+
+
+def decode_rows(model: Any, prefixes: Sequence[Sequence[int]], seeds: Sequence[int],
+                starts: Sequence[int], max_news: Sequence[int], eos_id: int,
+                temperature: float = 1.0, by_context: bool = False) -> list[Decoded]:
+    """Keyed responses, one per row, all rows in one batch (left-padded, with an attention
+    mask and per-row positions): row r continues `prefixes[r]` with output position
+    `starts[r] + i` keyed by the position key of (seeds[r], starts[r] + i) (start > 0
+    continues a response whose first `start` tokens end the prefix), or with `by_context`
+    by the context key of the tokens before it (`core.context_keys`; responses from the
+    prompt only, start 0). A row stops at eos or after `max_news[r]` tokens."""
     import torch
 
-    rows = [Decoded() for _ in seeds]
-    if max_new <= 0 or not seeds:
+    if by_context and any(starts):
+        raise ValueError("context keys: responses start after the prompt (start 0)")
+    n = len(prefixes)
+    rows = [Decoded() for _ in range(n)]
+    done = [m <= 0 for m in max_news]
+    if all(done):
         return rows
-    done = [False] * len(seeds)
+    width = max(len(p) for p in prefixes)
+    ids = torch.full((n, width), int(eos_id), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for r, p in enumerate(prefixes):
+        ids[r, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[r, width - len(p):] = 1
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    last = pos[:, -1].clone()
+    seqs = [list(p[-CONTEXT_LEN:]) for p in prefixes]  # context keys: the key's tokens
+    used: list[set[int]] = [set() for _ in range(n)]
+
+    def key(r: int, i: int) -> Any:
+        if not by_context:
+            return position_key(seeds[r], starts[r] + i)
+        k = next_key(seeds[r], seqs[r][-CONTEXT_LEN:], used[r])
+        used[r].add(k)
+        return k
+
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([list(prefix)] * len(seeds)), use_cache=True)
-        for i in range(max_new):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        for i in range(max(max_news)):
             logits = out.logits[:, -1].double().numpy()
             logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
-            nxt = []
-            for r, seed in enumerate(seeds):
-                tok, margin, ru = keyed_top2(logits[r], position_key(seed, start + i),
-                                             temperature)
-                nxt.append(tok)
-                if not done[r]:
-                    d = rows[r]
-                    d.tokens.append(tok)
-                    d.margins.append(margin)
-                    d.runner_ups.append(ru)
-                    d.logprobs.append(float(logp[r, tok]))
-                    done[r] = tok == eos_id
-            if all(done) or i + 1 == max_new:
+            nxt = [int(eos_id)] * n  # finished rows are fed eos, their outputs unused
+            for r in range(n):
+                if done[r]:
+                    continue
+                tok, margin, ru = keyed_top2(logits[r], key(r, i), temperature)
+                nxt[r] = tok
+                seqs[r].append(tok)
+                d = rows[r]
+                d.tokens.append(tok)
+                d.margins.append(margin)
+                d.runner_ups.append(ru)
+                d.logprobs.append(float(logp[r, tok]))
+                done[r] = tok == eos_id or i + 1 >= max_news[r]
+            if all(done):
                 break
-            out = model(input_ids=torch.tensor(nxt)[:, None], past_key_values=out.past_key_values,
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+            last += 1
+            out = model(input_ids=torch.tensor(nxt)[:, None], attention_mask=mask,
+                        position_ids=last[:, None], past_key_values=out.past_key_values,
                         use_cache=True)
     return rows
 
@@ -152,9 +192,9 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: int = 4,
               lr: float = 1e-4, seed: int = 0, temperature: float = 1.0,
               max_new: int | None = None, log: Callable[[str], None] = print,
-              ) -> dict[str, Any]:
-    """The schedule of the module docstring; returns per-step rows, budget figures and the
-    summary (JSON-ready)."""
+              by_context: bool = False) -> dict[str, Any]:
+    """The schedule of the module docstring (with `by_context`, context keys and no
+    branches); returns per-step rows, budget, coupling and summary figures (JSON-ready)."""
     from bubblespec.train.grpo import Rollout, Trainer
 
     trainer = Trainer(model_dir, lr=lr, seed=seed)
@@ -164,9 +204,12 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
     batches = [task.make_prompts(prompts, seed + k) for k in range(steps + 1)]
     seeds = [schedule_seeds(seed, k, prompts, n) for k in range(steps + 1)]
 
-    def sample(model: Any, k: int) -> list[list[Decoded]]:
-        return [keyed_decode(model, p.input_ids, seeds[k][j], 0, cap, eos, temperature)
-                for j, p in enumerate(batches[k])]
+    def sample(model: Any, k: int) -> list[list[Decoded]]:  # one batch: every sample
+        prefixes = [p.input_ids for p in batches[k] for _ in seeds[k][0]]
+        flat = decode_rows(model, prefixes, [x for ss in seeds[k] for x in ss],
+                           [0] * len(prefixes), [cap] * len(prefixes), eos, temperature,
+                           by_context)
+        return [flat[j * n:(j + 1) * n] for j in range(len(batches[k]))]
 
     rows: list[dict[str, Any]] = []
     costs = {b: 0 for b in BUDGETS}
@@ -178,7 +221,7 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
         new = sample(trainer.model, k)
         if drafts is not None:
             step_rows = _compare(old_model, batches[k], seeds[k], drafts, new, cap, eos,
-                                 temperature, k)
+                                 temperature, k, by_context)
             rows += step_rows
             for group in drafts:
                 for d in group:
@@ -204,27 +247,37 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
         log(f"step {k}: mean reward {stats['mean_reward']:.3f}, trained on "
             f"{int(stats['samples'])} samples")
     return {"config": {"steps": steps, "prompts": prompts, "n": n, "lr": lr, "seed": seed,
-                       "temperature": temperature, "max_new_tokens": cap},
+                       "temperature": temperature, "max_new_tokens": cap,
+                       "seed_mode": "keyed_context" if by_context else "keyed"},
             "rows": rows, "per_step": per_step, "summary": summary(rows),
+            "coupling": coupling_figures(rows) if rows else None,
             "budgets": budget_figures(rows, costs, draft_tokens), "draft_tokens": draft_tokens}
 
 
 def _compare(old_model: Any, batch: Sequence[Any], seeds: Sequence[Sequence[int]],
              drafts: list[list[Decoded]], new: list[list[Decoded]], cap: int, eos: int,
-             temperature: float, step: int) -> list[dict[str, Any]]:
-    """Rows of one step; for each flip to the runner-up, decode the branch with the old
-    weights and count how much of the new response's tail it predicts."""
-    out = []
+             temperature: float, step: int, by_context: bool = False) -> list[dict[str, Any]]:
+    """Rows of one step: how much of each new response its own draft predicts (`follow`,
+    re-aligned by the key kind) and, with position keys, for each flip to the runner-up,
+    how much of the new response's tail the branch decoded by the old weights predicts
+    (all branches of the step in one batch)."""
+    out, todo = [], []
     for j, p in enumerate(batch):
         for i, (d, nw) in enumerate(zip(drafts[j], new[j])):
             row = flip_row(d, nw.tokens)
-            row.update(step=step, prompt=j, sample=i)
-            if row["runner_up_hit"]:
+            row.update(step=step, prompt=j, sample=i,
+                       follow=follow(d.tokens, nw.tokens, by_context, p.input_ids))
+            if row["runner_up_hit"] and not by_context:
                 f = row["first_divergence"]
-                br = keyed_decode(old_model, list(p.input_ids) + d.tokens[:f] + [d.runner_ups[f]],
-                                  [seeds[j][i]], f + 1, cap - f - 1, eos, temperature)[0]
-                row["branch_match"] = common_prefix(br.tokens, nw.tokens[f + 1:])
+                todo.append((row, list(p.input_ids) + d.tokens[:f] + [d.runner_ups[f]],
+                             seeds[j][i], f, nw.tokens[f + 1:]))
             out.append(row)
+    if todo:
+        branches = decode_rows(old_model, [t[1] for t in todo], [t[2] for t in todo],
+                               [t[3] + 1 for t in todo], [cap - t[3] - 1 for t in todo],
+                               eos, temperature)
+        for (row, *_, tail), br in zip(todo, branches):
+            row["branch_match"] = common_prefix(br.tokens, tail)
     return out
 
 
@@ -245,10 +298,21 @@ def format_report(doc: dict[str, Any]) -> list[str]:
         share = "-" if f["tail_share"] is None else f"{f['tail_share']:.1%}"
         cost = "-" if f["cost_share"] is None else f"{f['cost_share']:.0%}"
         lines.append(f"{b:>27}  {f['covered']:>13}  {share:>20}  {cost:>10}")
+    keys = "context" if doc["config"].get("seed_mode") == "keyed_context" else "position"
+    if keys == "context":
+        lines.append("branches are not decoded with context keys (the rank branches position "
+                     "keys only): the budget rows count covered flips, not tails")
+    cp = doc.get("coupling")
+    if cp:
+        lines += [coupling_line(cp["all"], f"own draft, {keys} keys, every response"),
+                  coupling_line(cp["longest"], "own draft, each step's longest response")]
     lines.append("flips: " + " ".join(
         f"b{b}={'-' if f['tail_share'] is None else format(f['tail_share'], '.3f')}"
         for b, f in bud.items()) + f" diverged={s['diverged']}/{s['responses']} "
-        f"runner_up={s['runner_up_hits']}")
+        f"runner_up={s['runner_up_hits']} keys={keys}" + (
+            f" own_predicted={_fmt(cp['all']['predicted_share'])} own_tail="
+            f"{_fmt(cp['all']['tail_share'])} own_tail_longest="
+            f"{_fmt(cp['longest']['tail_share'])}" if cp else ""))
     for st in doc["per_step"]:
         c = st["longest"]
         f = c["first_divergence"]
@@ -258,3 +322,15 @@ def format_report(doc: dict[str, Any]) -> list[str]:
                   f"{c['tail']} tokens after it)" if c["runner_up_hit"] else "was not the flip)"))
         lines.insert(-1, f"step {st['step']}: longest response ({c['length']} tokens) {how}")
     return lines
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def coupling_line(c: dict[str, Any], what: str) -> str:
+    """One line of `coupling.coupling_figures`' totals."""
+    share = "-" if c["tail_share"] is None else f"{c['tail_share']:.1%}"
+    return (f"{what}: predicted {c['predicted']} of {c['tokens']} tokens "
+            f"({_fmt(c['predicted_share'])}); after the first divergence {c['tail_predicted']}"
+            f" of {c['tail']} ({share}), re-couplings {c['recouplings']}")

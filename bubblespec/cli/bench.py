@@ -171,6 +171,9 @@ def _flips(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="HF model dir [the task's model]")
     p.add_argument("--task", choices=TASKS, default="addchain")
     p.add_argument("--out", default="", help="also write every response's row (JSON)")
+    p.add_argument("--seed-mode", choices=["keyed", "keyed_context"], default="keyed",
+                   help="position keys (keyed; branches measured) or context keys "
+                   "(keyed_context; re-alignment by context measured, no branches)")
 
 
 def _sync(sub: argparse._SubParsersAction) -> None:
@@ -285,7 +288,8 @@ def _run_flips(args: argparse.Namespace) -> int:
         print(f"bench flips: {e}", file=sys.stderr)
         return 2
     doc = run_flips(task, str(model_dir), args.steps, args.prompts, args.n, args.lr,
-                    args.seed, args.temperature, args.max_new_tokens)
+                    args.seed, args.temperature, args.max_new_tokens,
+                    by_context=args.seed_mode == "keyed_context")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1))

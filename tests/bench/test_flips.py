@@ -106,3 +106,57 @@ def test_no_update_no_flip_and_a_large_update_flips(tiny) -> None:
     s = moved["summary"]
     assert s["diverged"] > 0
     assert all("branch_match" in r for r in moved["rows"] if r["runner_up_hit"])
+
+
+def test_context_keyed_decode_is_the_reference_sampler(tiny) -> None:
+    import torch
+
+    from bubblespec.bench.flips import keyed_decode
+    from bubblespec.core.context_keys import response_keys
+    from bubblespec.core.keyed_noise import keyed_sample_of_key
+
+    model, task = tiny
+    prompt = list(task.make_prompts(1, 6)[0].input_ids)
+    d = keyed_decode(model, prompt, [21], 0, 80, task.eos_id, by_context=True)[0]
+    pos = keyed_decode(model, prompt, [21], 0, 80, task.eos_id)[0]
+    assert d.tokens != pos.tokens  # other keys, other noise
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + d.tokens])).logits[0].double().numpy()
+    keys = response_keys(21, prompt, d.tokens, extra=0)
+    for t, tok in enumerate(d.tokens):
+        assert tok == keyed_sample_of_key(logits[len(prompt) + t - 1], keys[t])
+    with pytest.raises(ValueError):
+        keyed_decode(model, prompt, [21], 3, 10, task.eos_id, by_context=True)
+
+
+def test_context_keys_measure_coupling_without_branches(tiny) -> None:
+    from bubblespec.bench.flips import format_report, run_flips
+    from bubblespec.tasks import default_model_dir
+
+    _, task = tiny
+    doc = run_flips(task, str(default_model_dir()), steps=1, prompts=2, n=4, seed=1,
+                    max_new=96, lr=3e-2, log=lambda _: None, by_context=True)
+    assert doc["summary"]["diverged"] > 0 and doc["config"]["seed_mode"] == "keyed_context"
+    assert not any("branch_match" in r for r in doc["rows"])
+    c = doc["coupling"]["all"]
+    assert c["responses"] == 8 and 0 < c["predicted"] < c["tokens"]
+    assert sum(r["follow"]["predicted"] for r in doc["rows"]) == c["predicted"]
+    last = format_report(doc)[-1]
+    assert last.startswith("flips: ") and "keys=context" in last and "own_tail=" in last
+
+
+def test_rows_of_different_prompts_in_one_batch_decode_as_alone(tiny) -> None:
+    from bubblespec.bench.flips import decode_rows, keyed_decode
+
+    model, task = tiny
+    a, b = (list(p.input_ids) for p in task.make_prompts(2, 7))
+    b = b + [b[-1]] * 3  # lengths differ: the shorter row is left-padded
+    for by_context in (False, True):
+        rows = decode_rows(model, [a, b, a], [5, 6, 7], [0, 0, 0], [60, 40, 60],
+                           task.eos_id, by_context=by_context)
+        alone = [keyed_decode(model, p, [s], 0, m, task.eos_id, by_context=by_context)[0]
+                 for p, s, m in ((a, 5, 60), (b, 6, 40), (a, 7, 60))]
+        assert [r.tokens for r in rows] == [x.tokens for x in alone]
+        assert len(rows[1].tokens) <= 40
+        for r, x in zip(rows, alone):
+            assert np.allclose(r.margins, x.margins, atol=1e-3)
