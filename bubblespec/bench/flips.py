@@ -102,7 +102,8 @@ def decode_rows(model: Any, prefixes: Sequence[Sequence[int]], seeds: Sequence[i
                     continue
                 tok, margin, ru = keyed_top2(logits[r], key(r, i), temperature)
                 nxt[r] = tok
-                seqs[r].append(tok)
+                if by_context:
+                    seqs[r].append(tok)
                 d = rows[r]
                 d.tokens.append(tok)
                 d.margins.append(margin)
@@ -205,7 +206,7 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
     seeds = [schedule_seeds(seed, k, prompts, n) for k in range(steps + 1)]
 
     def sample(model: Any, k: int) -> list[list[Decoded]]:  # one batch: every sample
-        prefixes = [p.input_ids for p in batches[k] for _ in seeds[k][0]]
+        prefixes = [p.input_ids for p in batches[k] for _ in range(n)]
         flat = decode_rows(model, prefixes, [x for ss in seeds[k] for x in ss],
                            [0] * len(prefixes), [cap] * len(prefixes), eos, temperature,
                            by_context)
