@@ -184,11 +184,17 @@ def test_keyed_drafts_get_margin_branches(client: BubbleSpecClient, cluster: Loc
     nxt = [task.make_prompt(9, 4, 3), task.make_prompt(21, 2, 2)]  # short: drafts complete
     keyed = {**SAMPLING, "seed_mode": "keyed"}
     before = _rank_counter(cluster, "bubblespec_pregen_branches_total")
+    # the training window: pre-generation goes on after the step until the next one, so the
+    # branches are decoded however short this step's bubble is (a drafted slow prompt, a
+    # loaded machine); the ranks count them when their pre-generation runs out of tasks
     a = client.rollout(now, n=1, sampling_params=keyed, seeds=[[11], [12]],
-                       next_prompts=nxt, next_seeds=[[13], [14]])
+                       next_prompts=nxt, next_seeds=[[13], [14]], pregen_window="training")
+    deadline = time.monotonic() + 120
+    while _rank_counter(cluster, "bubblespec_pregen_branches_total") <= before:
+        assert time.monotonic() < deadline, "no margin branch decoded in the training window"
+        time.sleep(0.5)
     b = client.rollout(nxt, n=1, sampling_params=keyed, seeds=[[13], [14]])
     assert b.step == a.step + 1 and b.counters.drafts_fetched_tokens > 0
-    assert _rank_counter(cluster, "bubblespec_pregen_branches_total") > before
     # the same weights: every response follows its draft, no branch is taken, and the
     # tokens are those of keyed sampling with the same seeds without pre-generation
     again = client.rollout(nxt, n=1, sampling_params=keyed, seeds=[[13], [14]], pregen=False)
