@@ -35,6 +35,12 @@ BUDGETS = (1, 2, 4, 8, 16, 32)
 """Branches per pre-generated response, at its lowest-margin positions."""
 
 
+class EmptyUpdate(ValueError):
+    """An update with a learning rate trained on no sample (every group's rewards were
+    equal, so every advantage is 0): the next step would compare a draft with the same
+    weights' response, which says nothing about flips."""
+
+
 @dataclass
 class Decoded:
     """One keyed response: tokens (the eos included), and per position the keyed margin,
@@ -247,6 +253,10 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
         trainer.model.eval()
         log(f"step {k}: mean reward {stats['mean_reward']:.3f}, trained on "
             f"{int(stats['samples'])} samples")
+        if lr > 0 and not stats["samples"]:
+            raise EmptyUpdate(f"step {k}'s update trained on 0 samples (every group's rewards "
+                              f"were equal, mean {stats['mean_reward']:.3f}): the weights did "
+                              f"not move; choose another --seed, or more --prompts or --n")
     return {"config": {"steps": steps, "prompts": prompts, "n": n, "lr": lr, "seed": seed,
                        "temperature": temperature, "max_new_tokens": cap,
                        "seed_mode": "keyed_context" if by_context else "keyed"},

@@ -273,7 +273,7 @@ def _run_paced(args: argparse.Namespace) -> int:
 def _run_flips(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from bubblespec.bench.flips import format_report, run_flips
+    from bubblespec.bench.flips import EmptyUpdate, format_report, run_flips
     from bubblespec.tasks import make_task
     from bubblespec.train.demo import resolve_model
 
@@ -287,9 +287,13 @@ def _run_flips(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"bench flips: {e}", file=sys.stderr)
         return 2
-    doc = run_flips(task, str(model_dir), args.steps, args.prompts, args.n, args.lr,
-                    args.seed, args.temperature, args.max_new_tokens,
-                    by_context=args.seed_mode == "keyed_context")
+    try:
+        doc = run_flips(task, str(model_dir), args.steps, args.prompts, args.n, args.lr,
+                        args.seed, args.temperature, args.max_new_tokens,
+                        by_context=args.seed_mode == "keyed_context")
+    except EmptyUpdate as e:
+        print(f"bench flips: {e}", file=sys.stderr)
+        return 2
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1))

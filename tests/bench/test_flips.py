@@ -108,6 +108,32 @@ def test_no_update_no_flip_and_a_large_update_flips(tiny) -> None:
     assert all("branch_match" in r for r in moved["rows"] if r["runner_up_hit"])
 
 
+class _FlatReward:
+    """The task with every response rewarded the same: every GRPO advantage is 0."""
+
+    def __init__(self, task) -> None:
+        self._task = task
+
+    def __getattr__(self, name: str):
+        return getattr(self._task, name)
+
+    def reward(self, prompt, tokens) -> float:
+        return 1.0
+
+
+def test_an_update_on_no_sample_is_refused_not_compared(tiny) -> None:
+    from bubblespec.bench.flips import EmptyUpdate, run_flips
+    from bubblespec.tasks import default_model_dir
+
+    _, task = tiny
+    kw = {"steps": 1, "prompts": 1, "n": 2, "seed": 1, "max_new": 8, "log": lambda _: None}
+    with pytest.raises(EmptyUpdate, match="trained on 0 samples"):
+        run_flips(_FlatReward(task), str(default_model_dir()), lr=1e-3, **kw)
+    # no learning rate: the same weights on purpose (the no-update control), still compared
+    doc = run_flips(_FlatReward(task), str(default_model_dir()), lr=0.0, **kw)
+    assert doc["summary"]["responses"] == 2 and doc["summary"]["diverged"] == 0
+
+
 def test_context_keyed_decode_is_the_reference_sampler(tiny) -> None:
     import torch
 
