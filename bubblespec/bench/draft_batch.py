@@ -25,6 +25,11 @@ numba's worker threads are counted too):
 - ``native step, no live appends``: the same call without appending the emitted tokens to
   the requests' live sequences in their groups (``extend_index=False``; siblings then draft
   from the stored responses only): where the native step's time goes, not a mode;
+- ``native step, appends deferred``: the proposer's ``--src-defer-appends``: the same call
+  without the appends, which follow it in one ``extend_sequences`` call (the proposer runs
+  that on a worker thread, without the GIL, beside the engine's next forward); that call is
+  the row ``deferred appends``, timed on its own (here before the next step, on the same
+  core): the draft waits only for the first row, and the second must fit in a forward;
 - ``native classes, Python loop``: the pure-Python loop over the native index and matchers;
 - ``arctic tree``: arctic-inference's C++ ``SuffixTree`` per group, called per request from
   Python as vLLM's suffix proposer does (append the emitted tokens, speculate on the last 64);
@@ -54,6 +59,7 @@ from bubblespec.core import suffix_index as pyindex
 from bubblespec.core.backend import load_native
 from bubblespec.core.candidates import Calibration, SourceStats
 
+DEFERRED = "  deferred appends"  # the row of the deferred step's extend_sequences call
 STORED = 4  # finished responses per group (pushed drafts)
 SIBS = 8  # running requests per group
 K = sb.MAX_SPEC
@@ -114,7 +120,10 @@ class Batch:
 
 
 def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Work,
+                 defer: list | None = None,
                  ) -> Callable[[Batch, list[list[int]]], list[list[int]]]:
+    """The step on a fresh index of `work`; with `defer` (a list), the step does not append,
+    and `defer` receives a call that appends what it emitted (``extend_sequences``)."""
     idx = index_cls(max_depth=sb.DEPTH)
     for gi, g in enumerate(work):
         for ri, r in enumerate(g[:STORED]):
@@ -127,7 +136,16 @@ def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Wo
         reqs.append(request_cls(gi, sid, idx.matcher(gi, first), aligned=None,
                                 aligned_on=False, tail=first, n_out=1, out=[]))
     params, cal, src = sb.PARAMS, Calibration(), SourceStats()
-    return lambda b, new: step(idx, reqs, new, b.pos, K, MAX_LEN, params, cal, src)
+    if defer is None:
+        return lambda b, new: step(idx, reqs, new, b.pos, K, MAX_LEN, params, cal, src)
+
+    def deferred(b: Batch, new: list[list[int]]) -> list[list[int]]:
+        out = step(idx, reqs, new, b.pos, K, MAX_LEN, params, cal, src, extend_index=False)
+        rows = [i for i, t in enumerate(new) if t]
+        defer.append(lambda: idx.extend_sequences([reqs[i].seq_id for i in rows],
+                                                  [new[i] for i in rows]))
+        return out
+    return deferred
 
 
 class ProposerDriver:
@@ -232,6 +250,9 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
         drivers["native step, no live appends"] = (index_driver(
             nat.SuffixIndex, nat.Request,
             lambda *a: nat.step(*a, extend_index=False), work), Batch(work))
+        pending: list = []  # the deferred appends of the last step
+        drivers["native step, appends deferred"] = (index_driver(
+            nat.SuffixIndex, nat.Request, nat.step, work, pending), Batch(work))
         drivers["native classes, Python loop"] = (
             index_driver(nat.SuffixIndex, pybatch.Request, pybatch.step, work), Batch(work))
     drivers["python step"] = (
@@ -241,7 +262,11 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
     ng = NgramDriver(size) if ngram else None
     if ng is not None:
         drivers["vLLM ngram (numba)"] = (ng, Batch(work))
-    lat: dict[str, list[int]] = {k: [] for k in drivers}
+    lat: dict[str, list[int]] = {}
+    for name in drivers:
+        lat[name] = []
+        if name == "native step, appends deferred":
+            lat[DEFERRED] = []
     clock = time.process_time_ns
     for _ in range(steps):
         for name, (fn, b) in drivers.items():
@@ -251,11 +276,16 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
             t0 = clock()
             b.drafts = fn(b, new)
             lat[name].append(clock() - t0)
+            if name == "native step, appends deferred":
+                t0 = clock()
+                pending.pop()()
+                lat[DEFERRED].append(clock() - t0)
     out = {}
-    for name, (_, b) in drivers.items():
+    for name in lat:
+        b = drivers[name][1] if name in drivers else None
         xs = sorted(x / 1000.0 for x in lat[name][2:])  # the first steps warm caches up
         out[name] = {"median": statistics.median(xs), "p99": xs[int(0.99 * (len(xs) - 1))],
-                     "acc": b.acc / (size * steps)}
+                     "acc": b.acc / (size * steps) if b is not None else float("nan")}
     if nat is not None:  # identical drafts: same accepted tokens, step by step
         for name in ("native step", "proposer (native)"):
             if name in out:
@@ -293,7 +323,8 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
             same = {True: "  drafts = python", False: "  DRAFTS DIFFER"}.get(
                 r.get("same_as_python"), "")
             print(f"{size:>6}  {name:<30}{r['median']:>11.1f}{r['p99']:>11.1f}"
-                  f"{r['acc']:>13.3f}{same}")
+                  + (f"{r['acc']:>13.3f}" if r["acc"] == r["acc"] else f"{'-':>13}")
+                  + same)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
     def fig(size: int, name: str) -> str:

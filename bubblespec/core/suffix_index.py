@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 from bubblespec.core.automaton import SeqCursor, SuffixAutomaton, as_tokens
 from bubblespec.core.draft import Draft, DraftParams
@@ -165,6 +165,22 @@ class SuffixIndex:
             self._global.sam.extend(rec.gcur, arr)
             self._global.ntokens += len(arr)
         self._enforce(g)
+
+    def extend_sequences(self, seq_ids: Sequence[Hashable],
+                         tokens: Sequence[Iterable[int]]) -> None:
+        """`extend_sequence(seq_ids[j], tokens[j])` for each j in order, all checked first
+        (the native index runs it without the GIL, so a proposer can append a step's
+        tokens beside the next forward: `engine.proposer`, ``defer_appends``)."""
+        if len(seq_ids) != len(tokens):
+            raise ValueError("extend_sequences: one token list per sequence id")
+        for sid in seq_ids:
+            rec = self._seqs.get(sid)
+            if rec is None:
+                raise ValueError(f"unknown sequence {sid!r}")
+            if not rec.live:
+                raise ValueError(f"sequence {sid!r} is finished; only live ones can be extended")
+        for sid, toks in zip(seq_ids, tokens):
+            self.extend_sequence(sid, toks)
 
     def finish_sequence(self, seq_id: Hashable) -> None:
         """Mark a live sequence finished (it becomes evictable)."""

@@ -46,6 +46,12 @@ class EngineConfig(BaseModel):
     (as vLLM's suffix decoding does); a finished one stays in the pool when its prompt's
     batch ends. Closes the gap to suffix decoding on live sources (README); off by default
     until its drafting cost per engine step is measured."""
+    src_defer_appends: bool = False
+    """Append each step's emitted tokens to the draft index after the step's drafts are
+    sent, on a worker thread beside the next forward (native index: without the GIL),
+    instead of before drafting: about half of the proposer's per-step time leaves the
+    critical path, and a draft does not yet see the tokens its batch emitted in the same
+    step (README, "Native draft path")."""
     global_token_budget: int = Field(200_000, ge=1000)
     """Token budget of the global pool (oldest dropped first)."""
     index_token_budget: int = Field(4_000_000, ge=1000)

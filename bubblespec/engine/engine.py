@@ -120,7 +120,8 @@ class RolloutEngine:
         return {"mode": c.spec_mode.value,
                 "sources": {"pregen": c.src_pregen, "siblings": c.src_siblings,
                             "self_context": c.src_self, "history": c.src_history,
-                            "global_pool": c.src_global, "global_live": c.src_global_live},
+                            "global_pool": c.src_global, "global_live": c.src_global_live,
+                            "defer_appends": c.src_defer_appends},
                 "draft": {"max_spec_tokens": c.num_speculative_tokens,
                           "max_spec_factor": c.max_spec_factor,
                           "max_spec_offset": c.max_spec_offset,
@@ -131,15 +132,18 @@ class RolloutEngine:
 
     async def set_sources(self, pregen: bool, siblings: bool, self_context: bool,
                           history: bool = False, global_pool: bool | None = None,
-                          global_live: bool | None = None) -> None:
-        """Switch draft sources between batches (resets the draft index; `global_pool` and
-        `global_live` None keep the configured ones)."""
+                          global_live: bool | None = None,
+                          defer_appends: bool | None = None) -> None:
+        """Switch draft sources between batches (resets the draft index; `global_pool`,
+        `global_live` and `defer_appends` None keep the configured ones)."""
         upd = {"src_pregen": pregen, "src_siblings": siblings, "src_self": self_context,
                "src_history": history}
         if global_pool is not None:
             upd["src_global"] = global_pool
         if global_live is not None:
             upd["src_global_live"] = global_live
+        if defer_appends is not None:
+            upd["src_defer_appends"] = defer_appends
         self.cfg = self.cfg.model_copy(update=upd)
         if self.speculative:
             await self.llm.collective_rpc("bubblespec_configure",

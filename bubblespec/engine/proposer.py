@@ -15,13 +15,18 @@ The per-request loop is `bubblespec.core.batch.step`, called once per engine ste
 whole batch: one native call when `bubblespec_native` is built (`bubblespec.core.backend`).
 Requests that joined are registered (prompt, live sequence, matchers) before that call,
 requests that left are finished after it; while the batch keeps its requests in the same
-order, the step's request list is reused as is.
+order, the step's request list is reused as is. With ``defer_appends`` the step drafts
+without first appending the tokens just emitted, and those are appended afterwards on a
+worker thread (the native index releases the GIL), beside the engine's next forward; every
+entry point that reads or writes the index first waits for it (`_settle`).
 Drafts never affect what is sampled: vLLM verifies them (see docs/design.md section 2).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from bubblespec.core import DraftParams
@@ -40,6 +45,7 @@ from bubblespec.engine.vllm_glue import (
 from bubblespec.protocol.keys import parse_request_id
 
 _MAX_FINISHED_STATS = 200_000
+log = logging.getLogger(__name__)
 
 
 class BubbleSpecProposer:
@@ -57,6 +63,10 @@ class BubbleSpecProposer:
         self.pregen = self.siblings = self.self_context = True
         self.history = False
         self.global_pool = False
+        self.defer_appends = False
+        self._appender: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None  # the last step's appends, when deferred
+        self.append_errors = 0
         self.params = DraftParams(max_spec_tokens=self.k)
         self.index = SuffixIndex(max_depth=64, token_budget=4_000_000)
         self.reqs: dict[str, Any] = {}  # request id -> backend Request
@@ -79,6 +89,7 @@ class BubbleSpecProposer:
     # ------------------------------------------------------------------ control (RPC)
     def bubblespec_configure(self, options: dict) -> str:
         """Set mode ("bubblespec" | "ngram" | "suffix"), sources and draft parameters."""
+        self._settle()
         self.mode = options.get("mode", "bubblespec")
         if options.get("fault_biased_verifier"):  # negative control of the exactness tests
             install_biased_sampler(float(options["fault_biased_verifier"]))
@@ -93,6 +104,9 @@ class BubbleSpecProposer:
         self.global_live = self.global_pool and self.siblings and bool(
             src.get("global_live", False))
         self.mirrored_done: dict[str, list[tuple[Any, list[int]]]] = {}
+        self.defer_appends = bool(src.get("defer_appends", False))
+        if self.defer_appends and self._appender is None:
+            self._appender = ThreadPoolExecutor(1, thread_name_prefix="bubblespec-appends")
         dp = options.get("draft", {})
         self.params = DraftParams(
             max_spec_tokens=min(int(dp.get("max_spec_tokens", self.k)), self.k),
@@ -119,6 +133,7 @@ class BubbleSpecProposer:
 
         A response with an id outside [0, vocab) is dropped (and counted): drafting it would
         fail the embedding lookup, and with it the engine step of every request."""
+        self._settle()
         if not self.pregen:
             return 0
         n = 0
@@ -147,6 +162,7 @@ class BubbleSpecProposer:
 
     def release(self, groups: list[str]) -> int:
         """A batch is over: drop its groups (keep finished outputs when history is on)."""
+        self._settle()
         dropped = 0
         dead = set(groups)
         # requests still tracked (their counters never fetched) end here, before their
@@ -174,6 +190,7 @@ class BubbleSpecProposer:
 
     def pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, ...]]:
         """Counters of finished requests by base id (finishing any still tracked)."""
+        self._settle()
         wanted = set(req_ids)
         for rid in [r for r in self.reqs if parse_request_id(r)[2] in wanted]:
             self._finish(rid)
@@ -182,6 +199,7 @@ class BubbleSpecProposer:
     def index_stats(self) -> dict[str, int]:
         """Fill level of the draft index and of the per-request tables (what a soak watches),
         and the drafts dropped for ids outside the vocabulary."""
+        self._settle()
         idx = self.index
         return {"groups": len(idx.groups()), "live_requests": len(self.reqs),
                 "tokens": idx.num_tokens, "token_budget": idx.token_budget or 0,
@@ -189,7 +207,7 @@ class BubbleSpecProposer:
                 "global_token_budget": idx.global_token_budget or 0, "bytes": idx.nbytes(),
                 "aligned": len(self.aligned), "finished_stats": len(self.finished),
                 "drafts_dropped": self.drafts_dropped, "branches": len(self.branches),
-                "branches_taken": self.branches_taken}
+                "branches_taken": self.branches_taken, "append_errors": self.append_errors}
 
     def source_stats(self, reset: bool = False) -> dict[str, int]:
         """Per draft source: engine steps it won, its drafted and accepted tokens (and the
@@ -200,6 +218,18 @@ class BubbleSpecProposer:
         return out
 
     # ------------------------------------------------------------------ per step
+    def _settle(self) -> None:
+        """Wait for the last step's deferred appends. A failed append costs drafts only
+        (the index misses those tokens), never the engine step: it is logged and counted."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except Exception:
+            self.append_errors += 1
+            log.exception("deferred draft-index appends failed")
+
     def _start(self, req_id: str, row: int, token_ids_cpu: Any, n_prompt: int,
                n_tokens: int) -> Any:
         gtok, sample, base = parse_request_id(req_id)
@@ -272,6 +302,7 @@ class BubbleSpecProposer:
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
                 token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
+        self._settle()
         batch = batch_view(self.runner)
         ids = list(batch.req_ids[: len(sampled_token_ids)])
         fresh = ids != self._order
@@ -284,15 +315,22 @@ class BubbleSpecProposer:
         if self.inner is not None:
             inner = self.inner.propose(self.k, sampled_token_ids, num_tokens_no_spec,
                                        token_ids_cpu, self.runner)
+        extend = self.siblings or self.self_context
+        defer = extend and self.defer_appends
         out = step(self.index, reqs, sampled_token_ids, num_tokens_no_spec, self.k,
                    self.max_model_len, self.params, self.calib, self.src_stats,
-                   extend_index=self.siblings or self.self_context,
+                   extend_index=extend and not defer,
                    keep_out=self.history or self.global_pool, drafts=inner)
         if fresh:
             live = set(ids)
             for rid in [r for r in self.reqs if r not in live]:
                 self._finish(rid)
             self._order, self._order_reqs = ids, reqs
+        if defer and self._appender is not None:  # requests that left emitted nothing
+            rows = [i for i, new in enumerate(sampled_token_ids) if len(new)]
+            self._pending = self._appender.submit(
+                self.index.extend_sequences, [reqs[i].seq_id for i in rows],
+                [list(sampled_token_ids[i]) for i in rows])
         return out
 
     def _take_branches(self, ids: list[str], reqs: list[Any], sampled: list[list[int]]) -> None:

@@ -73,6 +73,44 @@ void Index::extend_sequence(int32_t si, const int32_t* toks, size_t n) {
   enforce(gi);
 }
 
+void Index::extend_sequences(const std::vector<int32_t>& slots,
+                             const std::vector<int32_t>& toks, const std::vector<size_t>& off) {
+  int64_t total = 0, gtotal = 0;
+  for (size_t j = 0; j < slots.size(); ++j) {
+    const Seq& r = seqs[slots[j]];
+    if (!r.live)
+      value_error("sequence " + repr_of(r.key) + " is finished; only live ones can be extended");
+    const int64_t n = static_cast<int64_t>(off[j + 1] - off[j]);
+    if (r.has_cur) total += n;
+    if (r.has_gcur) gtotal += n;
+  }
+  const bool fits = (token_budget < 0 || ntokens + total <= token_budget) &&
+                    (global_token_budget < 0 || global.ntokens + gtotal <= global_token_budget);
+  if (!fits) {  // an eviction may free Python objects: one by one, with the GIL
+    for (size_t j = 0; j < slots.size(); ++j)
+      extend_sequence(slots[j], toks.data() + off[j], off[j + 1] - off[j]);
+    return;
+  }
+  nb::gil_scoped_release release;  // enforce() below finds nothing over budget
+  for (size_t j = 0; j < slots.size(); ++j) {
+    Seq& r = seqs[slots[j]];
+    const size_t n = off[j + 1] - off[j], old = r.tokens.size();
+    r.tokens.insert(r.tokens.end(), toks.data() + off[j], toks.data() + off[j + 1]);
+    const int32_t* t = r.tokens.data() + old;
+    if (r.has_cur) {
+      touch_slot(r.gslot);
+      Group& g = groups[r.gslot];
+      g.sam->extend(r.cur, t, n);
+      g.ntokens += static_cast<int64_t>(n);
+      ntokens += static_cast<int64_t>(n);
+    }
+    if (r.has_gcur) {
+      global.sam->extend(r.gcur, t, n);
+      global.ntokens += static_cast<int64_t>(n);
+    }
+  }
+}
+
 void Index::finish_sequence(nb::handle seq_id) {
   Seq& r = seq_of(seq_id);
   if (!r.live) return;

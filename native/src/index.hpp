@@ -169,6 +169,11 @@ class Index {
   void add_sequence(nb::handle seq_id, nb::handle group, std::vector<int32_t>&& toks,
                     bool live, bool to_global);
   void extend_sequence(int32_t si, const int32_t* toks, size_t n);
+  // Append toks[off[j], off[j + 1]) to live sequence slots[j], in order: extend_sequence
+  // for each; when the token budgets cannot be exceeded (nothing to evict, so no Python
+  // object is touched) without the GIL, so a caller's thread can run it beside the forward.
+  void extend_sequences(const std::vector<int32_t>& slots, const std::vector<int32_t>& toks,
+                        const std::vector<size_t>& off);
   void finish_sequence(nb::handle seq_id);
   void remove_sequences(const std::vector<nb::object>& ids);
   void remove_group(nb::handle group);

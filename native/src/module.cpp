@@ -152,6 +152,26 @@ NB_MODULE(bubblespec_native, mod) {
         std::vector<int32_t> v = tokens_of(toks);
         i.extend_sequence(i.find_seq(sid), v.data(), v.size());
       }, nb::arg("seq_id").none(), nb::arg("tokens").none())
+      .def("extend_sequences", [](Index& i, nb::handle ids, nb::handle toks) {
+        nb::object il = nb::steal(PySequence_Fast(ids.ptr(), "seq_ids must be a sequence"));
+        nb::object tl = nb::steal(PySequence_Fast(toks.ptr(), "tokens must be a sequence"));
+        if (!il.is_valid() || !tl.is_valid()) throw nb::python_error();
+        const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(il.ptr()));
+        if (static_cast<size_t>(PySequence_Fast_GET_SIZE(tl.ptr())) != n)
+          value_error("extend_sequences: one token list per sequence id");
+        std::vector<int32_t> slots(n), flat;
+        std::vector<size_t> off(1, 0);
+        for (size_t j = 0; j < n; ++j) {
+          const nb::handle sid(PySequence_Fast_ITEMS(il.ptr())[j]);
+          slots[j] = i.find_seq(sid);
+          if (slots[j] < 0) value_error("unknown sequence " + repr_of(sid));
+          tokens_into(nb::handle(PySequence_Fast_ITEMS(tl.ptr())[j]), flat);
+          off.push_back(flat.size());
+        }
+        i.extend_sequences(slots, flat, off);
+      }, nb::arg("seq_ids"), nb::arg("tokens"),
+         "Append tokens[j] to live sequence seq_ids[j], in order (extend_sequence for each, "
+         "checked whole first); without the GIL when no budget can be exceeded.")
       .def("finish_sequence", [](Index& i, nb::handle sid) { i.finish_sequence(sid); },
            nb::arg("seq_id").none())
       .def("remove_sequence", [](Index& i, nb::handle sid) {

@@ -28,3 +28,8 @@ def test_bench_draft_batch_smoke():
     assert sum("drafts = python" in line for line in lines) == (4 if proposer else 2)
     if proposer:  # the --src-global-live row, at both sizes
         assert sum("proposer, global pool + live" in line for line in lines) == 2
+    # the deferred step and, timed on its own, the appends it leaves for the forward's time
+    deferred = [line for line in lines if "native step, appends deferred" in line]
+    appends = [line for line in lines if "deferred appends" in line]
+    assert len(deferred) == 2 and len(appends) == 2, lines
+    assert float(deferred[0].split()[-1]) > 0 and appends[0].split()[-1] == "-"

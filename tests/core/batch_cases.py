@@ -3,8 +3,9 @@ decode live (each emits the accepted prefix of its last draft plus one token of 
 response), pre-generated responses aligned to some of them (diverging, then re-joining at
 the same positions), a global pool of finished responses with per-request global matchers,
 budgets that run out near the model length, partial prefills, a token budget small enough
-to evict stored responses mid-step, and optionally drafts given from outside (the wrapped
-vLLM proposers). ``drive`` runs one implementation and logs
+to evict stored responses mid-step, optionally drafts given from outside (the wrapped
+vLLM proposers), and optionally the appends deferred (the step drafts first, then
+``extend_sequences`` appends what it emitted, as the proposer's ``defer_appends`` does). ``drive`` runs one implementation and logs
 every step's drafts, every request's state, the calibration and the per-source counters."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Case:
     prior: float
     token_budget: int | None
     rnd: Any
+    defer: bool = False  # extend_sequences after the step instead of appends inside it
 
 
 @st.composite
@@ -59,7 +61,8 @@ def batch_case(draw: Callable) -> Case:
                 draw(st.integers(20, 80)), draw(st.booleans()), draw(st.booleans()),
                 draw(st.booleans()), draw(st.integers(0, 4)) == 0,
                 draw(st.sampled_from([0.5, 4.0, 16.0])),
-                draw(st.sampled_from([None, None, 60, 150])), draw(st.randoms()))
+                draw(st.sampled_from([None, None, 60, 150])), draw(st.randoms()),
+                draw(st.booleans()))
 
 
 def state(r: Any) -> tuple:
@@ -117,8 +120,13 @@ def drive(index_cls: type, request_cls: type, step: Callable, case: Case,
         if c.given:
             given = [truth[pos[i]:pos[i] + c.rnd.randrange(c.k + 2)] if c.rnd.random() < 0.7
                      else [c.rnd.randrange(8)] for i, truth in enumerate(truths)]
+        defer = c.defer and c.extend_index
         out = step(idx, reqs, sampled, ntok, c.k, c.max_len, c.params, cal, src,
-                   extend_index=c.extend_index, keep_out=c.keep_out, drafts=given)
+                   extend_index=c.extend_index and not defer, keep_out=c.keep_out,
+                   drafts=given)
+        if defer:
+            rows = [i for i, s in enumerate(sampled) if s]
+            idx.extend_sequences([reqs[i].seq_id for i in rows], [sampled[i] for i in rows])
         drafts = [d if s else drafts[i] for i, (d, s) in enumerate(zip(out, sampled))]
         log.append((out, [state(r) for r in reqs], books(cal, src), idx.num_tokens))
     return log

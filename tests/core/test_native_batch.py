@@ -2,7 +2,7 @@
 ``step`` against the pure-Python reference in bubblespec.core.batch. Random RL-like batches
 (sibling requests decoding live, pre-generated responses that are aligned, diverge and
 re-join, a global pool, budgets running out near the model length, partial prefills, drafts
-given from outside) must give identical drafts, identical per-request state, identical
+given from outside, appends deferred after the step) must give identical drafts, identical per-request state, identical
 calibration and per-source counters at every step."""
 
 from __future__ import annotations
@@ -55,3 +55,36 @@ def test_errors_match() -> None:
                 impl["step"](idx, reqs, sampled, [9] * len(reqs), 4, 100, p, cal, src)
         with pytest.raises(ValueError):
             impl["step"](idx, [ra], [[1]], [9], 4, 100, p, cal, src, drafts=[])
+
+
+def test_extend_sequences_is_extend_sequence_in_order_checked_whole() -> None:
+    """The deferred appends: one call equals extend_sequence per pair in order (a sequence
+    named twice included), on a thread beside other work too (the native index appends
+    without the GIL); a bad name or a finished sequence fails before anything changes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seqs = {("s", i): [i % 3, 1, 2, i % 5] for i in range(12)}
+    adds = [(("s", i), [(i + j) % 7 for j in range(1 + i % 4)]) for i in range(12)]
+    adds.append((("s", 3), [6, 6, 1]))
+    counts = []
+    for impl in implementations().values():
+        idx = impl["SuffixIndex"](max_depth=6)
+        for sid, toks in seqs.items():
+            idx.add_sequence(sid, sid[1] % 3, toks, live=True, to_global=sid[1] % 2 == 0)
+        idx.add_sequence("done", 0, [1, 2])
+        for bad in ([("s", 0), "nope"], [("s", 1), "done"]):
+            with pytest.raises(ValueError):
+                idx.extend_sequences(bad, [[1], [2]])
+        with pytest.raises(ValueError):
+            idx.extend_sequences([("s", 0)], [[1], [2]])
+        with ThreadPoolExecutor(1) as pool:
+            job = pool.submit(idx.extend_sequences, [a[0] for a in adds], [a[1] for a in adds])
+            busy = sum(i * i for i in range(20_000))  # the caller goes on meanwhile
+            job.result()
+        assert busy > 0
+        counts.append([idx.sequence_tokens(sid) for sid in seqs]
+                      + [idx.num_tokens, idx.num_global_tokens]
+                      + [idx.count(g, [1, 2]) for g in range(3)]
+                      + [idx.count(None, [6, 6])])
+    assert counts[0] == counts[1]
+    assert counts[0][3] == seqs[("s", 3)] + adds[3][1] + [6, 6, 1]

@@ -89,3 +89,39 @@ def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_e
     assert src_on["global_wins"] > 2 * src_off["global_wins"]
     assert src_on["global_accepted"] > src_off["global_accepted"]
     assert idx["global_tokens"] >= 6 * 40  # kept after the release
+
+
+def _sibling_run(loop_runner, eng, reqs, defer: bool) -> tuple[list, dict, dict]:
+    """One greedy batch drafting from siblings and own output only, the appends deferred
+    or not: (results, source counters, index stats before the release)."""
+    loop_runner.run(eng.set_sources(pregen=False, siblings=True, self_context=True,
+                                    global_pool=False, defer_appends=defer))
+    loop_runner.run(eng.source_stats(reset=True))
+    res = loop_runner.run(eng.generate(reqs))
+    src = loop_runner.run(eng.source_stats(reset=True))
+    idx = loop_runner.run(eng.index_stats())
+    loop_runner.run(eng.release_groups([r.group_key() for r in reqs]))
+    return res, src, idx
+
+
+def test_deferred_appends_draft_from_siblings_and_lose_no_token(loop_runner,
+                                                                spec_engine) -> None:
+    """`src_defer_appends`: each step's emitted tokens reach the index after its drafts, on
+    the proposer's worker thread. Siblings still draft from each other, the index ends up
+    with every token (the last step's appends are waited for), and greedy outputs are the
+    same as with the appends inside the step."""
+    prompts = default_task().make_prompts(3, 93)
+    sp = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    reqs = [GenRequest(input_ids=list(p.input_ids), n=4, sampling=sp) for p in prompts]
+    try:
+        now, src_now, idx_now = _sibling_run(loop_runner, spec_engine, reqs, defer=False)
+        later, src_later, idx_later = _sibling_run(loop_runner, spec_engine, reqs, defer=True)
+    finally:  # the engine fixture is shared: back to its sources, appends in the step
+        loop_runner.run(spec_engine.set_sources(pregen=True, siblings=True,
+                                                self_context=True, global_pool=True,
+                                                defer_appends=False))
+    assert [s.output_ids for r in later for s in r.samples] == [
+        s.output_ids for r in now for s in r.samples]
+    print("appends in the step:", src_now, "deferred:", src_later)
+    assert idx_later["tokens"] == idx_now["tokens"] and idx_later["append_errors"] == 0
+    assert src_later["group_wins"] > 0 and src_later["group_accepted"] > 0
