@@ -25,11 +25,12 @@ numba's worker threads are counted too):
 - ``native step, no live appends``: the same call without appending the emitted tokens to
   the requests' live sequences in their groups (``extend_index=False``; siblings then draft
   from the stored responses only): where the native step's time goes, not a mode;
-- ``native step, appends deferred``: the proposer's ``--src-defer-appends``: the same call
-  without the appends, which follow it in one ``extend_sequences`` call (the proposer runs
-  that on a worker thread, without the GIL, beside the engine's next forward); that call is
-  the row ``deferred appends``, timed on its own (here before the next step, on the same
-  core): the draft waits only for the first row, and the second must fit in a forward;
+- ``native step, appends deferred`` and ``proposer, appends deferred``: the proposer's
+  ``--src-defer-appends``: the same calls without the appends, which follow in one
+  ``extend_sequences`` call (the proposer runs that on a worker thread, without the GIL,
+  beside the engine's next forward; here it is run and timed on its own before the next
+  step, the ``...: its appends`` rows): the drafts wait only for the first row, and the
+  appends must fit in a forward;
 - ``native classes, Python loop``: the pure-Python loop over the native index and matchers;
 - ``arctic tree``: arctic-inference's C++ ``SuffixTree`` per group, called per request from
   Python as vLLM's suffix proposer does (append the emitted tokens, speculate on the last 64);
@@ -50,6 +51,7 @@ import statistics
 import time
 import types
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -59,7 +61,7 @@ from bubblespec.core import suffix_index as pyindex
 from bubblespec.core.backend import load_native
 from bubblespec.core.candidates import Calibration, SourceStats
 
-DEFERRED = "  deferred appends"  # the row of the deferred step's extend_sequences call
+DEFERRED = ": its appends"  # the row of a deferred step's extend_sequences call
 STORED = 4  # finished responses per group (pushed drafts)
 SIBS = 8  # running requests per group
 K = sb.MAX_SPEC
@@ -148,13 +150,29 @@ def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Wo
     return deferred
 
 
+class _Handover:
+    """In place of the proposer's appender thread: keeps the submitted call in `calls` for
+    the bench to run and time on its own (a worker thread's CPU time would land in
+    whichever row the process was timing)."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def submit(self, fn: Callable, *args: object) -> Future:
+        self.calls.append(lambda: fn(*args))
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+
 class ProposerDriver:
     """The engine proposer on a stand-in model runner: request ids carry the group and a
     sample index; the stored responses are pushed as pre-generated drafts of other sample
     indices (none aligned); prompts are empty and the first token of each response was
     emitted before the first step (the index then holds what the other drivers' hold)."""
 
-    def __init__(self, work: sb.Work, sources: dict | None = None) -> None:
+    def __init__(self, work: sb.Work, sources: dict | None = None,
+                 deferred: list | None = None) -> None:
         from bubblespec.engine.proposer import BubbleSpecProposer
         ns = types.SimpleNamespace
         cfg = ns(speculative_config=ns(num_speculative_tokens=K),
@@ -176,6 +194,8 @@ class ProposerDriver:
             token_ids_cpu=np.array(first, dtype=np.int32).reshape(n, 1))
         """The stand-in runner's input batch (what `vllm_glue.batch_view` reads)."""
         self.prop.runner = ns(input_batch=self.batch)
+        if deferred is not None:  # the appends come back to the bench, to be timed apart
+            self.prop._appender = _Handover(deferred)
 
     def prepare(self, b: Batch) -> None:
         self.batch.num_tokens_no_spec[:] = b.pos
@@ -239,18 +259,20 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
     work = sb.make_workload(size // SIBS, responses=STORED + SIBS, seed=seed)
     nat = load_native()
     drivers: dict[str, tuple[Callable, Batch]] = {}
+    pending: list = []  # the appends a deferred row left, run and timed on their own
     if nat is not None and proposer:
         drivers["proposer (native)"] = (ProposerDriver(work), Batch(work))
         # the cost of --src-global-live: every live output also in the global pool
         drivers["proposer, global pool + live"] = (ProposerDriver(
             work, {"global_pool": True, "global_live": True}), Batch(work))
+        drivers["proposer, appends deferred"] = (ProposerDriver(
+            work, {"defer_appends": True}, pending), Batch(work))
     if nat is not None:
         drivers["native step"] = (
             index_driver(nat.SuffixIndex, nat.Request, nat.step, work), Batch(work))
         drivers["native step, no live appends"] = (index_driver(
             nat.SuffixIndex, nat.Request,
             lambda *a: nat.step(*a, extend_index=False), work), Batch(work))
-        pending: list = []  # the deferred appends of the last step
         drivers["native step, appends deferred"] = (index_driver(
             nat.SuffixIndex, nat.Request, nat.step, work, pending), Batch(work))
         drivers["native classes, Python loop"] = (
@@ -265,8 +287,8 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
     lat: dict[str, list[int]] = {}
     for name in drivers:
         lat[name] = []
-        if name == "native step, appends deferred":
-            lat[DEFERRED] = []
+        if "appends deferred" in name:
+            lat[name + DEFERRED] = []
     clock = time.process_time_ns
     for _ in range(steps):
         for name, (fn, b) in drivers.items():
@@ -276,10 +298,10 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
             t0 = clock()
             b.drafts = fn(b, new)
             lat[name].append(clock() - t0)
-            if name == "native step, appends deferred":
+            if pending:
                 t0 = clock()
                 pending.pop()()
-                lat[DEFERRED].append(clock() - t0)
+                lat[name + DEFERRED].append(clock() - t0)
     out = {}
     for name in lat:
         b = drivers[name][1] if name in drivers else None
@@ -313,7 +335,7 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
         suffix_rows(suffix_groups, seed, arctic)
     print(f"\nper-engine-step drafting cost (process CPU time), {steps} steps (first 2 left out), "
           f"{STORED} finished + {SIBS} running responses per group, k={K}, depth {sb.DEPTH}")
-    hdr = f"{'batch':>6}  {'implementation':<30}{'median us':>11}{'p99 us':>11}{'acc/req-step':>13}"
+    hdr = f"{'batch':>6}  {'implementation':<42}{'median us':>11}{'p99 us':>11}{'acc/req-step':>13}"
     print(hdr)
     print("-" * len(hdr))
     res = {}
@@ -322,7 +344,7 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
         for name, r in res[size].items():
             same = {True: "  drafts = python", False: "  DRAFTS DIFFER"}.get(
                 r.get("same_as_python"), "")
-            print(f"{size:>6}  {name:<30}{r['median']:>11.1f}{r['p99']:>11.1f}"
+            print(f"{size:>6}  {name:<42}{r['median']:>11.1f}{r['p99']:>11.1f}"
                   + (f"{r['acc']:>13.3f}" if r["acc"] == r["acc"] else f"{'-':>13}")
                   + same)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
