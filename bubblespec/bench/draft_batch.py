@@ -122,10 +122,11 @@ class Batch:
 
 
 def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Work,
-                 defer: list | None = None,
+                 defer: list | None = None, extend: Callable | None = None,
                  ) -> Callable[[Batch, list[list[int]]], list[list[int]]]:
     """The step on a fresh index of `work`; with `defer` (a list), the step does not append,
-    and `defer` receives a call that appends what it emitted (``extend_sequences``)."""
+    and `defer` receives a call that appends what it emitted (`extend`: the
+    implementation's ``extend_requests``)."""
     idx = index_cls(max_depth=sb.DEPTH)
     for gi, g in enumerate(work):
         for ri, r in enumerate(g[:STORED]):
@@ -143,9 +144,7 @@ def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Wo
 
     def deferred(b: Batch, new: list[list[int]]) -> list[list[int]]:
         out = step(idx, reqs, new, b.pos, K, MAX_LEN, params, cal, src, extend_index=False)
-        rows = [i for i, t in enumerate(new) if t]
-        defer.append(lambda: idx.extend_sequences([reqs[i].seq_id for i in rows],
-                                                  [new[i] for i in rows]))
+        defer.append(lambda: extend(idx, reqs, new))
         return out
     return deferred
 
@@ -274,7 +273,8 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
             nat.SuffixIndex, nat.Request,
             lambda *a: nat.step(*a, extend_index=False), work), Batch(work))
         drivers["native step, appends deferred"] = (index_driver(
-            nat.SuffixIndex, nat.Request, nat.step, work, pending), Batch(work))
+            nat.SuffixIndex, nat.Request, nat.step, work, pending, nat.extend_requests),
+            Batch(work))
         drivers["native classes, Python loop"] = (
             index_driver(nat.SuffixIndex, pybatch.Request, pybatch.step, work), Batch(work))
     drivers["python step"] = (

@@ -8,7 +8,8 @@ The pure-Python classes stay the reference and the fallback when the native modu
 (a failed build) or when ``BUBBLESPEC_PURE_PYTHON=1`` is set (tests and benchmarks compare
 both in one process through :func:`implementations`).
 
-Usage: ``from bubblespec.core.backend import SuffixIndex, Request, step``.
+Usage: ``from bubblespec.core.backend import SuffixIndex, Request, step``
+(``extend_requests``: the appends a step left for later).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ def load_native() -> ModuleType | None:
 
 def implementations() -> dict[str, dict[str, Any]]:
     """Every available implementation by name ("python", "native" when installed): each a
-    dict with ``SuffixIndex``, ``Request`` and ``step``."""
+    dict with ``SuffixIndex``, ``Request``, ``step`` and ``extend_requests``."""
     impls: dict[str, dict[str, Any]] = {
         "python": {"SuffixIndex": _py_index.SuffixIndex, "Request": _py_batch.Request,
-                   "step": _py_batch.step}}
+                   "step": _py_batch.step, "extend_requests": _py_batch.extend_requests}}
     nat = load_native()
     if nat is not None:
         impls["native"] = {"SuffixIndex": nat.SuffixIndex, "Request": nat.Request,
-                           "step": nat.step}
+                           "step": nat.step, "extend_requests": nat.extend_requests}
     return impls
 
 
@@ -57,6 +58,7 @@ BACKEND, _impl = _choose()
 SuffixIndex = _impl["SuffixIndex"]
 Request = _impl["Request"]
 step = _impl["step"]
+extend_requests = _impl["extend_requests"]
 
-__all__ = ["BACKEND", "FORCE_PURE_ENV", "Request", "SuffixIndex", "implementations",
-           "load_native", "step"]
+__all__ = ["BACKEND", "FORCE_PURE_ENV", "Request", "SuffixIndex", "extend_requests",
+           "implementations", "load_native", "step"]

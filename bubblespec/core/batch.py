@@ -148,6 +148,18 @@ def choose_draft(st: Request, sampled: list[int], aligned: list[int], budget: in
     return best.token_ids
 
 
+def extend_requests(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
+                    ) -> None:
+    """The appends a `step` with ``extend_index=False`` left: each non-empty ``sampled[i]``
+    to the live sequence of ``reqs[i]``, in order, in one ``index.extend_sequences`` call
+    (checked whole first). The engine proposer's deferred appends
+    (``src_defer_appends``) run this on a worker thread after sending the drafts."""
+    if len(reqs) < len(sampled):
+        raise ValueError("extend_requests: one request per sampled list")
+    rows = [i for i, new in enumerate(sampled) if len(new)]
+    index.extend_sequences([reqs[i].seq_id for i in rows], [list(sampled[i]) for i in rows])
+
+
 def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
          num_tokens: Sequence[int], k: int, max_model_len: int, params: DraftParams,
          calib: Calibration, src: SourceStats, *, extend_index: bool = True,

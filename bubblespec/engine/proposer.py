@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from bubblespec.core import DraftParams
-from bubblespec.core.backend import Request, SuffixIndex, step
+from bubblespec.core.backend import Request, SuffixIndex, extend_requests, step
 from bubblespec.core.batch import RESYNC, take_branch
 from bubblespec.core.candidates import Calibration, SourceStats
 from bubblespec.engine.vllm_glue import (
@@ -327,10 +327,8 @@ class BubbleSpecProposer:
                 self._finish(rid)
             self._order, self._order_reqs = ids, reqs
         if defer and self._appender is not None:  # requests that left emitted nothing
-            rows = [i for i, new in enumerate(sampled_token_ids) if len(new)]
-            self._pending = self._appender.submit(
-                self.index.extend_sequences, [reqs[i].seq_id for i in rows],
-                [list(sampled_token_ids[i]) for i in rows])
+            self._pending = self._appender.submit(extend_requests, self.index, reqs,
+                                                  list(sampled_token_ids))
         return out
 
     def _take_branches(self, ids: list[str], reqs: list[Any], sampled: list[list[int]]) -> None:

@@ -272,6 +272,27 @@ NB_MODULE(bubblespec_native, mod) {
         if (r.stats[6] < 0) r.stats[6] = pos;
       }, nb::arg("tokens"), nb::arg("pos"));
 
+  mod.def("extend_requests", [](Index& idx, nb::handle reqs, nb::handle sampled) {
+    nb::object rl = nb::steal(PySequence_Fast(reqs.ptr(), "reqs must be a sequence"));
+    nb::object sl = nb::steal(PySequence_Fast(sampled.ptr(), "sampled must be a sequence"));
+    if (!rl.is_valid() || !sl.is_valid()) throw nb::python_error();
+    const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(sl.ptr()));
+    if (static_cast<size_t>(PySequence_Fast_GET_SIZE(rl.ptr())) < n)
+      value_error("extend_requests: one request per sampled list");
+    std::vector<int32_t> slots, flat;
+    std::vector<size_t> off(1, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t before = flat.size();
+      tokens_into(nb::handle(PySequence_Fast_ITEMS(sl.ptr())[i]), flat);
+      if (flat.size() == before) continue;
+      Request& r = nb::cast<Request&>(nb::handle(PySequence_Fast_ITEMS(rl.ptr())[i]));
+      slots.push_back(live_slot(idx, r));
+      off.push_back(flat.size());
+    }
+    idx.extend_sequences(slots, flat, off);
+  }, nb::arg("index"), nb::arg("reqs"), nb::arg("sampled"),
+     "The appends a step with extend_index=False left: sampled[i] to reqs[i]'s live "
+     "sequence, for each non-empty one in order (batch.extend_requests).");
   mod.def("step", [](Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
                      int64_t k, int64_t max_model_len, nb::handle params, nb::handle calib,
                      nb::handle src, bool extend_index, bool keep_out, nb::handle drafts) {

@@ -75,8 +75,9 @@ def books(cal: Calibration, src: SourceStats) -> tuple:
 
 
 def drive(index_cls: type, request_cls: type, step: Callable, case: Case,
-          steps: int = 60) -> list:
-    """Run `case` through `step`; the log of every step."""
+          steps: int = 60, extend: Callable | None = None) -> list:
+    """Run `case` through `step` (deferred appends through `extend`, the implementation's
+    ``extend_requests``); the log of every step."""
     c = case
     idx = index_cls(max_depth=c.depth, token_budget=c.token_budget)
     for pi, toks in enumerate(c.pool):
@@ -120,13 +121,12 @@ def drive(index_cls: type, request_cls: type, step: Callable, case: Case,
         if c.given:
             given = [truth[pos[i]:pos[i] + c.rnd.randrange(c.k + 2)] if c.rnd.random() < 0.7
                      else [c.rnd.randrange(8)] for i, truth in enumerate(truths)]
-        defer = c.defer and c.extend_index
+        defer = c.defer and c.extend_index and extend is not None
         out = step(idx, reqs, sampled, ntok, c.k, c.max_len, c.params, cal, src,
                    extend_index=c.extend_index and not defer, keep_out=c.keep_out,
                    drafts=given)
         if defer:
-            rows = [i for i, s in enumerate(sampled) if s]
-            idx.extend_sequences([reqs[i].seq_id for i in rows], [sampled[i] for i in rows])
+            extend(idx, reqs, sampled)
         drafts = [d if s else drafts[i] for i, (d, s) in enumerate(zip(out, sampled))]
         log.append((out, [state(r) for r in reqs], books(cal, src), idx.num_tokens))
     return log

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(load_native() is None, reason="bubblespec_native
 
 def run(name: str, case: Case) -> list:
     impl = implementations()[name]
-    return drive(impl["SuffixIndex"], impl["Request"], impl["step"], case)
+    return drive(impl["SuffixIndex"], impl["Request"], impl["step"], case,
+                 extend=impl["extend_requests"])
 
 
 @settings(max_examples=80, deadline=None)
@@ -88,3 +89,29 @@ def test_extend_sequences_is_extend_sequence_in_order_checked_whole() -> None:
                       + [idx.count(None, [6, 6])])
     assert counts[0] == counts[1]
     assert counts[0][3] == seqs[("s", 3)] + adds[3][1] + [6, 6, 1]
+
+
+def test_extend_requests_appends_what_a_step_left() -> None:
+    """A step with extend_index=False, then extend_requests: the request's live sequences
+    hold what they emitted (empty lists skipped), in both implementations alike; a request
+    missing for a sampled list or a finished sequence fails before anything changes."""
+    got = []
+    for impl in implementations().values():
+        idx = impl["SuffixIndex"](max_depth=4)
+        cal, src, p = Calibration(), SourceStats(), DraftParams()
+        reqs = []
+        for sid in ("a", "b", "c"):
+            idx.add_sequence(sid, 0, [1, 2], live=True)
+            reqs.append(impl["Request"](0, sid, idx.matcher(0, [1, 2])))
+        sampled = [[3, 1], [], [2]]
+        impl["step"](idx, reqs, sampled, [4, 2, 3], 4, 100, p, cal, src, extend_index=False)
+        assert idx.sequence_tokens("a") == [1, 2]
+        impl["extend_requests"](idx, reqs, sampled)
+        with pytest.raises(ValueError):
+            impl["extend_requests"](idx, reqs[:2], sampled)
+        idx.finish_sequence("c")
+        with pytest.raises(ValueError):
+            impl["extend_requests"](idx, reqs, [[1], [1], [1]])
+        got.append([idx.sequence_tokens(s) for s in "abc"] + [idx.num_tokens])
+    assert got[0] == [[1, 2, 3, 1], [1, 2], [1, 2, 2], 9]
+    assert all(g == got[0] for g in got)
