@@ -92,7 +92,7 @@ def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_e
 
 
 def _sibling_run(loop_runner, eng, reqs, defer: bool) -> tuple[list, dict, dict]:
-    """One greedy batch drafting from siblings and own output only, the appends deferred
+    """One batch drafting from siblings and own output only, the appends deferred
     or not: (results, source counters, index stats before the release)."""
     loop_runner.run(eng.set_sources(pregen=False, siblings=True, self_context=True,
                                     global_pool=False, defer_appends=defer))
@@ -108,11 +108,13 @@ def test_deferred_appends_draft_from_siblings_and_lose_no_token(loop_runner,
                                                                 spec_engine) -> None:
     """`src_defer_appends`: each step's emitted tokens reach the index after its drafts, on
     the proposer's worker thread. Siblings still draft from each other, the index ends up
-    with every token (the last step's appends are waited for), and greedy outputs are the
-    same as with the appends inside the step."""
+    with every token (the last step's appends are waited for), and keyed samples at T=1
+    are bit-identical to those drafted with the appends inside the step."""
     prompts = default_task().make_prompts(3, 93)
-    sp = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
-    reqs = [GenRequest(input_ids=list(p.input_ids), n=4, sampling=sp) for p in prompts]
+    sp = SamplingParams(max_new_tokens=40, temperature=1.0, ignore_eos=True,
+                        seed_mode="keyed")
+    reqs = [GenRequest(input_ids=list(p.input_ids), n=4, sampling=sp,
+                       seeds=[11 * i + j for j in range(4)]) for i, p in enumerate(prompts)]
     try:
         now, src_now, idx_now = _sibling_run(loop_runner, spec_engine, reqs, defer=False)
         later, src_later, idx_later = _sibling_run(loop_runner, spec_engine, reqs, defer=True)
