@@ -25,8 +25,9 @@ numba's worker threads are counted too):
 - ``native step, no live appends``: the same call without appending the emitted tokens to
   the requests' live sequences in their groups (``extend_index=False``; siblings then draft
   from the stored responses only): where the native step's time goes, not a mode;
-- ``native step, appends deferred`` and ``proposer, appends deferred``: the proposer's
-  ``--src-defer-appends``: the same calls without the appends, which follow in one
+- ``native step, appends deferred`` and ``proposer, appends deferred`` (also with the
+  global pool + live): the proposer's ``--src-defer-appends``: the same calls without the
+  appends, which follow in one
   ``extend_sequences`` call (the proposer runs that on a worker thread, without the GIL,
   beside the engine's next forward; here it is run and timed on its own before the next
   step, the ``...: its appends`` rows): the drafts wait only for the first row, and the
@@ -266,6 +267,9 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
             work, {"global_pool": True, "global_live": True}), Batch(work))
         drivers["proposer, appends deferred"] = (ProposerDriver(
             work, {"defer_appends": True}, pending), Batch(work))
+        drivers["proposer, global + live, appends deferred"] = (ProposerDriver(
+            work, {"global_pool": True, "global_live": True, "defer_appends": True},
+            pending), Batch(work))
     if nat is not None:
         drivers["native step"] = (
             index_driver(nat.SuffixIndex, nat.Request, nat.step, work), Batch(work))
@@ -335,7 +339,7 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
         suffix_rows(suffix_groups, seed, arctic)
     print(f"\nper-engine-step drafting cost (process CPU time), {steps} steps (first 2 left out), "
           f"{STORED} finished + {SIBS} running responses per group, k={K}, depth {sb.DEPTH}")
-    hdr = f"{'batch':>6}  {'implementation':<42}{'median us':>11}{'p99 us':>11}{'acc/req-step':>13}"
+    hdr = f"{'batch':>6}  {'implementation':<52}{'median us':>11}{'p99 us':>11}{'acc/req-step':>13}"
     print(hdr)
     print("-" * len(hdr))
     res = {}
@@ -344,7 +348,7 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
         for name, r in res[size].items():
             same = {True: "  drafts = python", False: "  DRAFTS DIFFER"}.get(
                 r.get("same_as_python"), "")
-            print(f"{size:>6}  {name:<42}{r['median']:>11.1f}{r['p99']:>11.1f}"
+            print(f"{size:>6}  {name:<52}{r['median']:>11.1f}{r['p99']:>11.1f}"
                   + (f"{r['acc']:>13.3f}" if r["acc"] == r["acc"] else f"{'-':>13}")
                   + same)
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -29,7 +29,7 @@ def test_bench_draft_batch_smoke():
     if proposer:  # the --src-global-live row, at both sizes
         assert sum("proposer, global pool + live" in line for line in lines) == 2
     # the deferred step and, timed on its own, the appends it leaves for the forward's time
-    rows = 2 * (2 if proposer else 1)  # native step (and proposer) rows at both sizes
+    rows = 2 * (3 if proposer else 1)  # native step (and 2 proposer) rows at both sizes
     deferred = [line for line in lines if line.rstrip().endswith("appends deferred")
                 or "appends deferred  " in line]
     appends = [line for line in lines if "appends deferred: its appends" in line]
