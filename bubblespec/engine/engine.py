@@ -138,12 +138,9 @@ class RolloutEngine:
         `global_live` and `defer_appends` None keep the configured ones)."""
         upd = {"src_pregen": pregen, "src_siblings": siblings, "src_self": self_context,
                "src_history": history}
-        if global_pool is not None:
-            upd["src_global"] = global_pool
-        if global_live is not None:
-            upd["src_global_live"] = global_live
-        if defer_appends is not None:
-            upd["src_defer_appends"] = defer_appends
+        kept = {"src_global": global_pool, "src_global_live": global_live,
+                "src_defer_appends": defer_appends}
+        upd.update({k: v for k, v in kept.items() if v is not None})
         self.cfg = self.cfg.model_copy(update=upd)
         if self.speculative:
             await self.llm.collective_rpc("bubblespec_configure",
