@@ -50,10 +50,10 @@ void Index::add_sequence(nb::handle seq_id, nb::handle group, std::vector<int32_
   enforce(gi);
 }
 
-void Index::extend_sequence(int32_t si, const int32_t* toks, size_t n) {
+// Append to live sequence slot si and its automata; the group slot it wrote (-1: none).
+// Touches no Python object (extend_sequences runs it without the GIL).
+int32_t Index::append_tokens(int32_t si, const int32_t* toks, size_t n) {
   Seq& r = seqs[si];
-  if (!r.live)
-    value_error("sequence " + repr_of(r.key) + " is finished; only live ones can be extended");
   const size_t old = r.tokens.size();
   r.tokens.insert(r.tokens.end(), toks, toks + n);
   const int32_t* t = r.tokens.data() + old;
@@ -70,7 +70,13 @@ void Index::extend_sequence(int32_t si, const int32_t* toks, size_t n) {
     global.sam->extend(r.gcur, t, n);
     global.ntokens += static_cast<int64_t>(n);
   }
-  enforce(gi);
+  return gi;
+}
+
+void Index::extend_sequence(int32_t si, const int32_t* toks, size_t n) {
+  if (!seqs[si].live)
+    value_error("sequence " + repr_of(seqs[si].key) + " is finished; only live ones can be extended");
+  enforce(append_tokens(si, toks, n));
 }
 
 void Index::extend_sequences(const std::vector<int32_t>& slots,
@@ -91,24 +97,9 @@ void Index::extend_sequences(const std::vector<int32_t>& slots,
       extend_sequence(slots[j], toks.data() + off[j], off[j + 1] - off[j]);
     return;
   }
-  nb::gil_scoped_release release;  // enforce() below finds nothing over budget
-  for (size_t j = 0; j < slots.size(); ++j) {
-    Seq& r = seqs[slots[j]];
-    const size_t n = off[j + 1] - off[j], old = r.tokens.size();
-    r.tokens.insert(r.tokens.end(), toks.data() + off[j], toks.data() + off[j + 1]);
-    const int32_t* t = r.tokens.data() + old;
-    if (r.has_cur) {
-      touch_slot(r.gslot);
-      Group& g = groups[r.gslot];
-      g.sam->extend(r.cur, t, n);
-      g.ntokens += static_cast<int64_t>(n);
-      ntokens += static_cast<int64_t>(n);
-    }
-    if (r.has_gcur) {
-      global.sam->extend(r.gcur, t, n);
-      global.ntokens += static_cast<int64_t>(n);
-    }
-  }
+  nb::gil_scoped_release release;  // under budget throughout: enforce() would do nothing
+  for (size_t j = 0; j < slots.size(); ++j)
+    append_tokens(slots[j], toks.data() + off[j], off[j + 1] - off[j]);
 }
 
 void Index::finish_sequence(nb::handle seq_id) {

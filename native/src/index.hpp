@@ -189,6 +189,7 @@ class Index {
     r.used = false;
     free_seqs.push_back(si);
   }
+  int32_t append_tokens(int32_t si, const int32_t* toks, size_t n);
   void detach(Group& g, int32_t si);
   void rebuild(Group& g, int32_t gi);
   void drop_group(int32_t gi);

@@ -54,16 +54,32 @@ def test_source_counters_add_up_and_the_aligned_draft_wins(loop_runner, spec_eng
     assert loop_runner.run(spec_engine.source_stats()) == dict.fromkeys(src, 0)
 
 
-def _global_run(loop_runner, eng, reqs, live: bool) -> tuple[list, dict, dict]:
-    """One greedy batch with siblings and the global pool (live outputs in it or not), no
-    pre-generated drafts: (results, source counters, index stats after the release)."""
-    loop_runner.run(eng.set_sources(pregen=False, siblings=True, self_context=False,
-                                    global_pool=True, global_live=live))
+def _run(loop_runner, eng, reqs, **sources) -> tuple[list, dict, dict, dict]:
+    """One batch with siblings and no pre-generated drafts under `sources` (set_sources'
+    other arguments): (results, source counters, index stats before and after the
+    release)."""
+    loop_runner.run(eng.set_sources(pregen=False, siblings=True, **sources))
     loop_runner.run(eng.source_stats(reset=True))
     res = loop_runner.run(eng.generate(reqs))
     src = loop_runner.run(eng.source_stats(reset=True))
+    before = loop_runner.run(eng.index_stats())
     loop_runner.run(eng.release_groups([r.group_key() for r in reqs]))
-    return res, src, loop_runner.run(eng.index_stats())
+    return res, src, before, loop_runner.run(eng.index_stats())
+
+
+def _both(loop_runner, eng, reqs, first: dict, second: dict) -> list[tuple[dict, dict, dict]]:
+    """`reqs` under two source settings (`_run`), their outputs required identical, then the
+    shared engine fixture's sources restored: per setting (source counters, index stats
+    before and after the release)."""
+    try:
+        runs = [_run(loop_runner, eng, reqs, **first), _run(loop_runner, eng, reqs, **second)]
+    finally:
+        loop_runner.run(eng.set_sources(pregen=True, siblings=True, self_context=True,
+                                        global_pool=True, global_live=False,
+                                        defer_appends=False))
+    outs = [[s.output_ids for r in res for s in r.samples] for res, *_ in runs]
+    assert outs[0] == outs[1]
+    return [tuple(rest) for _, *rest in runs]
 
 
 def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_engine) -> None:
@@ -75,33 +91,15 @@ def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_e
     prompts = default_task().make_prompts(6, 92)
     sp = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
     reqs = [GenRequest(input_ids=list(p.input_ids), n=1, sampling=sp) for p in prompts]
-    try:
-        off, src_off, _ = _global_run(loop_runner, spec_engine, reqs, live=False)
-        on, src_on, idx = _global_run(loop_runner, spec_engine, reqs, live=True)
-    finally:  # the engine fixture is shared: back to every source on, finished-only pool
-        loop_runner.run(spec_engine.set_sources(pregen=True, siblings=True,
-                                                self_context=True, global_pool=True,
-                                                global_live=False))
-    assert [s.output_ids for r in on for s in r.samples] == [
-        s.output_ids for r in off for s in r.samples]
+    pool = {"self_context": False, "global_pool": True}
+    (src_off, _, _), (src_on, _, idx) = _both(loop_runner, spec_engine, reqs,
+                                               {**pool, "global_live": False},
+                                               {**pool, "global_live": True})
     print("global pool, finished only:", src_off, "with live outputs:", src_on)
     # finished-only, the pool fills only as requests end (drafts end some early)
     assert src_on["global_wins"] > 2 * src_off["global_wins"]
     assert src_on["global_accepted"] > src_off["global_accepted"]
     assert idx["global_tokens"] >= 6 * 40  # kept after the release
-
-
-def _sibling_run(loop_runner, eng, reqs, defer: bool) -> tuple[list, dict, dict]:
-    """One batch drafting from siblings and own output only, the appends deferred
-    or not: (results, source counters, index stats before the release)."""
-    loop_runner.run(eng.set_sources(pregen=False, siblings=True, self_context=True,
-                                    global_pool=False, defer_appends=defer))
-    loop_runner.run(eng.source_stats(reset=True))
-    res = loop_runner.run(eng.generate(reqs))
-    src = loop_runner.run(eng.source_stats(reset=True))
-    idx = loop_runner.run(eng.index_stats())
-    loop_runner.run(eng.release_groups([r.group_key() for r in reqs]))
-    return res, src, idx
 
 
 def test_deferred_appends_draft_from_siblings_and_lose_no_token(loop_runner,
@@ -115,15 +113,10 @@ def test_deferred_appends_draft_from_siblings_and_lose_no_token(loop_runner,
                         seed_mode="keyed")
     reqs = [GenRequest(input_ids=list(p.input_ids), n=4, sampling=sp,
                        seeds=[11 * i + j for j in range(4)]) for i, p in enumerate(prompts)]
-    try:
-        now, src_now, idx_now = _sibling_run(loop_runner, spec_engine, reqs, defer=False)
-        later, src_later, idx_later = _sibling_run(loop_runner, spec_engine, reqs, defer=True)
-    finally:  # the engine fixture is shared: back to its sources, appends in the step
-        loop_runner.run(spec_engine.set_sources(pregen=True, siblings=True,
-                                                self_context=True, global_pool=True,
-                                                defer_appends=False))
-    assert [s.output_ids for r in later for s in r.samples] == [
-        s.output_ids for r in now for s in r.samples]
+    own = {"self_context": True, "global_pool": False}
+    (src_now, idx_now, _), (src_later, idx_later, _) = _both(
+        loop_runner, spec_engine, reqs, {**own, "defer_appends": False},
+        {**own, "defer_appends": True})
     print("appends in the step:", src_now, "deferred:", src_later)
     assert idx_later["tokens"] == idx_now["tokens"] and idx_later["append_errors"] == 0
     assert src_later["group_wins"] > 0 and src_later["group_accepted"] > 0
