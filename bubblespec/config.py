@@ -97,7 +97,8 @@ def build_parser(
         default = "unset" if info.default is None else info.get_default(call_default_factory=True)
         if isinstance(default, enum.Enum):
             default = default.value
-        help_ = f"{info.description.strip()} [default: {default}; env {env_var(name, env_prefix)}]"
+        help_ = (f"{info.description.strip()} [default: {default}; env "
+                 f"{env_var(name, env_prefix)}]").replace("%", "%%")  # argparse formats help
         flag = "--" + name.replace("_", "-")
         if inner is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=help_)
