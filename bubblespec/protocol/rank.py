@@ -136,6 +136,9 @@ class DraftIndexBody(_Body):
     branches: int = Field(0, description="Drafts that have margin branches kept.")
     branches_taken: int = Field(0, description="Times a response followed a margin branch "
                                                "(since the engine started).")
+    append_errors: int = Field(0, description="Deferred draft-index appends that failed "
+                                              "(--src-defer-appends; since the last "
+                                              "configuration).")
 
 
 class PaceBody(_Body):

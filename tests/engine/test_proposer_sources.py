@@ -9,6 +9,7 @@ import random
 import pytest
 
 from bubblespec.engine import GenRequest
+from bubblespec.protocol.rank import DraftIndexBody
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.tasks import default_task
 
@@ -119,4 +120,6 @@ def test_deferred_appends_draft_from_siblings_and_lose_no_token(loop_runner,
         {**own, "defer_appends": True})
     print("appends in the step:", src_now, "deferred:", src_later)
     assert idx_later["tokens"] == idx_now["tokens"] and idx_later["append_errors"] == 0
+    # every figure the proposer reports is one of the rank's GET /v1/draft_index body
+    assert DraftIndexBody.model_validate(idx_later).append_errors == 0
     assert src_later["group_wins"] > 0 and src_later["group_accepted"] > 0
