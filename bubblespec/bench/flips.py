@@ -33,6 +33,8 @@ from bubblespec.train.schedule import schedule_seeds
 
 BUDGETS = (1, 2, 4, 8, 16, 32)
 """Branches per pre-generated response, at its lowest-margin positions."""
+THRESHOLDS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+"""Keyed-margin thresholds of streamed offers (`rank.branches.MarginWatch`)."""
 
 
 class EmptyUpdate(ValueError):
@@ -145,7 +147,8 @@ def flip_row(draft: Decoded, new: Sequence[int]) -> dict[str, Any]:
     came at the draft's smallest margin)."""
     f = first_divergence(draft.tokens, new)
     row: dict[str, Any] = {"length": len(new), "draft_length": len(draft.tokens),
-                           "first_divergence": f}
+                           "first_divergence": f, "first_below": first_below(draft.margins),
+                           "min_at": int(np.argmin(draft.margins)) if draft.margins else None}
     if f is None or f >= len(draft.tokens) or f >= len(new):
         row.update(runner_up_hit=False, margin_rank=None, tail=0 if f is None else len(new) - f)
         return row
@@ -154,6 +157,47 @@ def flip_row(draft: Decoded, new: Sequence[int]) -> dict[str, Any]:
                runner_up_hit=new[f] == draft.runner_ups[f], tail=len(new) - f - 1,
                relative_position=f / len(draft.tokens))
     return row
+
+
+def first_below(margins: Sequence[float], thresholds: Sequence[float] = THRESHOLDS
+                ) -> dict[str, int | None]:
+    """Per threshold, the first position whose margin is below it: where a streamed offer
+    with one branch per draft would branch (None: the draft offers at its end instead)."""
+    out: dict[str, int | None] = {}
+    for t in thresholds:
+        out[str(t)] = next((p for p, m in enumerate(margins) if m < t), None)
+    return out
+
+
+def stream_figures(rows: Sequence[dict[str, Any]], thresholds: Sequence[float] = THRESHOLDS
+                   ) -> dict[str, Any]:
+    """One branch per draft, streamed at the first margin below each threshold, else at the
+    complete draft's smallest margin (pure): flips covered (streamed / at the end), the
+    share of the diverged tails those branches predict, the share of drafts that stream,
+    how many draft tokens earlier than at the draft's end a covering branch is offered
+    (mean), and the branches' cost as a share of the drafts' tokens (estimated, as
+    `branch_cost`)."""
+    div = [r for r in rows if r.get("margin_rank") is not None]
+    tails = sum(r["tail"] for r in div)
+    drafts = sum(r["draft_length"] for r in rows)
+    out: dict[str, Any] = {}
+    for t in thresholds:
+        k = str(t)
+        at = [r["first_below"][k] if r["first_below"][k] is not None else r["min_at"]
+              for r in rows]
+        cost = sum(r["draft_length"] - a - 1 for r, a in zip(rows, at) if a is not None)
+        cov = [r for r in div if r["runner_up_hit"] and r["first_divergence"] == (
+            r["first_below"][k] if r["first_below"][k] is not None else r["min_at"])]
+        streamed = [r for r in cov if r["first_below"][k] is not None]
+        early = [r["draft_length"] - r["first_divergence"] for r in streamed]
+        out[k] = {"covered": len(cov), "streamed": len(streamed),
+                  "tail_share": (sum(r.get("branch_match", 0) for r in cov) / tails
+                                 if tails else None),
+                  "drafts_streaming": (sum(r["first_below"][k] is not None for r in rows)
+                                       / len(rows) if rows else None),
+                  "earlier_by": sum(early) / len(early) if early else None,
+                  "cost_share": cost / drafts if drafts else None}
+    return out
 
 
 def branch_cost(draft: Decoded, budget: int) -> int:
@@ -262,7 +306,8 @@ def run_flips(task: Any, model_dir: str, steps: int = 2, prompts: int = 8, n: in
                        "seed_mode": "keyed_context" if by_context else "keyed"},
             "rows": rows, "per_step": per_step, "summary": summary(rows),
             "coupling": coupling_figures(rows) if rows else None,
-            "budgets": budget_figures(rows, costs, draft_tokens), "draft_tokens": draft_tokens}
+            "budgets": budget_figures(rows, costs, draft_tokens), "draft_tokens": draft_tokens,
+            "streamed": stream_figures(rows)}
 
 
 def _compare(old_model: Any, batch: Sequence[Any], seeds: Sequence[Sequence[int]],
@@ -309,6 +354,13 @@ def format_report(doc: dict[str, Any]) -> list[str]:
         share = "-" if f["tail_share"] is None else f"{f['tail_share']:.1%}"
         cost = "-" if f["cost_share"] is None else f"{f['cost_share']:.0%}"
         lines.append(f"{b:>27}  {f['covered']:>13}  {share:>20}  {cost:>10}")
+    lines.append("streamed offers, 1 branch per draft: threshold  drafts streaming  covered "
+                 "(streamed)  tail share  offered earlier by (tokens)  cost")
+    for t, f in (doc.get("streamed") or {}).items():
+        lines.append(f"{t:>48}  {_pct(f['drafts_streaming']):>16}  {f['covered']:>7} "
+                     f"({f['streamed']})  {_pct(f['tail_share']):>10}  "
+                     f"{'-' if f['earlier_by'] is None else round(f['earlier_by']):>27}  "
+                     f"{_pct(f['cost_share'])}")
     keys = "context" if doc["config"].get("seed_mode") == "keyed_context" else "position"
     if keys == "context":
         lines.append("branches are not decoded with context keys (the rank branches position "
@@ -333,6 +385,10 @@ def format_report(doc: dict[str, Any]) -> list[str]:
                   f"{c['tail']} tokens after it)" if c["runner_up_hit"] else "was not the flip)"))
         lines.insert(-1, f"step {st['step']}: longest response ({c['length']} tokens) {how}")
     return lines
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
 
 
 def _fmt(x: float | None) -> str:

@@ -11,8 +11,10 @@ from bubblespec.bench.flips import (
     Decoded,
     branch_cost,
     budget_figures,
+    first_below,
     first_divergence,
     flip_row,
+    stream_figures,
     summary,
 )
 
@@ -51,6 +53,26 @@ def test_budget_figures_count_only_flips_inside_the_budget() -> None:
     assert f["4"]["covered"] == 2 and f["4"]["tail_share"] == 14 / 40
     s = summary(rows)
     assert (s["diverged"], s["runner_up_hits"], s["branch_whole_tail"]) == (3, 2, 1)
+
+
+def test_streamed_offers_branch_at_the_first_margin_below_the_threshold() -> None:
+    margins = [0.5, 0.02, 0.3, 0.005] + [1.0] * 6
+    assert first_below(margins, (0.001, 0.01, 0.1)) == {"0.001": None, "0.01": 3, "0.1": 1}
+    d = _draft(list(range(10)), margins, [90 + p for p in range(10)])
+    # the new response flips to the runner-up at position 3 (the smallest margin)
+    flip = flip_row(d, [0, 1, 2, 93, 7, 7, 7])
+    flip["branch_match"] = 3
+    same = flip_row(_draft([1] * 8, [0.2] * 8, [0] * 8), [1] * 8)
+    f = stream_figures([flip, same], (0.001, 0.01, 0.1))
+    # no margin below 0.001: the complete draft offers its smallest margin, which was the flip
+    assert f["0.001"]["covered"] == 1 and f["0.001"]["streamed"] == 0
+    assert f["0.001"]["cost_share"] == (6 + 7) / 18  # each draft's tail after its minimum
+    # below 0.01: streamed at 3, 7 tokens before the draft's end
+    assert (f["0.01"]["covered"], f["0.01"]["streamed"], f["0.01"]["earlier_by"]) == (1, 1, 7)
+    assert f["0.01"]["tail_share"] == 1.0 and f["0.01"]["drafts_streaming"] == 0.5
+    # below 0.1 the stream spends the one branch on position 1: the flip is missed
+    assert f["0.1"]["covered"] == 0 and f["0.1"]["tail_share"] == 0
+    assert f["0.1"]["cost_share"] == (8 + 7) / 18
 
 
 def test_branch_cost_takes_the_lowest_margins() -> None:
