@@ -71,6 +71,9 @@ MODES: tuple[Mode, ...] = (
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window",
          pregen_window=PregenWindow.TRAINING),
 )
+STREAM_MARGIN = 0.1
+"""Keyed-margin threshold of the streamed modes: on the embedded model's schedule it covers
+the most flips with one branch per draft (`bubblespec bench flips`, README)."""
 BRANCH_MODES: tuple[Mode, ...] = (
     Mode("bubblespec-keyed-branch", ("--spec-mode=bubblespec", "--no-src-history",
                                      "--pregen-branches=1"), pregen=True,
@@ -79,10 +82,20 @@ BRANCH_MODES: tuple[Mode, ...] = (
                                             "--pregen-branches=1"), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_window_branch",
          pregen_window=PregenWindow.TRAINING),
+    Mode("bubblespec-keyed-stream", ("--spec-mode=bubblespec", "--no-src-history",
+                                     "--pregen-branches=1",
+                                     f"--pregen-branch-margin={STREAM_MARGIN}"), pregen=True,
+         seed_mode=SeedMode.KEYED, label="keyed_stream"),
+    Mode("bubblespec-keyed-window-stream", ("--spec-mode=bubblespec", "--no-src-history",
+                                            "--pregen-branches=1",
+                                            f"--pregen-branch-margin={STREAM_MARGIN}"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window_stream",
+         pregen_window=PregenWindow.TRAINING),
 )
-"""The keyed modes with one margin branch offered per complete keyed draft, decoded by any
-rank once the step's plain tasks are handed out (`bubblespec rank --pregen-branches`,
-docs/design.md section 5)."""
+"""The keyed modes with one margin branch per keyed draft, decoded by any rank once the
+step's plain tasks are handed out (`bubblespec rank --pregen-branches`, docs/design.md
+section 5): offered with the complete draft (`-branch`), or streamed while the draft decodes
+at the first keyed margin below `STREAM_MARGIN` (`-stream`)."""
 KEYED_BASELINE_MODES: tuple[Mode, ...] = (
     Mode("ngram-keyed", ("--spec-mode=ngram",), seed_mode=SeedMode.KEYED, label="ngram_keyed"),
     Mode("suffix-keyed", ("--spec-mode=suffix",), seed_mode=SeedMode.KEYED,

@@ -178,17 +178,20 @@ def rank_pace(cluster: Any) -> dict[str, dict[str, Any]]:
 
 
 def rank_branches(cluster: Any) -> dict[str, int]:
-    """Margin branches over all ranks: decoded (`bubblespec_pregen_branches_total`) and
-    taken by a proposer because the output left its draft where a branch did (draft index
-    `branches_taken`); counters since each rank started."""
-    made = taken = 0.0
+    """Margin branches over all ranks: decoded (`bubblespec_pregen_branches_total`), offers
+    streamed while their draft decoded (`bubblespec_pregen_branch_offers_streamed_total`)
+    and taken by a proposer because the output left its draft where a branch did (draft
+    index `branches_taken`); counters since each rank started."""
+    made = streamed = taken = 0.0
     for url in cluster.rank_urls.values():
         for line in httpx.get(url + "/metrics", timeout=10.0).text.splitlines():
             if line.startswith("bubblespec_pregen_branches_total{"):
                 made += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("bubblespec_pregen_branch_offers_streamed_total{"):
+                streamed += float(line.rsplit(" ", 1)[1])
         idx = httpx.get(url + "/v1/draft_index", timeout=10.0)  # not 200 without spec
         taken += idx.json().get("branches_taken", 0) if idx.status_code == 200 else 0
-    return {"made": int(made), "taken": int(taken)}
+    return {"made": int(made), "streamed": int(streamed), "taken": int(taken)}
 
 
 def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
@@ -359,8 +362,9 @@ def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
     print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
     if branched := {k: v["branches"] for k, v in first.items()
                     if (v.get("branches") or {}).get("made")}:
-        print("margin branches (decoded / taken by a proposer): " + ", ".join(
-            f"{k}: {b['made']} / {b['taken']}" for k, b in branched.items()))
+        print("margin branches (decoded / taken by a proposer; offers streamed): " + ", ".join(
+            f"{k}: {b['made']} / {b['taken']}; {b.get('streamed', 0)}"
+            for k, b in branched.items()))
     print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
           f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
     g = doc["greedy_check"]

@@ -33,7 +33,8 @@ from bubblespec.bench.modes import ALL_MODES, baseline_of
 
 PACED_FINAL_KEYS = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
                     "suffix-keyed", "bubblespec-keyed-window", "bubblespec-keyed-branch",
-                    "bubblespec-keyed-window-branch")
+                    "bubblespec-keyed-window-branch", "bubblespec-keyed-stream",
+                    "bubblespec-keyed-window-stream")
 """Modes of the last line, in its order (labels from `Mode.key`)."""
 
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,

@@ -34,6 +34,7 @@ from bubblespec.protocol.limits import MAX_WEIGHT_VERSION
 log = logging.getLogger(__name__)
 
 StopHook = Callable[[], Awaitable[bool]]
+Observer = Callable[[int, list[int], "list[dict[int, float]] | None"], None]
 
 
 def default_model_dir() -> str:
@@ -285,25 +286,29 @@ class RolloutEngine:
         validate_request(req, self.vocab_size, self.max_model_len)
 
     async def generate(self, requests: list[GenRequest], should_stop: StopHook | None = None,
-                       poll_every: int = 8, counters: bool = True) -> list[GenResult]:
+                       poll_every: int = 8, counters: bool = True,
+                       observe: Observer | None = None) -> list[GenResult]:
         """Run a batch; with `should_stop`, poll it every `poll_every` decode steps and abort
         the unfinished samples when it says so (their partial outputs are returned).
         `counters=False` skips fetching the per-request draft counters (one engine RPC per
-        call; pre-generation runs each task as its own call and does not use them)."""
+        call; pre-generation runs each task as its own call and does not use them).
+        `observe(sample index, ids so far, top log-probs so far or None)` is called as each
+        sample's tokens arrive (pre-generation streams its margin branches from it)."""
         for req in requests:
             self.validate(req)
         async with self._weights_lock:
             self._gen_count += 1
             self._idle.clear()
         try:
-            return await self._generate(requests, should_stop, poll_every, counters)
+            return await self._generate(requests, should_stop, poll_every, counters, observe)
         finally:
             self._gen_count -= 1
             if self._gen_count == 0:
                 self._idle.set()
 
     async def _generate(self, requests: list[GenRequest], should_stop: StopHook | None,
-                        poll_every: int, counters: bool = True) -> list[GenResult]:
+                        poll_every: int, counters: bool = True,
+                        observe: Observer | None = None) -> list[GenResult]:
         from vllm.inputs import TokensPrompt
 
         version = self.weight_version
@@ -324,6 +329,8 @@ class RolloutEngine:
                         sub.top.extend({int(t): x.logprob for t, x in lp.items()}
                                        for lp in comp.logprobs)
                 sub.steps_seen += 1
+                if observe is not None:
+                    observe(sub.sample_index, sub.ids, sub.top)
                 progress.set()
                 if out.finished:
                     sub.finish = comp.finish_reason or "stop"

@@ -104,8 +104,10 @@ class PregenDraft:
     """A margin branch: the output position where it takes the draft's runner-up token
     (its tokens before that equal the draft's); None: the draft itself."""
     branch_offers: Sequence[tuple[int, int]] = ()
-    """(position, runner-up token) where a complete draft offers margin branches, smallest
-    keyed margin first; the synchronizer queues each as a branch task for any rank."""
+    """(position, runner-up token) where a draft offers margin branches: a complete draft at
+    its smallest keyed margins, a partial one (streamed, while it decodes) where a margin
+    fell below the rank's threshold; the synchronizer queues each as a branch task for any
+    rank."""
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,21 @@ The rank that made a draft does not decode its branches itself: it offers them w
 draft (`PregenDraft.branch_offers`), the synchronizer queues them behind the step's plain
 tasks (`synchronizer/pregen.py`), and any rank with free lanes claims them, so the ranks
 that had no plain task left spend their bubble on branches of the longest drafts.
+
+Streamed offers (`--pregen-branch-margin m`): a draft offered only when complete offers
+its branch too late where it matters most. The draft that sets the next step's critical
+path is a long one, completing near the bubble's end, so a branch at position p of it has
+no time left to decode (measured in the paced bench). With a margin threshold the rank
+offers a position as soon as the draft decodes it with a keyed margin below m, pushing the
+partial draft so far with the offer (`MarginWatch`), and the branch starts p tokens into
+the draft instead of at its end. The budget per draft stays `budget`: the complete draft
+offers what streaming left of it, at its smallest margins.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from bubblespec.core.keyed_noise import keyed_margin, position_key
 from bubblespec.engine.types import GenRequest, GenResult
@@ -41,30 +51,77 @@ def branchable(t: PregenTask) -> bool:
     return sp.keyed and not sp.keyed_by_context and sp.temperature > 0
 
 
+class MarginWatch:
+    """The branch offers of one keyed draft, read position by position as it decodes.
+
+    `feed` scans the positions not yet seen; with a `threshold` > 0 each one whose keyed
+    margin falls below it is offered at once (streamed: its branch can start while the draft
+    is still decoding, which matters for the long drafts that set the critical path and
+    complete last), up to `budget` per draft. `final`, once the draft is complete, offers
+    the rest of the budget at the smallest margins not offered yet. With threshold 0 this is
+    the complete-draft rule alone (`branch_points`)."""
+
+    def __init__(self, seed: int, temperature: float, budget: int, threshold: float = 0.0
+                 ) -> None:
+        self.seed = seed
+        self.temperature = temperature
+        self.budget = max(0, int(budget))
+        self.threshold = float(threshold)
+        self.seen = 0
+        self.offered: list[tuple[int, int]] = []
+        self._scored: list[tuple[float, int, int]] = []
+
+    def feed(self, tokens: Sequence[int], top: Sequence[dict[int, float]]
+             ) -> list[tuple[int, int]]:
+        """Scan the new positions; the (position, runner-up) pairs streamed now."""
+        out = []
+        for p in range(self.seen, min(len(tokens), len(top))):
+            tok, lp = tokens[p], top[p]
+            if tok not in lp:
+                continue
+            m, ru = keyed_margin(lp, tok, position_key(self.seed, p), self.temperature)
+            if ru < 0:
+                continue
+            self._scored.append((m, p, ru))
+            if m < self.threshold and len(self.offered) < self.budget:
+                out.append((p, ru))
+        self.seen = max(self.seen, min(len(tokens), len(top)))
+        self.offered += out
+        return out
+
+    def final(self) -> list[tuple[int, int]]:
+        """The rest of the budget: the smallest margins not offered yet, ascending."""
+        done = {p for p, _ in self.offered}
+        left = self.budget - len(self.offered)
+        rest = [(m, p, ru) for m, p, ru in self._scored if p not in done]
+        out = [(p, ru) for _, p, ru in heapq.nsmallest(max(0, left), rest)]
+        self.offered += out
+        return out
+
+
 def branch_points(tokens: list[int], top: list[dict[int, float]], seed: int,
                   temperature: float, budget: int) -> list[tuple[int, int]]:
     """The `budget` (position, runner-up) pairs of the draft's smallest keyed margins,
     ascending by margin (positions without a visible runner-up are skipped)."""
-    scored = []
-    for p, (tok, lp) in enumerate(zip(tokens, top)):
-        if tok not in lp:
-            continue
-        m, ru = keyed_margin(lp, tok, position_key(seed, p), temperature)
-        if ru >= 0:
-            scored.append((m, p, ru))
-    return [(p, ru) for _, p, ru in heapq.nsmallest(budget, scored)]
+    w = MarginWatch(seed, temperature, budget)
+    w.feed(tokens, top)
+    return w.final()
 
 
-def offers(t: PregenTask, g: GenResult, budget: int) -> list[tuple[int, int]]:
+def offers(t: PregenTask, g: GenResult, budget: int, watch: MarginWatch | None = None
+           ) -> list[tuple[int, int]]:
     """The branches a finished draft offers: its `budget` smallest keyed margins as
-    (position, runner-up); none for a draft cut short, without top log-probs, or of a task
-    that cannot branch."""
+    (position, runner-up), less those `watch` already streamed; none for a draft cut short,
+    without top log-probs, or of a task that cannot branch."""
     s = g.samples[0] if g.samples else None
     if (budget <= 0 or s is None or s.finish_reason == "abort" or not s.top_logprobs
             or not branchable(t) or t.branch_at is not None):
         return []
-    return branch_points(list(s.output_ids), s.top_logprobs, t.seed, t.sampling.temperature,
-                         budget)
+    if watch is None:
+        return branch_points(list(s.output_ids), s.top_logprobs, t.seed,
+                             t.sampling.temperature, budget)
+    watch.feed(s.output_ids, s.top_logprobs)
+    return watch.final()
 
 
 def branch_request(t: PregenTask) -> GenRequest | None:

@@ -48,6 +48,10 @@ class RankConfig(BaseConfig, EngineConfig):
     """Margin branches each complete keyed draft offers, at its smallest keyed margins; the
     rank also decodes branch tasks the synchronizer hands out after the plain tasks (0:
     neither; docs/design.md section 5)."""
+    pregen_branch_margin: float = Field(0.0, ge=0.0, le=100.0)
+    """Stream branch offers: a keyed draft still decoding offers each position whose keyed
+    margin is below this at once, with the partial draft so far, so its branch starts before
+    the draft completes (0: offers only with the complete draft; needs pregen_branches)."""
     engine_restarts: int = Field(3, ge=0, le=1000)
     """Engine restarts this process makes after its engine died (with the last good weights);
     when they are spent and the engine dies again, the process exits non-zero so that its

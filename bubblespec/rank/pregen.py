@@ -20,6 +20,8 @@ With `branches` > 0 the rank asks for top log-probs, each complete keyed draft o
 tasks (of any rank's drafts) that the queue hands out after its plain tasks: while other
 ranks still decode plain tasks (whose drafts may offer more), a rank with free lanes keeps
 asking every `branch_poll_s` instead of ending its pre-generation (`rank/branches.py`).
+With `branch_margin` > 0 as well, a draft still decoding offers each position whose keyed
+margin falls below it at once, pushed with the partial draft so far (streamed offers).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from bubblespec.engine.types import GenRequest, GenResult
 from bubblespec.protocol.domain import PregenDraft, PregenTask, StepEventKind
 from bubblespec.rank.branches import (
     TOP_LOGPROBS,
+    MarginWatch,
     branch_draft,
     branch_request,
     branchable,
@@ -113,6 +116,8 @@ class PregenOutcome:
     pushed_tokens: int = 0
     branches: int = 0
     """Margin branches decoded (their tokens are in `tokens`)."""
+    streamed_offers: int = 0
+    """Branch offers pushed while their draft was still decoding."""
     stopped: bool = False
     """The stop signal (or a local stop) ended it, rather than an empty queue."""
     started_at: float = 0.0
@@ -155,7 +160,7 @@ class Pregenerator:
 
     def __init__(self, engine: Any, sync: Any, rank_id: str, step: int, inflight: int,
                  poll_every: int, local_stop: asyncio.Event, branches: int = 0,
-                 branch_poll_s: float = 0.25) -> None:
+                 branch_poll_s: float = 0.25, branch_margin: float = 0.0) -> None:
         self.engine = engine
         self.sync = sync
         self.rank_id = rank_id
@@ -164,6 +169,10 @@ class Pregenerator:
         self.lanes: dict[asyncio.Task, PregenTask] = {}
         self.branches = max(0, int(branches))
         self.branch_poll_s = branch_poll_s
+        self.branch_margin = max(0.0, float(branch_margin))
+        self.watches: dict[asyncio.Task, MarginWatch] = {}
+        self._streams: set[asyncio.Task] = set()
+        self._streamed = 0
         self.stop = StopWatch(sync, step, rank_id, local_stop, engine, poll_every,
                               lambda: len(self.lanes))
         self.target = step + 1
@@ -203,9 +212,12 @@ class Pregenerator:
             watcher.cancel()
             for lane in lanes:  # only on an error: do not leave requests decoding
                 lane.cancel()
+            for push in self._streams:
+                push.cancel()
             if groups:
                 await self.engine.release_groups(sorted(groups))
         out.stopped = self.stop.fired
+        out.streamed_offers = self._streamed
         out.ended_at = time.time()
         seen = self.stop.stop_seen
         out.stop_seen = None if seen is None else (seen[0], seen[1] - base)
@@ -213,22 +225,55 @@ class Pregenerator:
 
     def _start(self, t: PregenTask) -> None:
         """A lane for a claimed task: a plain task, or a branch task (its prefix first)."""
+        watch = None
         if t.branch_at is None:
             req: GenRequest | None = task_request(t, self.branches > 0)
+            if req.top_logprobs:
+                watch = MarginWatch(t.seed, t.sampling.temperature, self.branches,
+                                    self.branch_margin)
         else:
             req = branch_request(t)
-        self.lanes[asyncio.create_task(self._lane(req))] = t
+        lane = asyncio.create_task(self._lane(req, t, watch))
+        self.lanes[lane] = t
+        if watch is not None:
+            self.watches[lane] = watch
 
-    async def _lane(self, req: GenRequest | None) -> GenResult | None:
+    async def _lane(self, req: GenRequest | None, t: PregenTask,
+                    watch: MarginWatch | None) -> GenResult | None:
         if req is None:  # a branch without token budget left: its prefix is the draft
             return None
+        observe = None
+        if watch is not None and watch.threshold > 0:
+            def observe(_: int, ids: list[int], top: list | None) -> None:
+                if top is not None and len(watch.offered) < watch.budget:
+                    new = watch.feed(ids, top)
+                    if new:
+                        self._stream(t, list(ids), new)
         results = await self.engine.generate([req], should_stop=self.stop, poll_every=1,
-                                             counters=False)
+                                             counters=False, observe=observe)
         return results[0]
 
+    def _stream(self, t: PregenTask, ids: list[int], new: list[tuple[int, int]]) -> None:
+        """Push the partial draft so far with the offers just found (a streamed offer)."""
+        d = PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index, token_ids=ids,
+                        complete=False, weight_version=self.engine.weight_version,
+                        branch_offers=new)
+        push = asyncio.ensure_future(self.sync.push_drafts(self.target, self.rank_id, [d]))
+        self._streams.add(push)
+        push.add_done_callback(self._streamed_done)
+        self._streamed += len(new)
+
+    def _streamed_done(self, push: asyncio.Task) -> None:
+        self._streams.discard(push)
+        if not push.cancelled() and push.exception() is not None:
+            log.warning("streamed branch offer failed: %r", push.exception())
+
     async def _push(self, out: PregenOutcome, finished: list[tuple[PregenTask, Any]]) -> None:
+        if self._streams:  # a partial draft pushed later would replace the complete one
+            await asyncio.gather(*list(self._streams), return_exceptions=True)
         drafts = []
         for t, lane in finished:
+            watch = self.watches.pop(lane, None)
             if lane.exception() is not None:
                 log.warning("pre-generation of %s/%d failed: %r", t.prompt_key, t.sample_index,
                             lane.exception())
@@ -239,7 +284,7 @@ class Pregenerator:
                 out.tokens += len(d.token_ids) - len(t.prefix)
             else:
                 g = lane.result()
-                d = task_draft(t, g, offers(t, g, self.branches))
+                d = task_draft(t, g, offers(t, g, self.branches, watch))
                 out.tokens += len(d.token_ids)
                 out.complete += d.complete
             if d.token_ids:

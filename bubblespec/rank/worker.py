@@ -167,7 +167,8 @@ class RankWorker:
         try:
             out = await Pregenerator(self.engine, self.sync, self.rank_id, step,
                                      self.cfg.pregen_inflight, self.cfg.poll_every,
-                                     self._pregen_stop, self.cfg.pregen_branches).run()
+                                     self._pregen_stop, self.cfg.pregen_branches,
+                                     branch_margin=self.cfg.pregen_branch_margin).run()
         except Exception:  # pre-generation is best effort: never take the rank down
             log.exception("pre-generation of step %d failed", step + 1)
         t1 = time.time()
@@ -176,6 +177,7 @@ class RankWorker:
         lab = self.rank_id
         self.m.pregen_requests.labels(lab).inc(out.tasks)
         self.m.pregen_branches.labels(lab).inc(out.branches)
+        self.m.pregen_offers_streamed.labels(lab).inc(out.streamed_offers)
         self.m.pregen_tokens.labels(lab).inc(out.tokens)
         self.m.pregen_pushed_tokens.labels(lab).inc(out.pushed_tokens)
         if out.ended_at > out.started_at:

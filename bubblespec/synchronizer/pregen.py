@@ -20,8 +20,9 @@ A min-heap keeps that order also for tasks put back after their rank was lost (a
 entry is replaced when its prompt's prediction changes). Each task is held by at most one
 rank; a pushed *complete* draft retires it.
 
-Margin branches (docs/design.md section 5): a complete keyed draft may offer positions where
-the policy is likely to flip, with the runner-up token there. Each offer becomes a branch
+Margin branches (docs/design.md section 5): a keyed draft may offer positions where the
+policy is likely to flip, with the runner-up token there (when complete, or streamed while
+it still decodes). Each offer becomes a branch
 task (the draft's prefix up to it plus the runner-up) that any rank may claim once no plain
 task is queued, longest draft first, then in offer order (smallest margin first). So the
 ranks that pre-generated nothing, or finished their share, spend the rest of the bubble on
@@ -170,9 +171,9 @@ class TaskQueue:
 
     def add_branches(self, key: TaskKey, draft: Sequence[int],
                      offers: Sequence[tuple[int, int]]) -> int:
-        """Queue the branches that the complete draft of task `key` offers, (position,
-        runner-up) in the draft's order; offers already queued, past the draft's end, or of
-        unknown tasks are skipped. Returns how many were queued."""
+        """Queue the branches that the (complete or partial) draft of task `key` offers,
+        (position, runner-up) in the draft's order; offers already queued, past the draft's
+        end, or of unknown tasks are skipped. Returns how many were queued."""
         task = self._tasks.get(key)
         if task is None:
             return 0

@@ -284,8 +284,12 @@ class SyncState:
             why = ""
             if cur is not None and step == cur.queue.target_step:
                 for d, st in zip(drafts, statuses):
-                    if d.complete and st is DraftStatus.STORED:
+                    if st is not DraftStatus.STORED:
+                        continue
+                    if d.complete:
                         self._completed(step, cur.queue, d)
+                    elif d.branch_offers:  # streamed: offered while the draft decodes
+                        self._offered(step, cur.queue, d)
         stored = sum(s is DraftStatus.STORED for s in statuses)
         rejected = len(statuses) - stored
         if stored:
@@ -309,11 +313,14 @@ class SyncState:
             return
         if queue.complete(key, length):
             self.metrics.tasks_completed.inc()
-        if d.branch_offers:
-            tokens = self.store.tokens_of(step, d.prompt_key, d.sample_index)
-            if tokens is not None:
-                self.metrics.branches_offered.inc(
-                    queue.add_branches(key, tokens, d.branch_offers))
+        self._offered(step, queue, d)
+
+    def _offered(self, step: int, queue: TaskQueue, d: PregenDraft) -> None:
+        """Queue the branches a stored draft (complete or partial) offers."""
+        tokens = self.store.tokens_of(step, d.prompt_key, d.sample_index)
+        if d.branch_offers and tokens is not None:
+            self.metrics.branches_offered.inc(
+                queue.add_branches((d.prompt_key, d.sample_index), tokens, d.branch_offers))
 
     def fetch(self, step: int, prompt_keys: Sequence[str]) -> tuple[list[PregenDraft], bool]:
         """Stored drafts of the given prompts, capped to fit in one reply."""

@@ -200,13 +200,14 @@ class Validator:
             self.offers(d, path)
 
     def offers(self, d: pb.Draft, path: str) -> None:
-        """Branch offers: only on a complete draft that is not itself a branch, each at a
-        position of the draft with a token id of the vocabulary other than the draft's."""
+        """Branch offers: only on a draft that is not itself a branch (complete, or partial
+        while it decodes: streamed offers), each at a position of the draft with a token id
+        of the vocabulary other than the draft's."""
         if not d.branch_offers:
             return
         path = f"{path}.branch_offers"
-        if d.HasField("branch_at") or not d.complete:
-            raise invalid(path, "only a complete draft that is not a branch offers branches")
+        if d.HasField("branch_at"):
+            raise invalid(path, "a branch offers no branches")
         self.count(len(d.branch_offers), L.MAX_BRANCH_OFFERS, path)
         n = d.offset + len(d.token_ids)
         seen: set[int] = set()

@@ -70,7 +70,8 @@ def test_speedups_against_nospec_or_keyed_baseline() -> None:
     line = paced_final_line(sp)
     assert line == ("paced_rollout_speedup_vs_nospec: bubblespec=2.00 suffix=n/a ngram=n/a "
                     "history=n/a keyed=4.00 suffix_keyed=n/a keyed_window=n/a "
-                    "keyed_branch=n/a keyed_window_branch=n/a")
+                    "keyed_branch=n/a keyed_window_branch=n/a keyed_stream=n/a "
+                    "keyed_window_stream=n/a")
     table = format_paced_table(summ, sp)
     assert "4.00x" in table and "0/1000" in table
     lines = per_step_lines({0: results}, 10.0)

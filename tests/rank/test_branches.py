@@ -11,6 +11,7 @@ from bubblespec.engine.types import GenResult, SampleResult
 from bubblespec.protocol.domain import PregenTask
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.rank.branches import (
+    MarginWatch,
     branch_draft,
     branch_points,
     branch_request,
@@ -53,6 +54,26 @@ def test_branch_points_are_the_smallest_margins_with_their_runner_ups() -> None:
     got = branch_points(toks, tops, seed=9, temperature=1.0, budget=3)
     want = sorted(range(40), key=lambda p: margins[p])[:3]
     assert got == [(p, rus[p]) for p in want]
+
+
+def test_margin_watch_streams_below_its_threshold_and_ends_with_the_smallest() -> None:
+    toks, tops, margins, rus = _draft(seed=5, n=60, rng_seed=4)
+    order = sorted(range(60), key=lambda p: margins[p])
+    cut = (margins[order[2]] + margins[order[3]]) / 2  # three positions below it
+    w = MarginWatch(5, 1.0, budget=2, threshold=cut)
+    got = []
+    for n in range(0, 61, 7):  # tokens arrive a few at a time, as the engine streams them
+        got += w.feed(toks[:n], tops[:n])
+    below = sorted(order[:3])
+    assert got == [(p, rus[p]) for p in below[:2]]  # the first two in decoding order
+    assert w.final() == [] and w.offered == got  # the budget is spent
+    w1 = MarginWatch(5, 1.0, budget=2, threshold=(margins[order[0]] + margins[order[1]]) / 2)
+    streamed = w1.feed(toks, tops)
+    assert streamed == [(order[0], rus[order[0]])]
+    assert w1.final() == [(order[1], rus[order[1]])]  # the rest: the next smallest margin
+    w0 = MarginWatch(5, 1.0, budget=3)  # threshold 0: nothing streams
+    assert w0.feed(toks, tops) == [] and w0.final() == [(p, rus[p]) for p in order[:3]]
+    assert w0.final() == []
 
 
 def test_offers_requests_and_drafts_of_branch_tasks() -> None:

@@ -159,3 +159,54 @@ def test_an_idle_rank_decodes_the_branches_another_rank_offers(loop_runner: Any,
                     assert branch[at + 1:] == again.samples[0].output_ids
 
     loop_runner.run(go())
+
+
+def test_a_decoding_draft_streams_its_offers_before_it_completes(loop_runner: Any,
+                                                                 spec_engine: Any) -> None:
+    """With a margin threshold that every position meets, each keyed draft offers its first
+    two positions (with a visible runner-up) while it decodes: pushed as a partial draft, a
+    prefix of the complete one, which follows with no offer left in its budget; the complete
+    drafts are still exactly the keyed samples, and the branches get decoded."""
+    task = default_task()
+    tasks = tasks_for(task.make_prompts(2, 6), 2, 40)
+
+    async def go() -> None:
+        async with serving(rank_timeout_s=120.0) as (_, sync):
+            for r in ("maker", "idle", "slow"):
+                await sync.register(r, r)
+            await sync.open_step(0, {"maker": 1, "idle": 1, "slow": 1}, tasks)
+            await sync.report_done(0, "maker")
+            await sync.report_done(0, "idle")
+            pushes: list[Any] = []
+            real_push = sync.push_drafts
+
+            async def spy(step: int, rank: str, drafts: list[Any]) -> Any:
+                pushes.extend(drafts)
+                return await real_push(step, rank, drafts)
+
+            sync.push_drafts = spy
+            maker = Pregenerator(spec_engine, sync, "maker", 0, inflight=8, poll_every=4,
+                                 local_stop=asyncio.Event(), branches=2, branch_poll_s=0.05,
+                                 branch_margin=100.0)
+            out = await asyncio.wait_for(maker.run(), 120)
+            assert out.complete == len(tasks) and out.streamed_offers == 2 * len(tasks)
+            direct_out = await spec_engine.generate([direct(t) for t in tasks])
+            for t, g in zip(tasks, direct_out):
+                mine = [d for d in pushes if (d.prompt_key, d.sample_index, d.branch_at)
+                        == (t.prompt_key, t.sample_index, None)]
+                done = [d for d in mine if d.complete]
+                assert len(done) == 1 and mine[-1] is done[0]  # the complete one came last
+                assert list(done[0].token_ids) == g.samples[0].output_ids
+                assert not done[0].branch_offers  # the stream spent the budget
+                offered = [(o, list(d.token_ids)) for d in mine if not d.complete
+                           for o in d.branch_offers]
+                assert len(offered) == 2
+                for (at, ru), ids in offered:
+                    assert ids == list(done[0].token_ids)[:len(ids)] and at < len(ids)
+                    assert ru != ids[at]
+            # with lanes free, the maker claimed and decoded the branches itself
+            assert out.branches == 2 * len(tasks)
+            stored = await sync.fetch_drafts(1, sorted({t.prompt_key for t in tasks}))
+            assert sum(d.branch_at is not None for d in stored) == 2 * len(tasks)
+
+    loop_runner.run(go())

@@ -1,5 +1,5 @@
 """Margin branch tasks in the pre-generation queue (`synchronizer/pregen.py`): offered with a
-complete draft, handed out after every plain task (longest draft first, then smallest
+complete draft or streamed with a partial one, handed out after every plain task (longest draft first, then smallest
 margin first), retired by their complete branch draft, put back when their rank is lost;
 and end to end through the daemon, with `in_progress` telling idle ranks to keep asking."""
 
@@ -66,3 +66,29 @@ async def test_offers_become_tasks_for_an_idle_rank_through_the_daemon() -> None
         drafts = await client.fetch_drafts(1, ["p0"])
         assert [(d.sample_index, d.branch_at, list(d.token_ids)) for d in drafts] == [
             (0, None, [3, 4, 5]), (0, 1, [3, 9, 6]), (1, None, [2])]
+
+
+async def test_a_partial_draft_streams_an_offer_that_an_idle_rank_takes_at_once() -> None:
+    async with serving() as (_, client):
+        for r in ("r0", "r1", "slow"):
+            await client.register(r, r)
+        await client.open_step(0, {"r0": 1, "r1": 1, "slow": 1}, make_tasks(1, 1))
+        await client.report_done(0, "r0")
+        await client.report_done(0, "r1")
+        (task,) = (await client.claim_tasks(0, "r0", 8)).tasks
+        # r0's draft is 3 tokens in, with a small margin at 1: it offers that branch now
+        res = await client.push_drafts(1, "r0", [PregenDraft(
+            "p0", 0, [3, 4, 5], complete=False, branch_offers=[(1, 9)])])
+        assert res.stored == 1
+        got = await client.claim_tasks(0, "r1", 8)
+        assert [(t.branch_at, list(t.prefix), t.seed) for t in got.tasks] == [
+            (1, [3, 9], task.seed)]
+        assert got.in_progress == 1  # the draft itself still decodes on r0
+        # the complete draft replaces the partial one; offering 1 again queues nothing new
+        await client.push_drafts(1, "r0", [PregenDraft(
+            "p0", 0, [3, 4, 5, 6, 7], complete=True, branch_offers=[(1, 9), (3, 2)])])
+        last = await client.claim_tasks(0, "r1", 8)
+        assert [(t.branch_at, list(t.prefix)) for t in last.tasks] == [(3, [3, 4, 5, 2])]
+        drafts = await client.fetch_drafts(1, ["p0"])
+        assert [(d.branch_at, list(d.token_ids), d.complete) for d in drafts] == [
+            (None, [3, 4, 5, 6, 7], True)]

@@ -123,8 +123,6 @@ CASES = [
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
         pb.Draft(prompt_key="p0", sample_index=0, token_ids=[1, 2], branch_at=2)]),
      INVALID, "drafts[0].branch_at"),
-    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(complete=False)]),
-     INVALID, "drafts[0].branch_offers"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(branch_at=0)]),
      INVALID, "drafts[0].branch_offers"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(at=2)]),
