@@ -120,6 +120,8 @@ def offers(t: PregenTask, g: GenResult, budget: int, watch: MarginWatch | None =
     if watch is None:
         return branch_points(list(s.output_ids), s.top_logprobs, t.seed,
                              t.sampling.temperature, budget)
+    if len(watch.offered) >= watch.budget:  # streamed it all: no margin left to read
+        return []
     watch.feed(s.output_ids, s.top_logprobs)
     return watch.final()
 
