@@ -258,6 +258,8 @@ class Pregenerator:
         d = PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index, token_ids=ids,
                         complete=False, weight_version=self.engine.weight_version,
                         branch_offers=new)
+        log.info("streamed branch offer: %s/%d at %s, %d tokens decoded", t.prompt_key,
+                 t.sample_index, [p for p, _ in new], len(ids))
         push = asyncio.ensure_future(self.sync.push_drafts(self.target, self.rank_id, [d]))
         self._streams.add(push)
         push.add_done_callback(self._streamed_done)
@@ -281,6 +283,9 @@ class Pregenerator:
             if t.branch_at is not None:
                 d = branch_draft(t, lane.result())
                 out.branches += 1
+                log.info("branch %s/%d@%d: %d tokens decoded%s", t.prompt_key, t.sample_index,
+                         t.branch_at, len(d.token_ids) - len(t.prefix),
+                         "" if d.complete else ", cut at the stop")
                 out.tokens += len(d.token_ids) - len(t.prefix)
             else:
                 g = lane.result()
