@@ -18,7 +18,7 @@ from bubblespec.rank.pregen import Pregenerator, task_draft, task_request
 from bubblespec.tasks import default_task
 from bubblespec.tasks.addchain import MAX_STEPS
 
-from ..synchronizer.helpers import eventually, serving
+from ..synchronizer.helpers import eventually, open_with_idle_ranks, serving
 
 pytestmark = pytest.mark.engine
 
@@ -126,11 +126,7 @@ def test_an_idle_rank_decodes_the_branches_another_rank_offers(loop_runner: Any,
 
     async def go() -> None:
         async with serving(rank_timeout_s=120.0) as (_, sync):
-            for r in ("maker", "idle", "slow"):
-                await sync.register(r, r)
-            await sync.open_step(0, {"maker": 1, "idle": 1, "slow": 1}, tasks)
-            await sync.report_done(0, "maker")
-            await sync.report_done(0, "idle")
+            await open_with_idle_ranks(sync, tasks, ("maker", "idle"))
             assert len((await sync.claim_tasks(0, "maker", 8)).tasks) == len(tasks)
             idle = Pregenerator(spec_engine, sync, "idle", 0, inflight=8, poll_every=4,
                                 local_stop=asyncio.Event(), branches=1, branch_poll_s=0.05)
@@ -172,11 +168,7 @@ def test_a_decoding_draft_streams_its_offers_before_it_completes(loop_runner: An
 
     async def go() -> None:
         async with serving(rank_timeout_s=120.0) as (_, sync):
-            for r in ("maker", "idle", "slow"):
-                await sync.register(r, r)
-            await sync.open_step(0, {"maker": 1, "idle": 1, "slow": 1}, tasks)
-            await sync.report_done(0, "maker")
-            await sync.report_done(0, "idle")
+            await open_with_idle_ranks(sync, tasks, ("maker", "idle"))
             pushes: list[Any] = []
             real_push = sync.push_drafts
 

@@ -125,3 +125,14 @@ class Daemon:
         out, _ = self.proc.communicate(timeout=timeout_s)
         self.lines.append(out)
         return self.proc.returncode
+
+
+async def open_with_idle_ranks(client: Any, tasks: list[PregenTask],
+                               done: tuple[str, ...] = ("r0", "r1")) -> None:
+    """Register the ranks `done` and "slow", open step 0 with one request each and `tasks`
+    to pre-generate, and report the `done` ranks done: they may claim, "slow" decodes on."""
+    for r in (*done, "slow"):
+        await client.register(r, r)
+    await client.open_step(0, {r: 1 for r in (*done, "slow")}, tasks)
+    for r in done:
+        await client.report_done(0, r)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from bubblespec.protocol.domain import PregenDraft
 from bubblespec.synchronizer.pregen import TaskQueue
 
-from .helpers import make_tasks, serving
+from .helpers import make_tasks, open_with_idle_ranks, serving
 
 
 def test_branches_come_after_plain_tasks_longest_draft_first() -> None:
@@ -43,11 +43,7 @@ def test_a_branch_is_retired_by_its_draft_and_requeued_with_a_lost_rank() -> Non
 
 async def test_offers_become_tasks_for_an_idle_rank_through_the_daemon() -> None:
     async with serving() as (_, client):
-        for r in ("r0", "r1", "slow"):
-            await client.register(r, r)
-        await client.open_step(0, {"r0": 1, "r1": 1, "slow": 1}, make_tasks(1, 2))
-        await client.report_done(0, "r0")
-        await client.report_done(0, "r1")
+        await open_with_idle_ranks(client, make_tasks(1, 2))
         held = await client.claim_tasks(0, "r0", 8)
         assert len(held.tasks) == 2
         idle = await client.claim_tasks(0, "r1", 8)  # nothing yet, but r0 may offer some
@@ -70,11 +66,7 @@ async def test_offers_become_tasks_for_an_idle_rank_through_the_daemon() -> None
 
 async def test_a_partial_draft_streams_an_offer_that_an_idle_rank_takes_at_once() -> None:
     async with serving() as (_, client):
-        for r in ("r0", "r1", "slow"):
-            await client.register(r, r)
-        await client.open_step(0, {"r0": 1, "r1": 1, "slow": 1}, make_tasks(1, 1))
-        await client.report_done(0, "r0")
-        await client.report_done(0, "r1")
+        await open_with_idle_ranks(client, make_tasks(1, 1))
         (task,) = (await client.claim_tasks(0, "r0", 8)).tasks
         # r0's draft is 3 tokens in, with a small margin at 1: it offers that branch now
         res = await client.push_drafts(1, "r0", [PregenDraft(
