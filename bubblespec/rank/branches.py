@@ -88,7 +88,7 @@ class MarginWatch:
             if ru < 0:
                 continue
             self._scored.append((m, p, ru))
-            if m < self.threshold and len(self.offered) < self.budget:
+            if m < self.threshold and len(self.offered) + len(out) < self.budget:
                 out.append((p, ru))
         self.seen = max(self.seen, min(len(tokens), len(top)))
         self.offered += out
@@ -127,8 +127,7 @@ def offers(t: PregenTask, g: GenResult, budget: int, watch: MarginWatch | None =
                              t.sampling.temperature, budget)
     if len(watch.offered) >= watch.budget:  # streamed it all: no margin left to read
         return []
-    watch.feed(s.output_ids, s.top_logprobs)
-    return watch.final()
+    return watch.feed(s.output_ids, s.top_logprobs) + watch.final()
 
 
 def branch_request(t: PregenTask) -> GenRequest | None:

@@ -67,6 +67,8 @@ def test_margin_watch_streams_below_its_threshold_and_ends_with_the_smallest() -
     below = sorted(order[:3])
     assert got == [(p, rus[p]) for p in below[:2]]  # the first two in decoding order
     assert w.final() == [] and w.offered == got  # the budget is spent
+    at_once = MarginWatch(5, 1.0, budget=2, threshold=cut)
+    assert at_once.feed(toks, tops) == got  # one call, three below: still two
     w1 = MarginWatch(5, 1.0, budget=2, threshold=(margins[order[0]] + margins[order[1]]) / 2)
     streamed = w1.feed(toks, tops)
     assert streamed == [(order[0], rus[order[0]])]
@@ -77,11 +79,14 @@ def test_margin_watch_streams_below_its_threshold_and_ends_with_the_smallest() -
 
 
 def test_offers_requests_and_drafts_of_branch_tasks() -> None:
-    toks, tops, margins, _ = _draft(3, 30, rng_seed=2)
+    toks, tops, margins, rus = _draft(3, 30, rng_seed=2)
     t = _task()
     got = offers(t, _result(toks, tops), 2)
     assert [at for at, _ in got] == sorted(range(30), key=lambda p: margins[p])[:2]
     assert offers(t, _result(toks, tops), 0) == []  # branching off
+    # a watch that saw nothing while decoding: what it would have streamed comes at the end
+    w = MarginWatch(3, 1.0, 2, threshold=100.0)
+    assert offers(t, _result(toks, tops), 2, w) == [(0, rus[0]), (1, rus[1])]
     assert offers(t, _result(toks, tops, finish="abort"), 2) == []  # cut short: no branch
     assert offers(_task(mode="keyed_context"), _result(toks, tops), 2) == []  # context keys
     assert offers(t, _result(toks, None), 2) == []  # no log-probs
