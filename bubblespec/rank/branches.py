@@ -44,9 +44,9 @@ from bubblespec.protocol.domain import PregenDraft, PregenTask
 TOP_LOGPROBS = 20
 """Log-probabilities per token a branching rank asks for while pre-generating. The keyed
 runner-up is the best *perturbed* score among the other tokens, often not among the few most
-likely: measured on the embedded model (32 keyed responses, 2,820 positions, against the
-reference's full-vocabulary margins), the top 4 held it at 89.7% of positions, the top 20
-(vLLM's default maximum) at 99.3%; where it is missing the margin is overstated and the
+likely: measured on the embedded model (32 keyed responses, 2,784 positions, against the
+reference's full-vocabulary margins; `tests/rank/test_pregen.py` prints it), the top 4 held
+it at 89.7% of positions, the top 20 (vLLM's default maximum) at 99.0%; where it is missing the margin is overstated and the
 branch point and its token are wrong."""
 
 
