@@ -317,8 +317,10 @@ class SyncState:
 
     def _offered(self, step: int, queue: TaskQueue, d: PregenDraft) -> None:
         """Queue the branches a stored draft (complete or partial) offers."""
+        if not d.branch_offers:
+            return
         tokens = self.store.tokens_of(step, d.prompt_key, d.sample_index)
-        if d.branch_offers and tokens is not None:
+        if tokens is not None:
             self.metrics.branches_offered.inc(
                 queue.add_branches((d.prompt_key, d.sample_index), tokens, d.branch_offers))
 
