@@ -119,6 +119,8 @@ def divergence_summary(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
     out["tail_accepted_share"] = out["accepted_after"] / tail if tail else None
     out["crit_diverged"] = sum(c["first_divergence"] is not None for c in crit)
     out["crit_first_divergence"] = [c["first_divergence"] for c in crit]
+    out["ran_out"] = sum(d.get("ran_out", 0) for d in ds)
+    out["crit_ran_out"] = sum(bool(c.get("draft_ran_out")) for c in crit)
     out["crit_tail_accepted_share"] = (
         sum(c["accepted_after"] for c in crit if c["first_divergence"] is not None)
         / crit_tail if crit_tail else None)
@@ -135,11 +137,11 @@ def divergence_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue
         lines.append(
             f"{name}: {d['diverged']}/{d['responses']} responses left their pre-generated "
-            f"response; accepted {d['accepted_before']} before / {d['accepted_after']} at or "
+            f"response ({d.get('ran_out', 0)} where it ended: cut short by the stop); accepted {d['accepted_before']} before / {d['accepted_after']} at or "
             f"after the first divergence ({_f(_pct(d['tail_accepted_share']), '.0f')}% of "
             f"{d['tail_tokens']} tail tokens); {d['recouplings']} re-couplings; critical "
-            f"path: {d['crit_diverged']} diverged, first divergence at "
-            f"{d['crit_first_divergence']}, tail accepted "
+            f"path: {d['crit_diverged']} diverged ({d.get('crit_ran_out', 0)} at the draft's "
+            f"end), first divergence at {d['crit_first_divergence']}, tail accepted "
             f"{_f(_pct(d['crit_tail_accepted_share']), '.0f')}%")
     return lines
 

@@ -55,7 +55,7 @@ def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out:
              "tokens": len(s.output_ids), "decode_steps": s.decode_steps,
              "accepted": s.num_accepted_tokens,
              "accepted_pregen": s.num_accepted_pregen_tokens or 0,
-             "first_divergence": s.first_divergence,
+             "first_divergence": s.first_divergence, "draft_ran_out": s.draft_ran_out,
              "accepted_after_divergence": s.num_accepted_after_divergence or 0,
              "recouplings": s.num_recouplings or 0}
             for k, r in enumerate(results) for p in r.prompts for s in p.samples]
@@ -67,15 +67,21 @@ def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out:
               f"crit/longest {crit / max(1, longest):.2f}, tokens/forward "
               f"{sum(r['tokens'] for r in mine) / max(1, sum(r['decode_steps'] for r in mine)):.2f}")
     print("\nstep  prompt            sample  tokens  fwd  accepted  accepted from pre-gen  "
-          "first divergence  accepted after it  re-couplings")
+          "first divergence  accepted after it  re-couplings  why it left")
     for k in range(len(results)):
         longest = sorted((r for r in rows if r["step"] == k), key=lambda r: -r["decode_steps"])
         for r in longest[:top]:
             print(f"{k:>4}  {r['prompt_key']:<16}  {r['sample_index']:>6}  {r['tokens']:>6}  "
                   f"{r['decode_steps']:>3}  {r['accepted']:>8}  {r['accepted_pregen']:>21}  "
                   f"{'-' if r['first_divergence'] is None else r['first_divergence']:>16}  "
-                  f"{r['accepted_after_divergence']:>17}  {r['recouplings']:>12}")
+                  f"{r['accepted_after_divergence']:>17}  {r['recouplings']:>12}  "
+                  f"{_why(r['draft_ran_out'])}")
     if out:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)
     return rows
+
+
+def _why(ran_out: bool | None) -> str:
+    """Why a response left its pre-generated response: it ended there, or a token flipped."""
+    return "-" if ran_out is None else ("draft ended" if ran_out else "flip")

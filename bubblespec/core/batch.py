@@ -46,8 +46,9 @@ class Request:
     gmatcher: Any = None  # over the global pool (when it is on)
     _: KW_ONLY
     # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response,
-    # accepted at or after the first divergence, its output position (-1: none), re-couplings
-    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0, 0, -1, 0])
+    # accepted at or after the first divergence, its output position (-1: none), re-couplings,
+    # 1 if that divergence was the aligned response running out (else 0)
+    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0, 0, -1, 0, 0])
     last_draft: int = 0
     last_src: str = ""  # source of the last draft ("" when it came from elsewhere)
     last_claim: float = 0.0  # its expected accepted tokens as the source stated them
@@ -99,7 +100,9 @@ def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
     Also keeps the divergence counters of ``st.stats``: [6] the first output position where
     the output left a non-empty aligned response (a different token, or past its end), [5] the
     tokens of the last draft accepted at or after that position (from any source: what
-    drafting saves once the coupling broke), [7] the re-couplings after a divergence."""
+    drafting saves once the coupling broke), [7] the re-couplings after a divergence, [8] 1
+    when the first divergence was the aligned response's end (a pre-generated response cut
+    short by the stop, not a flip)."""
     start = st.n_out
     st.n_out += len(sampled)
     st.tail = (st.tail + list(sampled))[-RESYNC:]
@@ -113,6 +116,7 @@ def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
             stats[6] = start + next((j for j, t in enumerate(sampled)
                                      if start + j >= len(al) or al[start + j] != t),
                                     len(sampled))
+            stats[8] = int(stats[6] >= len(al))
     if stats[6] >= 0 and st.last_draft:
         stats[5] += max(0, start + len(sampled) - 1 - max(start, stats[6]))
     if not st.aligned_on:

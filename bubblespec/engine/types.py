@@ -86,6 +86,9 @@ class SampleResult:
     first_divergence: int | None = None
     """Output position where the response first left its aligned pre-generated response (a
     different token, or past its end); None: it had none, or never left it."""
+    draft_ran_out: bool | None = None
+    """At `first_divergence`: True when the aligned response had ended there (pre-generation
+    was stopped before finishing it), False when the output took another token (a flip)."""
     num_accepted_after_divergence: int = 0
     """Accepted draft tokens (any source) at or after `first_divergence`."""
     num_recouplings: int = 0

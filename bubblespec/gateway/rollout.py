@@ -53,7 +53,8 @@ log = logging.getLogger("bubblespec.gateway.rollout")
 
 _META = ("finish_reason", "weight_version", "completion_tokens", "decode_steps", "num_drafts",
          "num_draft_tokens", "num_accepted_tokens", "num_accepted_pregen_tokens",
-         "first_divergence", "num_accepted_after_divergence", "num_recouplings")
+         "first_divergence", "draft_ran_out", "num_accepted_after_divergence",
+         "num_recouplings")
 
 
 def trainer_field(rank_field: str) -> str:

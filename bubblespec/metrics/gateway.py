@@ -81,6 +81,10 @@ class GatewayMetrics:
             "bubblespec_gateway_pregen_diverged_responses",
             "Samples that left their aligned pre-generated response (keyed: a policy update "
             "flipped a token; docs/design.md section 5, divergence counters).", registry=r)
+        self.draft_ran_out = Counter(
+            "bubblespec_gateway_pregen_draft_ran_out_responses",
+            "Of those, samples whose pre-generated response had ended where they left it (the "
+            "stop came before pre-generation finished it: the bubble, not a flip).", registry=r)
         self.accepted_after_divergence = Counter(
             "bubblespec_gateway_pregen_accepted_after_divergence_tokens",
             "Accepted draft tokens at or after a sample's first divergence.", registry=r)
@@ -129,6 +133,7 @@ class GatewayMetrics:
         self.pregen_accepted_tokens.inc(k.num_accepted_pregen_tokens)
         self.pregen_fetched_tokens.inc(k.drafts_fetched_tokens)
         self.diverged.inc(k.responses_diverged)
+        self.draft_ran_out.inc(k.responses_draft_ran_out)
         self.accepted_after_divergence.inc(k.num_accepted_after_divergence)
         self.recouplings.inc(k.num_recouplings)
         self.reruns.inc(reruns)

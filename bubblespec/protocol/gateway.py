@@ -89,6 +89,10 @@ class RolloutSample(_Reply):
     first_divergence: int | None = Field(
         None, description="Output position where the response first left its aligned "
                           "pre-generated response (None: none, or never left it).")
+    draft_ran_out: bool | None = Field(
+        None, description="At first_divergence: true when the pre-generated response ended "
+                          "there (stopped before it was finished), false when the output took "
+                          "another token (a flip).")
     num_accepted_after_divergence: int | None = Field(
         None, description="Accepted draft tokens (any source) at or after first_divergence.")
     num_recouplings: int | None = Field(
@@ -144,6 +148,9 @@ class RolloutCounters(_Reply):
     tokens_per_forward: float = Field(0.0, description="completion / request_decode_steps.")
     responses_diverged: int = Field(
         0, description="Samples that left their aligned pre-generated response.")
+    responses_draft_ran_out: int = Field(
+        0, description="Of those, samples whose pre-generated response ended where they left "
+                       "it (pre-generation stopped before finishing it; the rest flipped).")
     num_accepted_after_divergence: int = Field(
         0, description="Accepted draft tokens at or after each sample's first divergence.")
     num_recouplings: int = Field(
@@ -164,6 +171,7 @@ class RolloutCounters(_Reply):
             num_accepted_pregen_tokens=sum(s.num_accepted_pregen_tokens or 0 for s in samples),
             drafts_fetched_tokens=sum(r.drafts_fetched_tokens for r in ranks),
             responses_diverged=sum(s.first_divergence is not None for s in samples),
+            responses_draft_ran_out=sum(bool(s.draft_ran_out) for s in samples),
             num_accepted_after_divergence=sum(s.num_accepted_after_divergence or 0
                                               for s in samples),
             num_recouplings=sum(s.num_recouplings or 0 for s in samples))

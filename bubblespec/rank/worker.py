@@ -38,6 +38,7 @@ def to_prompt_out(index: int, res: GenResult) -> PromptOut:
                    "num_accepted_tokens": s.num_accepted_tokens,
                    "num_accepted_pregen_tokens": s.num_accepted_pregen_tokens,
                    "first_divergence": s.first_divergence,
+                   "draft_ran_out": s.draft_ran_out,
                    "num_accepted_after_divergence": s.num_accepted_after_divergence,
                    "num_recouplings": s.num_recouplings,
                    "completion_tokens": len(s.output_ids)}) for s in res.samples])

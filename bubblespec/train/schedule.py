@@ -82,6 +82,7 @@ def request_figures(prompts: list[Any]) -> dict[str, Any]:
                                     for pr in prompts],
         "request_first_divergence": [[s.first_divergence for s in pr.samples]
                                      for pr in prompts],
+        "request_draft_ran_out": [[s.draft_ran_out for s in pr.samples] for pr in prompts],
         "prompt_ranks": [pr.rank_id for pr in prompts],
     }
 
@@ -101,6 +102,7 @@ def divergence_figures(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
     tail_tokens = sum(tails)
     out: dict[str, Any] = {
         "responses": len(samples), "diverged": sum(d is not None for d in div),
+        "ran_out": sum(bool(s.get("draft_ran_out")) for s in samples),
         "accepted_before": sum(max(0, a - b) for a, b in zip(acc, after)),
         "accepted_after": sum(after),
         "recouplings": sum(int(s.get("num_recouplings") or 0) for s in samples),
@@ -112,7 +114,8 @@ def divergence_figures(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
         out["critical"] = {
             "tokens": len(samples[i].get("output_ids", [])),
             "decode_steps": int(samples[i].get("decode_steps") or 0),
-            "first_divergence": div[i], "accepted_before": max(0, acc[i] - after[i]),
+            "first_divergence": div[i], "draft_ran_out": samples[i].get("draft_ran_out"),
+            "accepted_before": max(0, acc[i] - after[i]),
             "accepted_after": after[i],
             "tail_accepted_share": after[i] / tails[i] if tails[i] else None}
     return out

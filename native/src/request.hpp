@@ -23,7 +23,7 @@ struct Request {
   nb::object group, seq_id, matcher_obj, gmatcher_obj;
   Matcher* m = nullptr;
   Matcher* gm = nullptr;  // over the global pool, or none
-  int64_t stats[8] = {0, 0, 0, 0, 0, 0, -1, 0};  // batch.Request.stats
+  int64_t stats[9] = {0, 0, 0, 0, 0, 0, -1, 0, 0};  // batch.Request.stats
   int64_t last_draft = 0;
   int8_t last_src = SRC_NONE;
   double last_claim = 0.0;
@@ -55,6 +55,7 @@ struct Request {
         const int64_t m = static_cast<int64_t>(ns);
         while (j < m && start + j < na && aligned[start + j] == s[j]) ++j;
         stats[6] = start + j;
+        stats[8] = stats[6] >= na ? 1 : 0;
       }
     }
     if (stats[6] >= 0 && last_draft)

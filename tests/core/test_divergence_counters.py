@@ -1,6 +1,6 @@
-"""The divergence counters of the batch step (``Request.stats[5:8]``): where a response first
+"""The divergence counters of the batch step (``Request.stats[5:9]``): where a response first
 left its aligned pre-generated response, the draft tokens accepted at or after that
-position, and the re-couplings after it. Each implementation (pure Python and native) is
+position, the re-couplings after it, and whether it left because the response ended. Each implementation (pure Python and native) is
 driven like an engine (each step emits the accepted prefix of the last draft plus one token
 of the true response) and checked against counts kept by the driver itself, from the
 positions each step accepted."""
@@ -52,6 +52,7 @@ def test_counts_the_tail_after_a_local_edit_and_the_recoupling(name: str) -> Non
     truth[8] = 99  # one flipped token; the rest re-joins at the same positions
     stats, after, div = run(IMPLS[name], truth, aligned)
     assert stats[6] == div == 8
+    assert stats[8] == 0  # a flipped token, not the draft's end
     assert stats[7] == 1  # re-coupled once, RESYNC tokens after the edit
     assert stats[5] == after > 0
     assert stats[3] >= max(stats[4], stats[5])
@@ -62,7 +63,8 @@ def test_counts_the_tail_after_a_local_edit_and_the_recoupling(name: str) -> Non
 def test_a_response_that_follows_its_draft_never_diverges(name: str) -> None:
     aligned = list(range(10, 40))
     stats, after, div = run(IMPLS[name], list(aligned), aligned)
-    assert (stats[5], stats[6], stats[7]) == (0, -1, 0) and div == -1 and after == 0
+    assert (stats[5], stats[6], stats[7], stats[8]) == (0, -1, 0, 0) and div == -1
+    assert after == 0
     assert stats[4] == stats[3] > 0  # every accepted token came from the aligned response
 
 
@@ -72,6 +74,7 @@ def test_running_past_the_drafts_end_is_a_divergence(name: str) -> None:
     truth = aligned + [50, 51, 52, 50, 51, 52, 50, 51, 52]
     stats, after, div = run(IMPLS[name], truth, aligned)
     assert stats[6] == div == len(aligned)
+    assert stats[8] == 1  # the draft ran out (a pre-generation cut short by the stop)
     assert stats[5] == after and stats[7] == 0
 
 
@@ -82,7 +85,7 @@ def test_a_different_trajectory_counts_its_suffix_drafted_tail(name: str) -> Non
     aligned = list(range(10, 40))
     truth = aligned[:5] + [7, 8, 9] * 10
     stats, after, div = run(IMPLS[name], truth, aligned)
-    assert stats[6] == div == 5 and stats[7] == 0
+    assert stats[6] == div == 5 and stats[7] == 0 and stats[8] == 0
     assert stats[5] == after > 0
 
 

@@ -156,6 +156,7 @@ def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task
     for s in (s for p in b.prompts for s in p.samples):  # the ranks report divergence
         assert s.num_recouplings is not None and s.num_accepted_after_divergence is not None
         assert s.first_divergence is None or 0 <= s.first_divergence < len(s.output_ids)
+        assert (s.draft_ran_out is None) == (s.first_divergence is None)
         assert s.num_accepted_after_divergence <= s.num_accepted_tokens
     time.sleep(0.5)
     rep = client.step_timeline(a.step)

@@ -86,8 +86,8 @@ def test_rollout_counters_sum_samples_and_ranks() -> None:
     samples = [RolloutSample(sample_index=0, output_ids=[1, 2, 3], completion_tokens=3,
                              decode_steps=2, num_drafts=1, num_draft_tokens=4,
                              num_accepted_tokens=1, num_accepted_pregen_tokens=1,
-                             first_divergence=2, num_accepted_after_divergence=1,
-                             num_recouplings=1),
+                             first_divergence=2, draft_ran_out=True,
+                             num_accepted_after_divergence=1, num_recouplings=1),
                RolloutSample(sample_index=1, output_ids=[4], completion_tokens=1,
                              decode_steps=1)]
     ranks = [RankShard(rank_id="r0", decode_steps=2, drafts_fetched_tokens=7),
@@ -97,5 +97,6 @@ def test_rollout_counters_sum_samples_and_ranks() -> None:
             k.request_decode_steps) == (4, 2, 3, 3)
     assert (k.num_accepted_pregen_tokens, k.drafts_fetched_tokens) == (1, 7)
     assert (k.responses_diverged, k.num_accepted_after_divergence, k.num_recouplings) == (1, 1, 1)
+    assert k.responses_draft_ran_out == 1
     assert k.tokens_per_forward == 4 / 3
     assert RolloutCounters.of([], []).tokens_per_forward == 0.0
