@@ -84,16 +84,32 @@ def lost_tokens(run: PacedRun, name: str, caps: np.ndarray | None) -> np.ndarray
     return np.maximum(0, L - np.minimum(caps, L)).sum(axis=(1, 2)).astype(float)
 
 
+def ran_out(run: PacedRun, name: str) -> np.ndarray:
+    """(steps, prompts, n): True where the records say the response left its draft because
+    the draft had ended there (`request_draft_ran_out`: pre-generation stopped before
+    finishing it), not at a flip; all False for records without it."""
+    out = np.zeros((run.steps, run.prompts, run.n), dtype=bool)
+    for k, s in enumerate(run.modes[name].steps[:run.steps]):
+        for j, row in enumerate((s.get("request_draft_ran_out") or [])[:run.prompts]):
+            for i, v in enumerate(row[:run.n]):
+                out[k, j, i] = bool(v)
+    return out
+
+
 def flip_stats(run: PacedRun, flips: Flips | None = None) -> tuple[float, tuple[float, ...]]:
     """(share of the responses after step 0 that left their draft, where: shares of their
     lengths) over the pre-generating modes' flips (the simulator's `flip_share` and
-    `flip_positions`); (0, ()) when no flip is known."""
+    `flip_positions`); (0, ()) when no flip is known. From the records, a response that
+    left its draft where the draft ended is not a flip: the model's own pre-generation
+    decides how far drafts reach, so counting those as flips would count the bubble twice."""
     for name in run.modes:
         caps = flip_caps(run, name, flips)
         if caps is None:
             continue
         L = run.lengths(name)[1:]
         hit = caps[1:] < np.minimum(L, NO_FLIP)
+        if flips is None:
+            hit &= ~ran_out(run, name)[1:]
         return (float(hit.mean()) if hit.size else 0.0,
                 tuple(float(x) for x in (caps[1:][hit] / L[hit])))
     return 0.0, ()

@@ -119,6 +119,28 @@ def test_projection_draws_flips_with_the_measured_share(tmp_path):
     assert flipped["suffix"] == pytest.approx(no_flips["suffix"])
 
 
+def test_a_draft_that_ran_out_is_not_a_flip(tmp_path):
+    """Responses that left their draft where it ended (the records' `request_draft_ran_out`)
+    cap the replay's coverage but are not drawn as flips in the projection."""
+    from bubblespec.sim.flipcaps import flip_stats, ran_out
+
+    path = _with_divergences(tmp_path, 2)
+    base, _ = flip_stats(PacedRun.load(path))  # every departure a flip
+    doc = json.loads(path.read_text())
+    for r in doc["runs"]["0"].values():
+        for s in r.get("steps", []):
+            rows = s["request_first_divergence"]
+            # the first prompt's samples ran out of draft, the others flipped
+            s["request_draft_ran_out"] = [[p == 0] * len(row) for p, row in enumerate(rows)]
+    path.write_text(json.dumps(doc))
+    run, _, _ = load(path)
+    share, where = flip_stats(run)
+    mask = ran_out(run, "bubblespec")
+    assert mask[:, 0].all() and not mask[:, 1:].any()
+    assert 0 < share < base and where
+    assert (flip_caps(run, "bubblespec") == 2).all()  # still caps the replay's coverage
+
+
 def test_branches_move_the_flips_they_cover(tmp_path):
     rows = {"rows": [
         # covered by one branch, which predicted the whole rest: no flip left
