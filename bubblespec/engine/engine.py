@@ -390,8 +390,7 @@ class RolloutEngine:
         for sub in subs:
             n_out = len(sub.ids)
             st = stats.get(sub.rid) or (n_out, 0, 0, 0, 0, 0, -1, 0, 0)
-            steps, drafts, dtoks, _acc, acc_pregen, acc_after, diverged, recouple = st[:8]
-            ran_out = bool(st[8]) if len(st) > 8 else None
+            steps, drafts, dtoks, _acc, acc_pregen, acc_after, diverged, recouple, ran_out = st
             results[sub.req_index].samples.append(SampleResult(
                 output_ids=sub.ids, output_logprobs=sub.logprobs[:n_out],
                 finish_reason=sub.finish, sample_index=sub.sample_index,
@@ -399,7 +398,7 @@ class RolloutEngine:
                 num_draft_tokens=dtoks, num_accepted_tokens=max(0, n_out - steps),
                 num_accepted_pregen_tokens=min(acc_pregen, max(0, n_out - steps)),
                 first_divergence=diverged if 0 <= diverged < n_out else None,
-                draft_ran_out=ran_out if 0 <= diverged < n_out else None,
+                draft_ran_out=bool(ran_out) if 0 <= diverged < n_out else None,
                 num_accepted_after_divergence=min(acc_after, max(0, n_out - steps)),
                 num_recouplings=recouple,
                 top_logprobs=None if sub.top is None else sub.top[:n_out]))
