@@ -37,9 +37,19 @@ def sync_state(cluster: Any) -> Any:
     return asyncio.run(get())
 
 
-def step_now(cluster: Any) -> int:
-    step = sync_state(cluster).current_step
-    return -1 if step is None else step
+def step_now(cluster: Any, tries: int = 5) -> int:
+    """The synchronizer's current step (-1: none yet). A loaded machine can drop a connection
+    attempt to a healthy synchronizer (seen in CI: no HTTP/2 SETTINGS frame within the 2 s
+    deadline), so a failed ask is retried; the last error is raised if every try fails."""
+    def ask() -> int:
+        step = sync_state(cluster).current_step
+        return -1 if step is None else step
+
+    for _ in range(tries - 1):
+        with contextlib.suppress(SyncError):
+            return ask()
+        time.sleep(0.5)
+    return ask()
 
 
 def owes_shard(state: Any, rank: str, after_step: int) -> bool:
