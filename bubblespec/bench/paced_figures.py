@@ -137,11 +137,11 @@ def divergence_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue
         lines.append(
             f"{name}: {d['diverged']}/{d['responses']} responses left their pre-generated "
-            f"response ({d.get('ran_out', 0)} where it ended: cut short by the stop); "
+            f"response ({d['ran_out']} where it ended: cut short by the stop); "
             f"accepted {d['accepted_before']} before / {d['accepted_after']} at or after the "
             f"first divergence ({_f(_pct(d['tail_accepted_share']), '.0f')}% of "
             f"{d['tail_tokens']} tail tokens); {d['recouplings']} re-couplings; critical "
-            f"path: {d['crit_diverged']} diverged ({d.get('crit_ran_out', 0)} at the draft's "
+            f"path: {d['crit_diverged']} diverged ({d['crit_ran_out']} at the draft's "
             f"end), first divergence at {d['crit_first_divergence']}, tail accepted "
             f"{_f(_pct(d['crit_tail_accepted_share']), '.0f')}%")
     return lines
