@@ -119,8 +119,9 @@ def divergence_summary(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
     out["tail_accepted_share"] = out["accepted_after"] / tail if tail else None
     out["crit_diverged"] = sum(c["first_divergence"] is not None for c in crit)
     out["crit_first_divergence"] = [c["first_divergence"] for c in crit]
-    out["ran_out"] = sum(d.get("ran_out", 0) for d in ds)
-    out["crit_ran_out"] = sum(bool(c.get("draft_ran_out")) for c in crit)
+    known = all("ran_out" in d for d in ds)  # None: records from before the counter
+    out["ran_out"] = sum(d["ran_out"] for d in ds) if known else None
+    out["crit_ran_out"] = sum(bool(c.get("draft_ran_out")) for c in crit) if known else None
     out["crit_tail_accepted_share"] = (
         sum(c["accepted_after"] for c in crit if c["first_divergence"] is not None)
         / crit_tail if crit_tail else None)
@@ -137,11 +138,11 @@ def divergence_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue
         lines.append(
             f"{name}: {d['diverged']}/{d['responses']} responses left their pre-generated "
-            f"response ({d['ran_out']} where it ended: cut short by the stop); "
+            f"response ({_f(d['ran_out'], 'd')} where it ended: cut short by the stop); "
             f"accepted {d['accepted_before']} before / {d['accepted_after']} at or after the "
             f"first divergence ({_f(_pct(d['tail_accepted_share']), '.0f')}% of "
             f"{d['tail_tokens']} tail tokens); {d['recouplings']} re-couplings; critical "
-            f"path: {d['crit_diverged']} diverged ({d['crit_ran_out']} at the draft's "
+            f"path: {d['crit_diverged']} diverged ({_f(d['crit_ran_out'], 'd')} at the draft's "
             f"end), first divergence at {d['crit_first_divergence']}, tail accepted "
             f"{_f(_pct(d['crit_tail_accepted_share']), '.0f')}%")
     return lines
