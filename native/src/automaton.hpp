@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "rows.hpp"
+
 namespace bsn {
 
 constexpr int32_t ROOT = 0;
@@ -70,14 +72,14 @@ struct Edge {
 
 struct Sam {
   int32_t max_depth;
-  std::vector<State> st{State{0, -1, 0, NONE, 0, 0}};
+  Rows<State> st{State{0, -1, 0, NONE, 0, 0}};
   // Out-transitions of branching states, in blocks: pool[o] = {n, table or -1}, then the n
   // edges in insertion order, room for cap_of(n). A full block moves to the end of the pool
   // with twice the room (the old one is left unused; rebuilds start a fresh pool). One read
   // past the state row reaches the edges (a per-state container would take two or three).
   // Blocks of more than kLarge edges (the root and frequent tokens have thousands) also get
   // an open-addressing table of edge offsets (+1 from the block start), 0: empty.
-  std::vector<Edge> pool;
+  Rows<Edge> pool;
   std::vector<std::vector<int32_t>> tables;
   static constexpr int32_t kLarge = 16;
   std::unordered_map<int32_t, Best> best;

@@ -50,7 +50,10 @@ inline void tokens_into(nb::handle obj, std::vector<int32_t>& out) {
   if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     PyObject** items = PySequence_Fast_ITEMS(o);
-    out.reserve(out.size() + static_cast<size_t>(n));
+    // grow at least geometrically: a step appends every request's few tokens to one
+    // buffer, and an exact reserve per call would copy all of it each time (quadratic)
+    const size_t need = out.size() + static_cast<size_t>(n);
+    if (need > out.capacity()) out.reserve(std::max(need, 2 * out.capacity()));
     for (Py_ssize_t i = 0; i < n; ++i) out.push_back(token_of(items[i]));
     return;
   }

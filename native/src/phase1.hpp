@@ -56,8 +56,11 @@ inline void read_input(Index& idx, nb::handle reqs, nb::handle sampled, nb::hand
   in.budget.resize(n);
   in.off.assign(1, 0);
   in.goff.assign(1, 0);
+  in.off.reserve(n + 1);
+  in.goff.reserve(n + 1);
   in.toks.clear();
   in.given.clear();
+  in.toks.reserve(8 * n);  // a request emits its accepted draft + 1 token: a few per step
   for (size_t i = 0; i < n; ++i) {
     Request& r = nb::cast<Request&>(nb::handle(ri[i]));
     in.reqs[i] = &r;
@@ -161,6 +164,7 @@ inline void phase1_lanes(Index& idx, const StepInput& in, const Lanes& ln, const
   size_t rounds = 0;
   for (const auto& l : ln.reqs) rounds = std::max(rounds, l.size());
   std::vector<Walk> walks;
+  walks.reserve(in.toks.size());  // at most one walk per emitted token in a round
   std::vector<size_t> cur;  // request of each lane in this round (or none)
   for (size_t rd = 0; rd < rounds; ++rd) {
     cur.clear();

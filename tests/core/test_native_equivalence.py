@@ -214,3 +214,37 @@ def test_high_fanout_agrees(seed, params, depth):
             "g", seqs[1][:5], params))))
         logs.append(log)
     assert logs[0] == logs[1]
+
+
+@needs_native
+def test_large_automata_agree():
+    """Automata of tens of thousands of states (past the native rows' move from the heap to
+    their own mapping, which then grows by mremap several times: native/src/rows.hpp),
+    extended live, rebuilt by a removal and budget-evicted, answer as the reference does."""
+    import random
+
+    rnd = random.Random(7)
+    base = [rnd.randrange(400) for _ in range(6000)]
+    sibs = [[t if rnd.random() > 0.05 else rnd.randrange(400) for t in base] for _ in range(3)]
+    params = DraftParams(max_spec_tokens=12, min_token_prob=0.05)
+    logs = []
+    for impl in implementations().values():
+        idx = impl["SuffixIndex"](max_depth=32, token_budget=15000)
+        for i, s in enumerate(sibs[:2]):
+            idx.add_sequence(i, "g", s, to_global=True)
+        idx.add_sequence("live", "g", [], live=True, to_global=True)
+        m = idx.matcher("g", use_global=True)
+        log = []
+        for j in range(0, len(sibs[2]), 7):
+            chunk = sibs[2][j:j + 7]
+            idx.extend_sequence("live", chunk)
+            d = m.speculate(chunk, params)
+            if j % 210 == 0:
+                log.append(draft_tuple(d))
+        idx.remove_sequences([0])  # rebuilds both automata from the remaining sequences
+        log.append(draft_tuple(m.speculate(sibs[2][:5], params)))
+        idx.add_sequence(9, "h", base)  # over the budget: finished sequences are evicted
+        log.append((idx.count("g", base[:3]), idx.count("h", base[:3]),
+                    draft_tuple(idx.draft("h", base[100:120], params))))
+        logs.append(log)
+    assert len(logs) == 2 and logs[0] == logs[1]
