@@ -48,6 +48,8 @@ class Mode:
     pregen_window: PregenWindow = PregenWindow.BUBBLE
     """TRAINING: pre-generation goes on through the training window (until the weight
     push), as on rollout ranks that idle while the trainer trains."""
+    sync_args: tuple[str, ...] = ()
+    """Arguments of the synchronizer (`bubblespec sync`), e.g. the pre-gen queue's order."""
 
     @property
     def key(self) -> str:
@@ -106,7 +108,25 @@ KEYED_BASELINE_MODES: tuple[Mode, ...] = (
 """The baselines under keyed sampling: their tokens are those of keyed sampling without
 speculation, so their rows compare with bubblespec-keyed on identical outputs (run by
 `bench paced`; `bench service` runs them when named in --modes)."""
-ALL_MODES = MODES + KEYED_BASELINE_MODES + BRANCH_MODES
+SPREAD_INFLIGHT = 16
+"""Pre-generation lanes per rank of the spread modes (the rank's default is 64)."""
+ORDER_MODES: tuple[Mode, ...] = (
+    Mode("bubblespec-keyed-spread", ("--spec-mode=bubblespec", "--no-src-history",
+                                     f"--pregen-inflight={SPREAD_INFLIGHT}"), pregen=True,
+         seed_mode=SeedMode.KEYED, label="keyed_spread"),
+    Mode("bubblespec-keyed-spread-deep", ("--spec-mode=bubblespec", "--no-src-history",
+                                          f"--pregen-inflight={SPREAD_INFLIGHT}"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_spread_deep",
+         sync_args=("--pregen-depth=8",)),
+)
+"""Pre-generation order at 8 ranks (the issue's ordering choices, docs/design.md section 6).
+With the rank's default 64 lanes the first two idle ranks claim a 16 x 8 queue whole, so
+its order decides only which of them decodes a task. With 16 lanes (`-spread`) the queue is
+handed out as lanes free up, so its order (rounds of `--pregen-depth` samples per prompt,
+prompts by predicted length, predictions updated as pre-generated samples complete) decides
+which responses get drafts first and longest: breadth-first over prompts (depth 1), or all
+8 samples of the prompt predicted longest first (`-deep`, depth 8)."""
+ALL_MODES = MODES + KEYED_BASELINE_MODES + BRANCH_MODES + ORDER_MODES
 BASELINE = "nospec"
 KEYED_BASELINE = "nospec-keyed"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",

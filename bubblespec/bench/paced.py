@@ -204,18 +204,20 @@ def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
 
 
 def cluster_groups(modes: Sequence[Mode], extra_rank_args: str = "") -> list[list[Mode]]:
-    """Modes in groups that share one cluster (same rank arguments, `shareable`), in the
+    """Modes in groups that share one cluster (same rank and synchronizer arguments,
+    `shareable`), in the
     order of their first mode; a cluster start costs minutes at 8 ranks."""
     groups: list[list[Mode]] = []
-    by_args: dict[tuple[str, ...], list[Mode]] = {}
+    by_args: dict[tuple[str, ...], list[Mode]] = {}  # rank args | synchronizer args
     for m in modes:
         share = shareable(m, extra_rank_args)
-        if share and m.rank_args in by_args:
-            by_args[m.rank_args].append(m)
+        key = (*m.rank_args, "|", *m.sync_args)
+        if share and key in by_args:
+            by_args[key].append(m)
             continue
         groups.append([m])
         if share:
-            by_args[m.rank_args] = groups[-1]
+            by_args[key] = groups[-1]
     return groups
 
 
@@ -232,10 +234,12 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
     log_dir.mkdir(parents=True, exist_ok=True)
     rank_args = [*group[0].rank_args, *args.extra_rank_args.split()]
     t0 = time.monotonic()
+    sync_args = list(group[0].sync_args)
     with MemoryWatch() as mem, LocalCluster(ranks=cfg.ranks, model=model_dir,
-                                            rank_args=rank_args, log_dir=log_dir) as cluster:
+                                            rank_args=rank_args, sync_args=sync_args,
+                                            log_dir=log_dir) as cluster:
         start_s = time.monotonic() - t0
-        print(f"[{name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args)})",
+        print(f"[{name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args + sync_args)})",
               flush=True)
         for i, mode in enumerate(group):
             t1 = time.monotonic()
@@ -252,7 +256,7 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
                 continue
             after, b_after = rank_pace(cluster), rank_branches(cluster)
             per_rank = {r: stats_delta(after[r], before[r]) for r in after}
-            res.update(rank_args=rank_args, cluster_start_s=start_s,
+            res.update(rank_args=rank_args, sync_args=sync_args, cluster_start_s=start_s,
                        branches={k: b_after[k] - b_before[k] for k in b_after},
                        mode_wall_s=time.monotonic() - t1, shared_cluster=name,
                        cluster={"pace": merge_stats(per_rank.values()),

@@ -76,7 +76,7 @@ def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any
     log_dir.mkdir(parents=True, exist_ok=True)
     rank_args = [*mode.rank_args, *args.extra_rank_args.split()]
     with LocalCluster(ranks=args.ranks, model=model_dir, rank_args=rank_args,
-                      log_dir=log_dir) as cluster:
+                      sync_args=list(mode.sync_args), log_dir=log_dir) as cluster:
         start_s = time.monotonic() - t0
         print(f"[{mode.name}] cluster ready in {start_s:.0f} s ({' '.join(rank_args)})",
               flush=True)

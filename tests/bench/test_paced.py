@@ -114,6 +114,12 @@ def test_cluster_groups_share_only_stateless_engines() -> None:
     # extra rank arguments that keep state across steps: every mode on its own cluster
     alone = cluster_groups(mode_by_name(["nospec", "nospec-keyed"]), "--src-global")
     assert [len(g) for g in alone] == [1, 1]
+    # the same rank arguments but another synchronizer (pre-gen order): its own cluster
+    order = cluster_groups(mode_by_name(["bubblespec-keyed-spread", "bubblespec-keyed-spread-deep",
+                                         "bubblespec-keyed"]))
+    assert [[m.name for m in g] for g in order] == [
+        ["bubblespec-keyed-spread"], ["bubblespec-keyed-spread-deep"], ["bubblespec-keyed"]]
+    assert order[1][0].sync_args == ("--pregen-depth=8",)
 
 
 def test_accept_doc_for_the_simulator() -> None:
