@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bubblespec.bench.modes import ALL_MODES, baseline_of
+from bubblespec.bench.modes import ALL_MODES, BASELINE, KEYED_BASELINE, baseline_of
 
 PACED_FINAL_KEYS = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
                     "suffix-keyed", "bubblespec-keyed-window", "bubblespec-keyed-branch",
@@ -165,12 +165,17 @@ def speedups(summaries: Mapping[str, Mapping[str, Any]],
 
 
 def paced_final_line(sp: Mapping[str, float | None]) -> str:
-    """`paced_rollout_speedup_vs_nospec: bubblespec=X suffix=Y ... keyed_window=W`."""
+    """`paced_rollout_speedup_vs_nospec: bubblespec=X suffix=Y ... keyed_window=W`, then any
+    other mode the run measured (e.g. the pre-gen order modes), in `ALL_MODES` order."""
     labels = {m.name: m.key for m in ALL_MODES}
     cells = []
     for name in PACED_FINAL_KEYS:
         v = sp.get(name)
         cells.append(f"{labels[name]}={'n/a' if v is None else f'{v:.2f}'}")
+    for m in ALL_MODES:
+        v = sp.get(m.name)
+        if m.name not in (*PACED_FINAL_KEYS, BASELINE, KEYED_BASELINE) and v is not None:
+            cells.append(f"{m.key}={v:.2f}")
     return "paced_rollout_speedup_vs_nospec: " + " ".join(cells)
 
 

@@ -72,6 +72,9 @@ def test_speedups_against_nospec_or_keyed_baseline() -> None:
                     "history=n/a keyed=4.00 suffix_keyed=n/a keyed_window=n/a "
                     "keyed_branch=n/a keyed_window_branch=n/a keyed_stream=n/a "
                     "keyed_window_stream=n/a")
+    # modes outside the fixed list follow it when measured (baselines never)
+    more = paced_final_line({**sp, "bubblespec-keyed-spread-deep": 1.5, "nospec-keyed": 1.0})
+    assert more == line + " keyed_spread_deep=1.50"
     table = format_paced_table(summ, sp)
     assert "4.00x" in table and "0/1000" in table
     lines = per_step_lines({0: results}, 10.0)
