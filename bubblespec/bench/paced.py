@@ -205,8 +205,8 @@ def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
 
 def cluster_groups(modes: Sequence[Mode], extra_rank_args: str = "") -> list[list[Mode]]:
     """Modes in groups that share one cluster (same rank and synchronizer arguments,
-    `shareable`), in the
-    order of their first mode; a cluster start costs minutes at 8 ranks."""
+    `shareable`), in the order of their first mode; a cluster start costs minutes at 8
+    ranks."""
     groups: list[list[Mode]] = []
     by_args: dict[tuple[str, ...], list[Mode]] = {}  # rank args | synchronizer args
     for m in modes:
