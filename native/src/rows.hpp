@@ -3,9 +3,9 @@
 // A std::vector doubles by allocating fresh memory, copying every row and freeing the old
 // block: for a group automaton of a few MB that is a copy of all of it plus a page fault for
 // every 4 kB of the new block, paid inside the engine step that happened to cross the
-// capacity (measured: about 10% of the batch step at B = 256). Here an array past 256 kB
-// lives in its own anonymous mapping and grows with mremap, which moves page tables, not
-// data, and the mapping asks for transparent huge pages (MADV_HUGEPAGE): the rows are read
+// capacity (measured: the copy ~8% of the batch step at B = 256, faults on top). Past
+// 256 kB an array lives in its own anonymous mapping and grows with mremap, which moves page
+// tables, not data, and the mapping asks for transparent huge pages (MADV_HUGEPAGE): rows are read
 // by chains of dependent random accesses (suffix links, transitions), and 2 MB pages cut
 // their TLB misses. Small arrays (most automata of a fresh index) stay on the heap, as all
 // arrays do where mremap does not exist (other than Linux).

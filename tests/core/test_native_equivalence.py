@@ -220,7 +220,7 @@ def test_high_fanout_agrees(seed, params, depth):
 def test_large_automata_agree():
     """Automata of tens of thousands of states (past the native rows' move from the heap to
     their own mapping, which then grows by mremap several times: native/src/rows.hpp),
-    extended live, rebuilt by a removal and budget-evicted, answer as the reference does."""
+    extended live, budget-evicted and rebuilt by a removal, answer as the reference does."""
     import random
 
     rnd = random.Random(7)
@@ -229,6 +229,7 @@ def test_large_automata_agree():
     params = DraftParams(max_spec_tokens=12, min_token_prob=0.05)
     logs = []
     for impl in implementations().values():
+        # the live extends cross the budget: finished sequences of "g" are evicted mid-way
         idx = impl["SuffixIndex"](max_depth=32, token_budget=15000)
         for i, s in enumerate(sibs[:2]):
             idx.add_sequence(i, "g", s, to_global=True)
@@ -241,9 +242,9 @@ def test_large_automata_agree():
             d = m.speculate(chunk, params)
             if j % 210 == 0:
                 log.append(draft_tuple(d))
-        idx.remove_sequences([0])  # rebuilds both automata from the remaining sequences
+        idx.remove_sequences([0])  # evicted from "g" by then, still global: a rebuild
         log.append(draft_tuple(m.speculate(sibs[2][:5], params)))
-        idx.add_sequence(9, "h", base)  # over the budget: finished sequences are evicted
+        idx.add_sequence(9, "h", base)  # a new group on a full budget
         log.append((idx.count("g", base[:3]), idx.count("h", base[:3]),
                     draft_tuple(idx.draft("h", base[100:120], params))))
         logs.append(log)
