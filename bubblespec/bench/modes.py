@@ -77,11 +77,19 @@ STREAM_MARGIN = 0.1
 """Keyed-margin threshold of the streamed modes: on the embedded model's schedule it covers
 the most flips with one branch per draft (`bubblespec bench flips`, README)."""
 BRANCH_MODES: tuple[Mode, ...] = (
+    Mode("bubblespec-keyed-nobranch", ("--spec-mode=bubblespec", "--no-src-history",
+                                       "--pregen-branches=0"), pregen=True,
+         seed_mode=SeedMode.KEYED, label="keyed_nobranch"),
+    Mode("bubblespec-keyed-window-nobranch", ("--spec-mode=bubblespec", "--no-src-history",
+                                              "--pregen-branches=0"), pregen=True,
+         seed_mode=SeedMode.KEYED, label="keyed_window_nobranch",
+         pregen_window=PregenWindow.TRAINING),
     Mode("bubblespec-keyed-branch", ("--spec-mode=bubblespec", "--no-src-history",
-                                     "--pregen-branches=1"), pregen=True,
-         seed_mode=SeedMode.KEYED, label="keyed_branch"),
+                                     "--pregen-branches=1", "--pregen-branch-margin=0"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_branch"),
     Mode("bubblespec-keyed-window-branch", ("--spec-mode=bubblespec", "--no-src-history",
-                                            "--pregen-branches=1"), pregen=True,
+                                            "--pregen-branches=1",
+                                            "--pregen-branch-margin=0"), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_window_branch",
          pregen_window=PregenWindow.TRAINING),
     Mode("bubblespec-keyed-stream", ("--spec-mode=bubblespec", "--no-src-history",
@@ -94,10 +102,11 @@ BRANCH_MODES: tuple[Mode, ...] = (
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window_stream",
          pregen_window=PregenWindow.TRAINING),
 )
-"""The keyed modes with one margin branch per keyed draft, decoded by any rank once the
-step's plain tasks are handed out (`bubblespec rank --pregen-branches`, docs/design.md
-section 5): offered with the complete draft (`-branch`), or streamed while the draft decodes
-at the first keyed margin below `STREAM_MARGIN` (`-stream`)."""
+"""Ablations of margin branching (`bubblespec rank --pregen-branches`, docs/design.md section
+5). The default keyed modes above branch once per keyed draft, streamed at the threshold the
+synchronizer calibrates from reported flips (`--pregen-branch-margin auto`); here: no
+branches (`-nobranch`, the default before), offered with the complete draft only
+(`-branch`), or streamed at the fixed `STREAM_MARGIN` (`-stream`)."""
 KEYED_BASELINE_MODES: tuple[Mode, ...] = (
     Mode("ngram-keyed", ("--spec-mode=ngram",), seed_mode=SeedMode.KEYED, label="ngram_keyed"),
     Mode("suffix-keyed", ("--spec-mode=suffix",), seed_mode=SeedMode.KEYED,

@@ -108,6 +108,20 @@ class PregenDraft:
     its smallest keyed margins, a partial one (streamed, while it decodes) where a margin
     fell below the rank's threshold; the synchronizer queues each as a branch task for any
     rank."""
+    margin_records: Sequence[tuple[int, float]] = ()
+    """A keyed draft of a branching rank: the running minima of its keyed margins,
+    (position, margin); where a response flips, they say which streaming thresholds would
+    have branched there (`core/branch_margin.py`)."""
+
+
+@dataclass(frozen=True)
+class Flip:
+    """A response that left its pre-generated draft where a token flipped, at output
+    position `at` (reported with the rank's ReportDone)."""
+
+    prompt_key: str
+    sample_index: int
+    at: int
 
 
 @dataclass(frozen=True)
@@ -171,6 +185,8 @@ class Claim:
     remaining: int
     in_progress: int = 0
     """Tasks claimed by ranks and not complete (their drafts may still offer branches)."""
+    branch_margin: float = 0.0
+    """The calibrated streamed-branch threshold (0: offers at complete drafts only)."""
 
 
 @dataclass(frozen=True)

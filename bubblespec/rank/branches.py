@@ -75,10 +75,15 @@ class MarginWatch:
         self.seen = 0
         self.offered: list[tuple[int, int]] = []
         self._scored: list[tuple[float, int, int]] = []
+        self.records: list[tuple[int, float]] = []
+        """The draft's running minima of the keyed margin, (position, margin): pushed with
+        it so that the synchronizer can calibrate the threshold from where responses flip
+        (`core/branch_margin.py`)."""
 
-    def feed(self, tokens: Sequence[int], top: Sequence[dict[int, float]]
-             ) -> list[tuple[int, int]]:
-        """Scan the new positions; the (position, runner-up) pairs streamed now."""
+    def feed(self, tokens: Sequence[int], top: Sequence[dict[int, float]],
+             offer: bool = True) -> list[tuple[int, int]]:
+        """Scan the new positions; the (position, runner-up) pairs streamed now (none
+        without `offer`: a draft cut short only records its margins)."""
         out = []
         for p in range(self.seen, min(len(tokens), len(top))):
             tok, lp = tokens[p], top[p]
@@ -88,7 +93,9 @@ class MarginWatch:
             if ru < 0:
                 continue
             self._scored.append((m, p, ru))
-            if m < self.threshold and len(self.offered) + len(out) < self.budget:
+            if not self.records or m < self.records[-1][1]:
+                self.records.append((p, m))
+            if offer and m < self.threshold and len(self.offered) + len(out) < self.budget:
                 out.append((p, ru))
         self.seen = max(self.seen, min(len(tokens), len(top)))
         self.offered += out

@@ -10,7 +10,7 @@ parsed before the engine starts.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 
@@ -44,14 +44,17 @@ class RankConfig(BaseConfig, EngineConfig):
     """T: decode steps between stop polls while pre-generating."""
     pregen_inflight: int = Field(64, ge=1)
     """Most pre-generation tasks decoding at once (refilled as each finishes)."""
-    pregen_branches: int = Field(0, ge=0, le=MAX_BRANCH_OFFERS)
-    """Margin branches each complete keyed draft offers, at its smallest keyed margins; the
-    rank also decodes branch tasks the synchronizer hands out after the plain tasks (0:
-    neither; docs/design.md section 5)."""
-    pregen_branch_margin: float = Field(0.0, ge=0.0, le=100.0)
+    pregen_branches: int = Field(1, ge=0, le=MAX_BRANCH_OFFERS)
+    """Margin branches each keyed draft offers, at its smallest keyed margins; the rank also
+    decodes branch tasks the synchronizer hands out after the plain tasks (0: neither;
+    docs/design.md section 5). Only keyed (position) sampling branches: other drafts offer
+    nothing and ask for no log-probs."""
+    pregen_branch_margin: Annotated[float, Field(ge=0.0, le=100.0)] | Literal["auto"] = "auto"
     """Stream branch offers: a keyed draft still decoding offers each position whose keyed
     margin is below this at once, with the partial draft so far, so its branch starts before
-    the draft completes (0: offers only with the complete draft; needs pregen_branches)."""
+    the draft completes (0: offers only with the complete draft; needs pregen_branches).
+    auto: the synchronizer's threshold, calibrated from where responses flipped away from
+    their drafts (`core/branch_margin.py`; 0 until the first flip)."""
     engine_restarts: int = Field(3, ge=0, le=1000)
     """Engine restarts this process makes after its engine died (with the last good weights);
     when they are spent and the engine dies again, the process exits non-zero so that its

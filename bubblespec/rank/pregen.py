@@ -147,12 +147,17 @@ def task_request(t: PregenTask, branching: bool = False) -> GenRequest:
 
 
 def task_draft(t: PregenTask, g: GenResult,
-               branch_offers: list[tuple[int, int]] | None = None) -> PregenDraft:
-    """The draft of a finished plain task, with the margin branches it offers."""
+               branch_offers: list[tuple[int, int]] | None = None,
+               watch: MarginWatch | None = None) -> PregenDraft:
+    """The draft of a finished plain task, with the margin branches it offers and, from
+    `watch`, the running minima of its keyed margins (a draft cut short has them too)."""
     s = g.samples[0]
+    if watch is not None and s.top_logprobs:
+        watch.feed(s.output_ids, s.top_logprobs, offer=False)  # only what is left to read
     return PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index,
                        token_ids=s.output_ids, complete=s.finish_reason != "abort",
-                       weight_version=s.weight_version, branch_offers=branch_offers or ())
+                       weight_version=s.weight_version, branch_offers=branch_offers or (),
+                       margin_records=list(watch.records) if watch is not None else ())
 
 
 class Pregenerator:
@@ -160,7 +165,7 @@ class Pregenerator:
 
     def __init__(self, engine: Any, sync: Any, rank_id: str, step: int, inflight: int,
                  poll_every: int, local_stop: asyncio.Event, branches: int = 0,
-                 branch_poll_s: float = 0.25, branch_margin: float = 0.0) -> None:
+                 branch_poll_s: float = 0.25, branch_margin: float | str = 0.0) -> None:
         self.engine = engine
         self.sync = sync
         self.rank_id = rank_id
@@ -169,7 +174,8 @@ class Pregenerator:
         self.lanes: dict[asyncio.Task, PregenTask] = {}
         self.branches = max(0, int(branches))
         self.branch_poll_s = branch_poll_s
-        self.branch_margin = max(0.0, float(branch_margin))
+        self.auto_margin = branch_margin == "auto"
+        self.branch_margin = 0.0 if self.auto_margin else max(0.0, float(branch_margin))
         self.watches: dict[asyncio.Task, MarginWatch] = {}
         self._streams: set[asyncio.Task] = set()
         self._streamed = 0
@@ -190,6 +196,8 @@ class Pregenerator:
                 if room > 0 and not exhausted and not await self.stop():
                     claim = await self.sync.claim_tasks(self.step, self.rank_id, room)
                     self.target = claim.target_step
+                    if self.auto_margin:  # the synchronizer's calibrated threshold
+                        self.branch_margin = claim.branch_margin
                     if claim.stop:
                         self.stop.fire()
                     # with branches on, plain tasks still decoding elsewhere may offer more
@@ -248,16 +256,18 @@ class Pregenerator:
                 if top is not None and len(watch.offered) < watch.budget:
                     new = watch.feed(ids, top)
                     if new:
-                        self._stream(t, list(ids), new)
+                        self._stream(t, list(ids), new, watch)
         results = await self.engine.generate([req], should_stop=self.stop, poll_every=1,
                                              counters=False, observe=observe)
         return results[0]
 
-    def _stream(self, t: PregenTask, ids: list[int], new: list[tuple[int, int]]) -> None:
+    def _stream(self, t: PregenTask, ids: list[int], new: list[tuple[int, int]],
+                watch: MarginWatch) -> None:
         """Push the partial draft so far with the offers just found (a streamed offer)."""
         d = PregenDraft(prompt_key=t.prompt_key, sample_index=t.sample_index, token_ids=ids,
                         complete=False, weight_version=self.engine.weight_version,
-                        branch_offers=new)
+                        branch_offers=new,
+                        margin_records=list(watch.records))
         log.info("streamed branch offer: %s/%d at %s, %d tokens decoded", t.prompt_key,
                  t.sample_index, [p for p, _ in new], len(ids))
         push = asyncio.ensure_future(self.sync.push_drafts(self.target, self.rank_id, [d]))
@@ -289,7 +299,7 @@ class Pregenerator:
                 out.tokens += len(d.token_ids) - len(t.prefix)
             else:
                 g = lane.result()
-                d = task_draft(t, g, offers(t, g, self.branches, watch))
+                d = task_draft(t, g, offers(t, g, self.branches, watch), watch)
                 out.tokens += len(d.token_ids)
                 out.complete += d.complete
             if d.token_ids:

@@ -14,7 +14,7 @@ from typing import Any
 
 from bubblespec.engine.types import GenRequest, GenResult
 from bubblespec.metrics.rank import RankMetrics, set_state
-from bubblespec.protocol.domain import RankState, RankStatus, Span, SpanKind
+from bubblespec.protocol.domain import Flip, RankState, RankStatus, Span, SpanKind
 from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.rank import PromptOut, SampleOut, ShardRequest, StepShard, StepShardResult
 from bubblespec.rank.config import RankConfig
@@ -42,6 +42,13 @@ def to_prompt_out(index: int, res: GenResult) -> PromptOut:
                    "num_accepted_after_divergence": s.num_accepted_after_divergence,
                    "num_recouplings": s.num_recouplings,
                    "completion_tokens": len(s.output_ids)}) for s in res.samples])
+
+
+def flips_of(results: list[GenResult]) -> list[Flip]:
+    """The samples that left their pre-generated draft where a token flipped (not where the
+    draft ended): the synchronizer calibrates the streamed-branch threshold from them."""
+    return [Flip(g.group, s.sample_index, s.first_divergence) for g in results
+            for s in g.samples if s.first_divergence is not None and s.draft_ran_out is False]
 
 
 class RankWorker:
@@ -121,7 +128,7 @@ class RankWorker:
                               decode_seconds=t1 - t0, drafts_fetched_tokens=fetched)
         if self.sync is not None:  # done first: it may fire the stop signal
             if not shard.rerun:
-                await self.sync.report_done(shard.step, self.rank_id)
+                await self.sync.report_done(shard.step, self.rank_id, flips_of(results))
             await self.sync.report_spans(self.rank_id, shard.step,
                                          [Span(SpanKind.DECODE, t0, t1, tokens)])
         if not shard.rerun:

@@ -32,6 +32,7 @@ from typing_extensions import Self
 from bubblespec.protocol.domain import (
     Claim,
     DraftStatus,
+    Flip,
     HeartbeatReply,
     OpenStepResult,
     PregenDraft,
@@ -260,13 +261,17 @@ class SyncClient:
 
     # ------------------------------------------------------------------ steps (ranks)
 
-    async def report_done(self, step: int, rank_id: str, timeout_s: float | None = None) -> bool:
-        """Report the rank's shard of `step` done; True if the stop signal has fired.
+    async def report_done(self, step: int, rank_id: str, flips: Sequence[Flip] = (),
+                          timeout_s: float | None = None) -> bool:
+        """Report the rank's shard of `step` done, with the responses that flipped away
+        from their drafts; True if the stop signal has fired.
 
-        Degrades to False; a lost report heals through the heartbeat's `done_step`.
+        Degrades to False; a lost report heals through the heartbeat's `done_step` (its
+        flips are lost: they only calibrate the branch threshold).
         """
-        r = await self._soft("ReportDone", pb.ReportDoneRequest(step=step, rank_id=rank_id),
-                             timeout_s, rank_id)
+        req = pb.ReportDoneRequest(step=step, rank_id=rank_id,
+                                   flips=[cv.flip_to_pb(f) for f in flips])
+        r = await self._soft("ReportDone", req, timeout_s, rank_id)
         return False if r is None else r.stop
 
     async def poll_stop(self, step: int, rank_id: str, timeout_s: float | None = None) -> bool:
@@ -345,7 +350,7 @@ class SyncClient:
         if r is None:
             return Claim([], step + 1, False, 0)
         return Claim([cv.task_from_pb(t) for t in r.tasks], r.target_step, r.stop, r.remaining,
-                     r.in_progress)
+                     r.in_progress, r.branch_margin)
 
     async def push_drafts(self, step: int, rank_id: str, drafts: Sequence[PregenDraft],
                           timeout_s: float | None = None) -> PushResult:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from bubblespec.protocol.domain import (
     DraftStatus,
+    Flip,
     PregenDraft,
     PregenTask,
     RankInfo,
@@ -149,14 +150,25 @@ def draft_to_pb(d: PregenDraft) -> pb.Draft:
     return pb.Draft(prompt_key=d.prompt_key, sample_index=d.sample_index,
                     token_ids=d.token_ids, complete=d.complete,
                     weight_version=d.weight_version, offset=d.offset, branch_at=d.branch_at,
-                    branch_offers=[pb.BranchOffer(at=a, token_id=t) for a, t in d.branch_offers])
+                    branch_offers=[pb.BranchOffer(at=a, token_id=t) for a, t in d.branch_offers],
+                    margin_records=[pb.MarginRecord(at=a, margin=m)
+                                    for a, m in d.margin_records])
 
 
 def draft_from_pb(m: pb.Draft) -> PregenDraft:
     return PregenDraft(m.prompt_key, m.sample_index, list(m.token_ids), m.complete,
                        m.weight_version, m.offset,
                        m.branch_at if m.HasField("branch_at") else None,
-                       [(o.at, o.token_id) for o in m.branch_offers] or ())
+                       [(o.at, o.token_id) for o in m.branch_offers] or (),
+                       [(r.at, r.margin) for r in m.margin_records] or ())
+
+
+def flip_to_pb(f: Flip) -> pb.Flip:
+    return pb.Flip(prompt_key=f.prompt_key, sample_index=f.sample_index, at=f.at)
+
+
+def flip_from_pb(m: pb.Flip) -> Flip:
+    return Flip(m.prompt_key, m.sample_index, m.at)
 
 
 def span_to_pb(s: Span) -> pb.Span:

@@ -149,8 +149,9 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
 
     @_rpc(mutating=True)
     def ReportDone(self, r: pb.ReportDoneRequest) -> pb.ReportDoneResponse:
-        self.v.step_and_rank(r)
-        stop, pending, over = self.state.report_done(r.step, r.rank_id)
+        self.v.report_done(r)
+        stop, pending, over = self.state.report_done(r.step, r.rank_id,
+                                                     [cv.flip_from_pb(f) for f in r.flips])
         return pb.ReportDoneResponse(stop=stop, pending_rank_ids=pending, step_over=over)
 
     @_rpc(mutating=False)
@@ -180,7 +181,8 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         tasks, target, stop, remaining, busy = self.state.claim(r.step, r.rank_id, r.max_tasks)
         return pb.ClaimTasksResponse(tasks=[cv.task_to_pb(t) for t in tasks],
                                      target_step=target, stop=stop, remaining=remaining,
-                                     in_progress=busy)
+                                     in_progress=busy,
+                                     branch_margin=self.state.margins.threshold())
 
     @_rpc(mutating=True)
     def PushDrafts(self, r: pb.PushDraftsRequest) -> pb.PushDraftsResponse:

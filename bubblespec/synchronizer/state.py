@@ -24,9 +24,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bubblespec.core.branch_margin import MarginCalibrator, flip_window
 from bubblespec.metrics.sync import SyncLevels, SyncMetrics
 from bubblespec.protocol.domain import (
     DraftStatus,
+    Flip,
     OpenStepResult,
     PregenDraft,
     PregenTask,
@@ -81,6 +83,7 @@ class SyncState:
         self.closed_through = -1  # every step <= this is over
         self.store = DraftStore(config.draft_store_budget_bytes)
         self.lengths = LengthPredictor()  # orders the pre-gen queue: longest predicted first
+        self.margins = MarginCalibrator()  # the streamed-branch threshold, from reported flips
         self.timeline = Timeline(config.timeline_keep_steps, config.max_spans_per_rank_step)
         self.events = EventHub()
 
@@ -178,12 +181,19 @@ class SyncState:
         self.events.publish(StepEvent(StepEventKind.CLOSED, rec.step, rec.closed_unix_s))
         return self.store.drop_through(rec.step)
 
-    def report_done(self, step: int, rank_id: str) -> tuple[bool, list[str], bool]:
-        """A rank finished its shard; returns (stop fired, pending ranks, step over)."""
+    def report_done(self, step: int, rank_id: str, flips: Sequence[Flip] = ()
+                    ) -> tuple[bool, list[str], bool]:
+        """A rank finished its shard; returns (stop fired, pending ranks, step over). Its
+        `flips` calibrate the streamed-branch threshold (`core/branch_margin.py`): each is
+        read against its draft's margin records, where the draft has them."""
         self.ranks.require_live(rank_id)
         cur = self._require_step(step)
         if cur is None:
             return True, [], True
+        for f in flips:
+            got = self.store.records_of(step, f.prompt_key, f.sample_index)
+            if got is not None and got[0]:
+                self.margins.observe(step, flip_window(got[0], f.at, got[1]))
         self._mark_done(cur, rank_id)
         return cur.stop_unix_s is not None, cur.pending, False
 

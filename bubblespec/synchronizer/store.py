@@ -11,7 +11,7 @@ when the step closes (`drop_through`).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bubblespec.protocol.domain import DraftStatus, PregenDraft, StoreStats
@@ -31,6 +31,8 @@ class _Stored:
     complete: bool
     weight_version: int
     nbytes: int
+    records: Sequence[tuple[int, float]] = ()
+    """The draft's margin records (running minima of its keyed margins), if pushed."""
 
 
 Slot = tuple[int, int]
@@ -73,9 +75,11 @@ class DraftStore:
                 draft.weight_version,
                 new_bytes,
             )
+            if draft.margin_records:
+                old.records = tuple(draft.margin_records)
         else:
             stored = _Stored(array("i", draft.token_ids), draft.complete, draft.weight_version,
-                             new_bytes)
+                             new_bytes, tuple(draft.margin_records))
             prompts = self._steps.setdefault(step, {})
             prompts.setdefault(draft.prompt_key, {})[slot] = stored
             if old is None:
@@ -88,6 +92,12 @@ class DraftStore:
         """The stored draft (not a branch) of one sample, read-only; None if absent."""
         s = self._steps.get(step, {}).get(prompt_key, {}).get((sample_index, -1))
         return None if s is None else s.tokens
+
+    def records_of(self, step: int, prompt_key: str, sample_index: int
+                   ) -> tuple[Sequence[tuple[int, float]], bool] | None:
+        """(margin records, complete) of one sample's stored draft; None if absent."""
+        s = self._steps.get(step, {}).get(prompt_key, {}).get((sample_index, -1))
+        return None if s is None else (s.records, s.complete)
 
     def fetch(
         self, step: int, prompt_keys: Iterable[str], max_bytes: int | None = None

@@ -198,6 +198,34 @@ class Validator:
                 self.in_range(d.branch_at, f"{path}.branch_at",
                               d.offset + len(d.token_ids) - 1)
             self.offers(d, path)
+            self.records(d, path)
+
+    def records(self, d: pb.Draft, path: str) -> None:
+        """Margin records: a draft's (not a branch's) running minima, at its positions in
+        ascending order, finite, non-negative and strictly falling."""
+        if not d.margin_records:
+            return
+        path = f"{path}.margin_records"
+        if d.HasField("branch_at"):
+            raise invalid(path, "a branch has no margin records")
+        n = d.offset + len(d.token_ids)
+        self.count(len(d.margin_records), n, path)
+        prev_at, prev_m = -1, math.inf
+        for j, rec in enumerate(d.margin_records):
+            self.in_range(rec.at, f"{path}[{j}].at", n - 1, prev_at + 1)
+            if not (math.isfinite(rec.margin) and 0 <= rec.margin < prev_m):
+                raise invalid(f"{path}[{j}].margin", "must be finite, >= 0 and below the "
+                              f"previous record's, got {rec.margin}")
+            prev_at, prev_m = rec.at, rec.margin
+
+    def report_done(self, r: pb.ReportDoneRequest) -> None:
+        """Step and rank; each flip names a prompt key, a sample index and a position."""
+        self.step_and_rank(r)
+        self.count(len(r.flips), self.c.max_drafts_per_push, "flips")
+        for i, f in enumerate(r.flips):
+            self.key(f.prompt_key, f"flips[{i}].prompt_key")
+            self.in_range(f.sample_index, f"flips[{i}].sample_index", L.MAX_SAMPLE_INDEX)
+            self.in_range(f.at, f"flips[{i}].at", self.c.max_draft_tokens)
 
     def offers(self, d: pb.Draft, path: str) -> None:
         """Branch offers: only on a draft that is not itself a branch (complete, or partial

@@ -29,10 +29,10 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # one margin branch per complete keyed draft (only keyed hand-off steps make any)
+    # the rank defaults: one margin branch per keyed draft, streamed at the synchronizer's
+    # calibrated threshold (only keyed hand-off steps make any)
     yield from local_cluster(tmp_path_factory, sync_args=["--heartbeat-interval-s", "0.5",
-                                                          "--rank-timeout-s", "5"],
-                             rank_args=["--pregen-branches", "1"])
+                                                          "--rank-timeout-s", "5"])
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bubblespec.core.branch_margin import running_minima
 from bubblespec.core.keyed_noise import keyed_top2, position_key
 from bubblespec.engine.types import GenResult, SampleResult
 from bubblespec.protocol.domain import PregenTask
@@ -76,6 +77,23 @@ def test_margin_watch_streams_below_its_threshold_and_ends_with_the_smallest() -
     w0 = MarginWatch(5, 1.0, budget=3)  # threshold 0: nothing streams
     assert w0.feed(toks, tops) == [] and w0.final() == [(p, rus[p]) for p in order[:3]]
     assert w0.final() == []
+
+
+def test_a_watch_records_the_running_minima_it_reads() -> None:
+    """The records pushed with a draft (the synchronizer calibrates the streamed threshold
+    from them) are the running minima of the true margins, streamed or read at the end,
+    and a draft cut short records its margins without offering."""
+    toks, tops, margins, _ = _draft(seed=3, n=50, rng_seed=9)
+    want = running_minima(list(enumerate(margins)))
+    w = MarginWatch(3, 1.0, budget=1, threshold=0.5)
+    for n in range(0, 51, 9):
+        w.feed(toks[:n], tops[:n])
+    w.feed(toks, tops)
+    assert [p for p, _ in w.records] == [p for p, _ in want]
+    assert np.allclose([m for _, m in w.records], [m for _, m in want])
+    cut = MarginWatch(3, 1.0, budget=1, threshold=100.0)
+    assert cut.feed(toks, tops, offer=False) == [] and cut.offered == []
+    assert cut.records == w.records
 
 
 def test_offers_requests_and_drafts_of_branch_tasks() -> None:

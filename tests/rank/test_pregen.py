@@ -6,10 +6,13 @@ window) ends it with partial drafts pushed."""
 from __future__ import annotations
 
 import asyncio
+import math
+from itertools import pairwise
 from typing import Any
 
 import pytest
 
+from bubblespec.core.branch_margin import FlipWindow
 from bubblespec.engine.types import GenRequest
 from bubblespec.protocol.domain import PregenTask
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
@@ -190,6 +193,8 @@ def test_a_decoding_draft_streams_its_offers_before_it_completes(loop_runner: An
                 assert len(done) == 1 and mine[-1] is done[0]  # the complete one came last
                 assert list(done[0].token_ids) == g.samples[0].output_ids
                 assert not done[0].branch_offers  # the stream spent the budget
+                recs = list(done[0].margin_records)  # running minima, for calibration
+                assert recs and all(a[0] < b[0] and a[1] > b[1] for a, b in pairwise(recs))
                 offered = [(o, list(d.token_ids)) for d in mine if not d.complete
                            for o in d.branch_offers]
                 assert len(offered) == 2
@@ -200,6 +205,35 @@ def test_a_decoding_draft_streams_its_offers_before_it_completes(loop_runner: An
             assert out.branches == 2 * len(tasks)
             stored = await sync.fetch_drafts(1, sorted({t.prompt_key for t in tasks}))
             assert sum(d.branch_at is not None for d in stored) == 2 * len(tasks)
+
+    loop_runner.run(go())
+
+
+def test_auto_margin_streams_at_the_synchronizers_calibrated_threshold(
+        loop_runner: Any, spec_engine: Any) -> None:
+    """`--pregen-branch-margin auto`: before any flip the threshold is 0 (offers with the
+    complete draft only); once the synchronizer has seen flips, each claim carries its
+    calibrated threshold and the rank streams offers below it while drafts decode."""
+    task = default_task()
+    tasks = tasks_for(task.make_prompts(2, 7), 2, 40)
+
+    async def run(server: Any, sync: Any) -> tuple[Any, Any]:
+        await open_with_idle_ranks(sync, tasks, ("maker", "idle"))
+        maker = Pregenerator(spec_engine, sync, "maker", 0, inflight=8, poll_every=4,
+                             local_stop=asyncio.Event(), branches=1, branch_poll_s=0.05,
+                             branch_margin="auto")
+        return maker, await asyncio.wait_for(maker.run(), 120)
+
+    async def go() -> None:
+        async with serving(rank_timeout_s=120.0) as (server, sync):
+            maker, out = await run(server, sync)
+            assert maker.branch_margin == 0.0 and out.streamed_offers == 0
+            assert out.complete == len(tasks) and out.branches == len(tasks)
+        async with serving(rank_timeout_s=120.0) as (server, sync):
+            server.state.margins.observe(0, FlipWindow(9.0, math.inf, False))
+            maker, out = await run(server, sync)
+            assert maker.branch_margin == server.state.margins.threshold() > 9.0
+            assert out.streamed_offers >= 1
 
     loop_runner.run(go())
 

@@ -5,7 +5,7 @@ and end to end through the daemon, with `in_progress` telling idle ranks to keep
 
 from __future__ import annotations
 
-from bubblespec.protocol.domain import PregenDraft
+from bubblespec.protocol.domain import Flip, PregenDraft
 from bubblespec.synchronizer.pregen import TaskQueue
 
 from .helpers import make_tasks, open_with_idle_ranks, serving
@@ -84,3 +84,29 @@ async def test_a_partial_draft_streams_an_offer_that_an_idle_rank_takes_at_once(
         drafts = await client.fetch_drafts(1, ["p0"])
         assert [(d.branch_at, list(d.token_ids), d.complete) for d in drafts] == [
             (None, [3, 4, 5, 6, 7], True)]
+
+
+async def test_reported_flips_calibrate_the_streamed_branch_threshold() -> None:
+    """Ranks push keyed drafts with their margin records; where a response of the next step
+    flips away from its draft (ReportDone), the synchronizer reads the records there and
+    every claim carries the threshold that would have streamed the branch at the flip."""
+    async with serving() as (_, client):
+        await open_with_idle_ranks(client, make_tasks(1, 3))
+        assert (await client.claim_tasks(0, "r0", 8)).branch_margin == 0.0  # nothing seen
+        records = [(0, 2.0), (4, 0.5), (9, 0.05)]
+        await client.push_drafts(1, "r0", [
+            PregenDraft("p0", 0, list(range(20)), complete=True, margin_records=records),
+            PregenDraft("p0", 1, list(range(20)), complete=True, margin_records=records),
+            PregenDraft("p0", 2, list(range(20)), complete=True)])  # no records: not read
+        await client.report_done(0, "slow")
+        await client.close_step(0)
+        await client.open_step(1, {"r0": 1, "r1": 1, "slow": 1}, make_tasks(1, 1))
+        # sample 0 flipped at 9 (smallest margin: streamed by (0.05, 0.5]), sample 1 at 5
+        # (no record: no threshold branches there), sample 2 has no records
+        await client.report_done(1, "r0", [Flip("p0", 0, 9), Flip("p0", 1, 5),
+                                           Flip("p0", 2, 3), Flip("p9", 0, 1)])
+        m = (await client.claim_tasks(1, "r0", 8)).branch_margin
+        assert 0.05 < m <= 0.5
+        # the flip at 4 favours (0.5, 2.0]; one each: the tie goes to the smaller threshold
+        await client.report_done(1, "r1", [Flip("p0", 1, 4)])
+        assert (await client.claim_tasks(1, "r1", 8)).branch_margin == m

@@ -53,6 +53,16 @@ def offered(complete: bool = True, branch_at: int | None = None, at: int = 1, to
                     branch_at=branch_at, branch_offers=offers)
 
 
+def recorded(*records: tuple[int, float], branch_at: int | None = None) -> pb.Draft:
+    """A draft [1, 2, 3] carrying margin `records` (position, margin)."""
+    return pb.Draft(prompt_key="p", sample_index=0, token_ids=[1, 2, 3], branch_at=branch_at,
+                    margin_records=[pb.MarginRecord(at=a, margin=m) for a, m in records])
+
+
+def flip(key: str = "p", index: int = 0, at: int = 0) -> pb.Flip:
+    return pb.Flip(prompt_key=key, sample_index=index, at=at)
+
+
 CASES = [
     ("RegisterRank", pb.RegisterRankRequest(rank_id=""), INVALID, "rank_id"),
     ("RegisterRank", pb.RegisterRankRequest(rank_id="x" * 300), INVALID, "rank_id"),
@@ -107,6 +117,12 @@ CASES = [
     ("ReportDone", pb.ReportDoneRequest(step=0, rank_id=""), INVALID, "rank_id"),
     ("ReportDone", pb.ReportDoneRequest(step=0, rank_id="ghost"), NOT_FOUND, "rank_id"),
     ("ReportDone", pb.ReportDoneRequest(step=3, rank_id="r0"), PRECONDITION, "step"),
+    ("ReportDone", pb.ReportDoneRequest(step=0, rank_id="r0", flips=[flip(), flip(key="")]),
+     INVALID, "flips[1].prompt_key"),
+    ("ReportDone", pb.ReportDoneRequest(step=0, rank_id="r0", flips=[flip(at=-1)]), INVALID,
+     "flips[0].at"),
+    ("ReportDone", pb.ReportDoneRequest(step=0, rank_id="r0", flips=[flip(index=-2)]),
+     INVALID, "flips[0].sample_index"),
     ("PollStop", pb.PollStopRequest(step=-1, rank_id="r0"), INVALID, "step"),
     ("PollStop", pb.PollStopRequest(step=0, rank_id=""), INVALID, "rank_id"),
     ("ClaimTasks", pb.ClaimTasksRequest(step=0, rank_id="r0", max_tasks=0), INVALID,
@@ -135,6 +151,16 @@ CASES = [
      INVALID, "drafts[0].branch_offers[1].at"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[offered(many=17)]),
      INVALID, "drafts[0].branch_offers"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        recorded((0, 0.5), (1, 0.7))]), INVALID, "drafts[0].margin_records[1].margin"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        recorded((1, 0.5), (1, 0.2))]), INVALID, "drafts[0].margin_records[1].at"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        recorded((3, 0.5))]), INVALID, "drafts[0].margin_records[0].at"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        recorded((0, float("nan")))]), INVALID, "drafts[0].margin_records[0].margin"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        recorded((0, 0.5), branch_at=1)]), INVALID, "drafts[0].margin_records"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(), draft(key="")]),
      INVALID, "drafts[1].prompt_key"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(tokens=[1] * 101)]),

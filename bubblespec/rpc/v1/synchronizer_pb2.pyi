@@ -236,13 +236,25 @@ class CloseStepResponse(_message.Message):
     dropped_tasks: int
     def __init__(self, step: _Optional[int] = ..., closed_unix_s: _Optional[float] = ..., dropped_drafts: _Optional[int] = ..., dropped_tasks: _Optional[int] = ...) -> None: ...
 
+class Flip(_message.Message):
+    __slots__ = ("prompt_key", "sample_index", "at")
+    PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    prompt_key: str
+    sample_index: int
+    at: int
+    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., at: _Optional[int] = ...) -> None: ...
+
 class ReportDoneRequest(_message.Message):
-    __slots__ = ("step", "rank_id")
+    __slots__ = ("step", "rank_id", "flips")
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_ID_FIELD_NUMBER: _ClassVar[int]
+    FLIPS_FIELD_NUMBER: _ClassVar[int]
     step: int
     rank_id: str
-    def __init__(self, step: _Optional[int] = ..., rank_id: _Optional[str] = ...) -> None: ...
+    flips: _containers.RepeatedCompositeFieldContainer[Flip]
+    def __init__(self, step: _Optional[int] = ..., rank_id: _Optional[str] = ..., flips: _Optional[_Iterable[_Union[Flip, _Mapping]]] = ...) -> None: ...
 
 class ReportDoneResponse(_message.Message):
     __slots__ = ("stop", "pending_rank_ids", "step_over")
@@ -301,21 +313,23 @@ class ClaimTasksRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., rank_id: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class ClaimTasksResponse(_message.Message):
-    __slots__ = ("tasks", "target_step", "stop", "remaining", "in_progress")
+    __slots__ = ("tasks", "target_step", "stop", "remaining", "in_progress", "branch_margin")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     TARGET_STEP_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     REMAINING_FIELD_NUMBER: _ClassVar[int]
     IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_MARGIN_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[PregenTask]
     target_step: int
     stop: bool
     remaining: int
     in_progress: int
-    def __init__(self, tasks: _Optional[_Iterable[_Union[PregenTask, _Mapping]]] = ..., target_step: _Optional[int] = ..., stop: _Optional[bool] = ..., remaining: _Optional[int] = ..., in_progress: _Optional[int] = ...) -> None: ...
+    branch_margin: float
+    def __init__(self, tasks: _Optional[_Iterable[_Union[PregenTask, _Mapping]]] = ..., target_step: _Optional[int] = ..., stop: _Optional[bool] = ..., remaining: _Optional[int] = ..., in_progress: _Optional[int] = ..., branch_margin: _Optional[float] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset", "branch_at", "branch_offers")
+    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset", "branch_at", "branch_offers", "margin_records")
     PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +338,7 @@ class Draft(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     BRANCH_AT_FIELD_NUMBER: _ClassVar[int]
     BRANCH_OFFERS_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_RECORDS_FIELD_NUMBER: _ClassVar[int]
     prompt_key: str
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -332,7 +347,16 @@ class Draft(_message.Message):
     offset: int
     branch_at: int
     branch_offers: _containers.RepeatedCompositeFieldContainer[BranchOffer]
-    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ..., branch_at: _Optional[int] = ..., branch_offers: _Optional[_Iterable[_Union[BranchOffer, _Mapping]]] = ...) -> None: ...
+    margin_records: _containers.RepeatedCompositeFieldContainer[MarginRecord]
+    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ..., branch_at: _Optional[int] = ..., branch_offers: _Optional[_Iterable[_Union[BranchOffer, _Mapping]]] = ..., margin_records: _Optional[_Iterable[_Union[MarginRecord, _Mapping]]] = ...) -> None: ...
+
+class MarginRecord(_message.Message):
+    __slots__ = ("at", "margin")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    at: int
+    margin: float
+    def __init__(self, at: _Optional[int] = ..., margin: _Optional[float] = ...) -> None: ...
 
 class BranchOffer(_message.Message):
     __slots__ = ("at", "token_id")
