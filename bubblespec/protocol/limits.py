@@ -39,6 +39,9 @@ MAX_SAMPLE_INDEX = 2**30
 """Largest sample index (`sample_offset + n - 1` stays an int32)."""
 MAX_BRANCH_OFFERS = 16
 """Margin branches one complete draft may offer (`PregenDraft.branch_offers`)."""
+MAX_FLIPS = 1024
+"""Flips one ReportDone carries (a rank reports its first ones; they only calibrate the
+streamed-branch threshold, `core/branch_margin.py`)."""
 MAX_INDEX = INT32_MAX
 """Largest position of a prompt in a batch."""
 MAX_NEW_TOKENS = 2**24

@@ -16,6 +16,7 @@ from bubblespec.engine.types import GenRequest, GenResult
 from bubblespec.metrics.rank import RankMetrics, set_state
 from bubblespec.protocol.domain import Flip, RankState, RankStatus, Span, SpanKind
 from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.limits import MAX_FLIPS
 from bubblespec.protocol.rank import PromptOut, SampleOut, ShardRequest, StepShard, StepShardResult
 from bubblespec.rank.config import RankConfig
 from bubblespec.rank.pregen import Pregenerator, PregenOutcome
@@ -46,9 +47,11 @@ def to_prompt_out(index: int, res: GenResult) -> PromptOut:
 
 def flips_of(results: list[GenResult]) -> list[Flip]:
     """The samples that left their pre-generated draft where a token flipped (not where the
-    draft ended): the synchronizer calibrates the streamed-branch threshold from them."""
+    draft ended): the synchronizer calibrates the streamed-branch threshold from them. The
+    first `MAX_FLIPS` only: a sample of them is all the calibration needs."""
     return [Flip(g.group, s.sample_index, s.first_divergence) for g in results
-            for s in g.samples if s.first_divergence is not None and s.draft_ran_out is False]
+            for s in g.samples if s.first_divergence is not None
+            and s.draft_ran_out is False][:MAX_FLIPS]
 
 
 class RankWorker:

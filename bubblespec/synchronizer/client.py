@@ -264,11 +264,9 @@ class SyncClient:
     async def report_done(self, step: int, rank_id: str, flips: Sequence[Flip] = (),
                           timeout_s: float | None = None) -> bool:
         """Report the rank's shard of `step` done, with the responses that flipped away
-        from their drafts; True if the stop signal has fired.
-
-        Degrades to False; a lost report heals through the heartbeat's `done_step` (its
-        flips are lost: they only calibrate the branch threshold).
-        """
+        from their drafts; True if the stop signal has fired. Degrades to False; a lost
+        report heals through the heartbeat's `done_step` (its flips, which only calibrate
+        the branch threshold, are lost)."""
         req = pb.ReportDoneRequest(step=step, rank_id=rank_id,
                                    flips=[cv.flip_to_pb(f) for f in flips])
         r = await self._soft("ReportDone", req, timeout_s, rank_id)

@@ -221,7 +221,7 @@ class Validator:
     def report_done(self, r: pb.ReportDoneRequest) -> None:
         """Step and rank; each flip names a prompt key, a sample index and a position."""
         self.step_and_rank(r)
-        self.count(len(r.flips), self.c.max_drafts_per_push, "flips")
+        self.count(len(r.flips), L.MAX_FLIPS, "flips")
         for i, f in enumerate(r.flips):
             self.key(f.prompt_key, f"flips[{i}].prompt_key")
             self.in_range(f.sample_index, f"flips[{i}].sample_index", L.MAX_SAMPLE_INDEX)

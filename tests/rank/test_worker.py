@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from bubblespec.engine.types import GenResult, SampleResult
 from bubblespec.protocol.domain import Flip
+from bubblespec.protocol.limits import MAX_FLIPS
 from bubblespec.rank.worker import flips_of
 
 
@@ -19,3 +20,8 @@ def test_only_flipped_samples_are_reported_with_their_group_and_position() -> No
                GenResult("g1", [sample(0, 1, True), sample(3, 0, False)])]
     assert flips_of(results) == [Flip("g0", 0, 2), Flip("g1", 3, 0)]
     assert flips_of([]) == []
+
+
+def test_a_huge_shard_reports_no_more_flips_than_a_report_may_carry() -> None:
+    many = [GenResult(f"g{i}", [sample(0, 1, False)]) for i in range(MAX_FLIPS + 5)]
+    assert len(flips_of(many)) == MAX_FLIPS

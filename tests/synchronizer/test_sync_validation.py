@@ -121,6 +121,8 @@ CASES = [
      INVALID, "flips[1].prompt_key"),
     ("ReportDone", pb.ReportDoneRequest(step=0, rank_id="r0", flips=[flip(at=-1)]), INVALID,
      "flips[0].at"),
+    ("ReportDone", pb.ReportDoneRequest(step=0, rank_id="r0", flips=[flip()] * 1025), INVALID,
+     "flips"),
     ("ReportDone", pb.ReportDoneRequest(step=0, rank_id="r0", flips=[flip(index=-2)]),
      INVALID, "flips[0].sample_index"),
     ("PollStop", pb.PollStopRequest(step=-1, rank_id="r0"), INVALID, "step"),
