@@ -35,6 +35,8 @@ class SyncLevels:
     store_bytes: int = 0
     store_budget_bytes: int = 0
     watchers: int = 0
+    branch_margin: float = 0.0
+    flips_seen: int = 0
 
 
 class _LevelsCollector(Collector):
@@ -68,6 +70,10 @@ class _LevelsCollector(Collector):
             ("bubblespec_draft_store_budget_bytes", "Byte budget of the draft store.",
              lv.store_budget_bytes),
             ("bubblespec_sync_watchers", "Open WatchStep streams.", lv.watchers),
+            ("bubblespec_branch_margin", "Streamed-branch threshold from reported flips.",
+             lv.branch_margin),
+            ("bubblespec_flips_reported", "Responses reported as flipped off their drafts.",
+             lv.flips_seen),
         ]
         for name, doc, value in plain:
             yield GaugeMetricFamily(name, doc, value=value)

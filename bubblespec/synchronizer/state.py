@@ -19,6 +19,7 @@ not fit the state. Choices worth knowing:
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -48,6 +49,8 @@ from bubblespec.synchronizer.pregen import LengthPredictor, TaskQueue
 from bubblespec.synchronizer.ranks import RankRegistry
 from bubblespec.synchronizer.store import DraftStore
 from bubblespec.synchronizer.timeline import EventHub, Timeline
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -190,10 +193,14 @@ class SyncState:
         cur = self._require_step(step)
         if cur is None:
             return True, [], True
+        before = self.margins.threshold()
         for f in flips:
             got = self.store.records_of(step, f.prompt_key, f.sample_index)
             if got is not None and got[0]:
                 self.margins.observe(step, flip_window(got[0], f.at, got[1]))
+        if self.margins.threshold() != before:
+            log.info("step %d: branch margin threshold %.4g -> %.4g (%d flip windows)", step,
+                     before, self.margins.threshold(), len(self.margins.windows()))
         self._mark_done(cur, rank_id)
         return cur.stop_unix_s is not None, cur.pending, False
 
@@ -386,4 +393,6 @@ class SyncState:
             store_bytes=self.store.bytes,
             store_budget_bytes=self.store.budget_bytes,
             watchers=self.events.followers,
+            branch_margin=self.margins.threshold(),
+            flips_seen=self.margins.flips,
         )

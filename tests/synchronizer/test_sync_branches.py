@@ -90,7 +90,7 @@ async def test_reported_flips_calibrate_the_streamed_branch_threshold() -> None:
     """Ranks push keyed drafts with their margin records; where a response of the next step
     flips away from its draft (ReportDone), the synchronizer reads the records there and
     every claim carries the threshold that would have streamed the branch at the flip."""
-    async with serving() as (_, client):
+    async with serving() as (server, client):
         await open_with_idle_ranks(client, make_tasks(1, 3))
         assert (await client.claim_tasks(0, "r0", 8)).branch_margin == 0.0  # nothing seen
         records = [(0, 2.0), (4, 0.5), (9, 0.05)]
@@ -110,3 +110,5 @@ async def test_reported_flips_calibrate_the_streamed_branch_threshold() -> None:
         # the flip at 4 favours (0.5, 2.0]; one each: the tie goes to the smaller threshold
         await client.report_done(1, "r1", [Flip("p0", 1, 4)])
         assert (await client.claim_tasks(1, "r1", 8)).branch_margin == m
+        levels = server.state.levels()  # exported as bubblespec_branch_margin and _flips_
+        assert (levels.branch_margin, levels.flips_seen) == (m, 3)  # p9, p0/2: no records
