@@ -78,6 +78,14 @@ class PregenTask:
         """The task's response budget (its sampling's max_new_tokens)."""
         return self.sampling.max_new_tokens
 
+    @property
+    def can_branch(self) -> bool:
+        """Its draft may offer margin branches: keyed by position, sampled (temperature >
+        0), and not itself a branch."""
+        sp = self.sampling
+        return (self.branch_at is None and sp.keyed and not sp.keyed_by_context
+                and sp.temperature > 0)
+
 
 @dataclass(frozen=True)
 class ShardAssignment:

@@ -51,9 +51,9 @@ branch point and its token are wrong."""
 
 
 def branchable(t: PregenTask) -> bool:
-    """Tasks whose drafts can be branched: keyed by position, sampled (temperature > 0)."""
-    sp = t.sampling
-    return sp.keyed and not sp.keyed_by_context and sp.temperature > 0
+    """Tasks whose drafts can be branched: keyed by position, sampled (temperature > 0)
+    (`PregenTask.can_branch`; the synchronizer counts those in progress by the same rule)."""
+    return t.can_branch
 
 
 class MarginWatch:

@@ -141,6 +141,12 @@ class TaskQueue:
         return len(self._claimed)
 
     @property
+    def branchable_claimed(self) -> int:
+        """Of those, the ones whose drafts can offer branches (`PregenTask.can_branch`):
+        what a branching rank with nothing to claim waits for."""
+        return sum(self._tasks[k].can_branch for k in self._claimed)
+
+    @property
     def branches_claimed(self) -> int:
         """Branch tasks held by a rank and not complete."""
         return len(self._bclaimed)

@@ -270,7 +270,7 @@ class SyncState:
     def claim(self, step: int, rank_id: str, max_tasks: int
               ) -> tuple[list[PregenTask], int, bool, int, int]:
         """Tasks for a rank in its bubble: (tasks, target step, stop, remaining queued,
-        plain tasks in progress on some rank)."""
+        plain tasks in progress on some rank whose drafts may still offer branches)."""
         self.ranks.require_live(rank_id)
         cur = self._require_step(step)
         if cur is None or self.pregen_over(step):
@@ -282,7 +282,8 @@ class SyncState:
         tasks = cur.queue.claim(rank_id, min(max_tasks, self.config.max_tasks_per_claim))
         if tasks:
             self.metrics.tasks_claimed.inc(len(tasks))
-        return tasks, cur.queue.target_step, False, cur.queue.queued, cur.queue.claimed
+        return (tasks, cur.queue.target_step, False, cur.queue.queued,
+                cur.queue.branchable_claimed)
 
     def accepts_drafts_for(self, step: int) -> bool:
         """Drafts are taken for the current step and the next one, while not over."""

@@ -57,12 +57,15 @@ def stub(address: str) -> tuple[grpc.aio.Channel, pb_grpc.SynchronizerStub]:
     return channel, pb_grpc.SynchronizerStub(channel)
 
 
-def make_tasks(num_prompts: int, samples: int, max_new_tokens: int = 32) -> list[PregenTask]:
-    """Prompt-major task list (p0 s0, p0 s1, ..., p1 s0, ...), as a gateway would send it."""
+def make_tasks(num_prompts: int, samples: int, max_new_tokens: int = 32,
+               keyed: bool = False) -> list[PregenTask]:
+    """Prompt-major task list (p0 s0, p0 s1, ..., p1 s0, ...), as a gateway would send it
+    (`keyed`: keyed sampling, whose drafts may offer margin branches)."""
     return [
         PregenTask(f"p{p}", [1, 2, 3 + p], s, seed=1000 * p + s,
                    sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.7,
-                                           top_p=0.9, top_k=20))
+                                           top_p=0.9, top_k=20,
+                                           seed_mode="keyed" if keyed else "default"))
         for p in range(num_prompts) for s in range(samples)
     ]
 

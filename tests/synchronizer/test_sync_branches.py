@@ -28,6 +28,18 @@ def test_branches_come_after_plain_tasks_longest_draft_first() -> None:
     assert (q.queued, q.claimed, q.branches_claimed) == (0, 4, 3)
 
 
+def test_only_tasks_that_can_branch_keep_idle_ranks_waiting() -> None:
+    """A branching rank with nothing to claim waits while claimed tasks may still offer
+    branches: keyed ones; plain-sampling drafts never do, so it need not wait for them."""
+    plain, keyed = TaskQueue(1, make_tasks(1, 2)), TaskQueue(1, make_tasks(1, 2, keyed=True))
+    plain.claim("a", 2)
+    keyed.claim("a", 2)
+    assert (plain.claimed, plain.branchable_claimed) == (2, 0)
+    assert (keyed.claimed, keyed.branchable_claimed) == (2, 2)
+    keyed.complete(("p0", 0))
+    assert keyed.branchable_claimed == 1
+
+
 def test_a_branch_is_retired_by_its_draft_and_requeued_with_a_lost_rank() -> None:
     q = TaskQueue(1, make_tasks(1, 1))
     q.claim("a", 1)
@@ -43,7 +55,7 @@ def test_a_branch_is_retired_by_its_draft_and_requeued_with_a_lost_rank() -> Non
 
 async def test_offers_become_tasks_for_an_idle_rank_through_the_daemon() -> None:
     async with serving() as (_, client):
-        await open_with_idle_ranks(client, make_tasks(1, 2))
+        await open_with_idle_ranks(client, make_tasks(1, 2, keyed=True))
         held = await client.claim_tasks(0, "r0", 8)
         assert len(held.tasks) == 2
         idle = await client.claim_tasks(0, "r1", 8)  # nothing yet, but r0 may offer some
@@ -66,7 +78,7 @@ async def test_offers_become_tasks_for_an_idle_rank_through_the_daemon() -> None
 
 async def test_a_partial_draft_streams_an_offer_that_an_idle_rank_takes_at_once() -> None:
     async with serving() as (_, client):
-        await open_with_idle_ranks(client, make_tasks(1, 1))
+        await open_with_idle_ranks(client, make_tasks(1, 1, keyed=True))
         (task,) = (await client.claim_tasks(0, "r0", 8)).tasks
         # r0's draft is 3 tokens in, with a small margin at 1: it offers that branch now
         res = await client.push_drafts(1, "r0", [PregenDraft(
