@@ -25,7 +25,9 @@ from tests.deploy.helpers import DEPLOY, ensure_tool
 
 pytestmark = pytest.mark.engine
 
-SAMPLING = {"temperature": 1.0, "max_new_tokens": 400}
+# plain sampling, named: hand-off steps would sample keyed by default, and keyed responses
+# under unchanged weights follow their drafts, diverging only where a draft was cut short
+SAMPLING = {"temperature": 1.0, "max_new_tokens": 400, "seed_mode": "default"}
 NUM_SPECULATIVE_TOKENS = 8  # the rank default
 MACROS = {"$__rate_interval": "1m", "$__range": "10m", "$__interval": "5s", "$rank": ".*"}
 
