@@ -103,6 +103,7 @@ class MarginCalibrator:
             self._windows.popleft()
 
     def windows(self) -> list[FlipWindow]:
+        """The flip windows kept (those of the last `steps` steps), oldest first."""
         return [w for _, ws in self._windows for w in ws]
 
     def threshold(self) -> float:
