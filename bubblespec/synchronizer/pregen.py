@@ -110,6 +110,7 @@ class TaskQueue:
         heapq.heapify(self._heap)
         self._queued: set[TaskKey] = set(self._tasks)
         self._claimed: dict[TaskKey, str] = {}
+        self._claimed_can_branch = 0  # of `_claimed`, tasks whose drafts may offer branches
         self._by_rank: dict[str, set[TaskKey]] = {}
         self.completed = 0
         self._branches: dict[BranchKey, tuple[tuple[int, int, int], PregenTask]] = {}
@@ -144,7 +145,7 @@ class TaskQueue:
     def branchable_claimed(self) -> int:
         """Of those, the ones whose drafts can offer branches (`PregenTask.can_branch`):
         what a branching rank with nothing to claim waits for."""
-        return sum(self._tasks[k].can_branch for k in self._claimed)
+        return self._claimed_can_branch
 
     @property
     def branches_claimed(self) -> int:
@@ -163,6 +164,7 @@ class TaskQueue:
                 continue
             self._queued.discard(key)
             self._claimed[key] = rank_id
+            self._claimed_can_branch += self._tasks[key].can_branch
             mine.add(key)
             out.append(self._tasks[key])
         while self._bheap and len(out) < max_tasks:
@@ -219,6 +221,7 @@ class TaskQueue:
         holder = self._claimed.pop(key, None)
         if holder is not None:
             self._by_rank[holder].discard(key)
+            self._claimed_can_branch -= self._tasks[key].can_branch
         self.completed += 1
         if length is not None and self.lengths is not None:
             self.lengths.observe(key[0], length)
@@ -238,6 +241,7 @@ class TaskQueue:
                 heapq.heappush(self._bheap, (self._branches[key][0], key))
                 continue
             del self._claimed[key]
+            self._claimed_can_branch -= self._tasks[key].can_branch
             self._queued.add(key)
             self._push(key)
         return len(keys)

@@ -90,14 +90,17 @@ class DraftStore:
 
     def tokens_of(self, step: int, prompt_key: str, sample_index: int) -> array | None:
         """The stored draft (not a branch) of one sample, read-only; None if absent."""
-        s = self._steps.get(step, {}).get(prompt_key, {}).get((sample_index, -1))
+        s = self._draft(step, prompt_key, sample_index)
         return None if s is None else s.tokens
 
     def records_of(self, step: int, prompt_key: str, sample_index: int
                    ) -> tuple[Sequence[tuple[int, float]], bool] | None:
         """(margin records, complete) of one sample's stored draft; None if absent."""
-        s = self._steps.get(step, {}).get(prompt_key, {}).get((sample_index, -1))
+        s = self._draft(step, prompt_key, sample_index)
         return None if s is None else (s.records, s.complete)
+
+    def _draft(self, step: int, prompt_key: str, sample_index: int) -> _Stored | None:
+        return self._steps.get(step, {}).get(prompt_key, {}).get((sample_index, -1))
 
     def fetch(
         self, step: int, prompt_keys: Iterable[str], max_bytes: int | None = None

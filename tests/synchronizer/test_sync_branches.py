@@ -124,3 +124,15 @@ async def test_reported_flips_calibrate_the_streamed_branch_threshold() -> None:
         assert (await client.claim_tasks(1, "r1", 8)).branch_margin == m
         levels = server.state.levels()  # exported as bubblespec_branch_margin and _flips_
         assert (levels.branch_margin, levels.flips_seen) == (m, 3)  # p9, p0/2: no records
+
+
+def test_the_count_of_branchable_claims_follows_claims_completions_and_releases() -> None:
+    q = TaskQueue(1, make_tasks(1, 2, keyed=True) + make_tasks(2, 1)[1:])  # p1 s0: plain
+    q.claim("a", 3)
+    assert (q.claimed, q.branchable_claimed) == (3, 2)
+    assert q.release("a") == 3 and (q.claimed, q.branchable_claimed) == (0, 0)
+    q.claim("b", 3)
+    q.complete(("p0", 1))
+    assert (q.claimed, q.branchable_claimed) == (2, 1)
+    q.complete(("p1", 0))
+    assert (q.claimed, q.branchable_claimed) == (1, 1)
