@@ -56,9 +56,13 @@ class RankConfig(BaseConfig, EngineConfig):
     auto: the synchronizer's threshold, calibrated from where responses flipped away from
     their drafts (`core/branch_margin.py`; 0 until the first flip)."""
     engine_restarts: int = Field(3, ge=0, le=1000)
-    """Engine restarts this process makes after its engine died (with the last good weights);
-    when they are spent and the engine dies again, the process exits non-zero so that its
-    supervisor (compose, Kubernetes, Ray) restarts it."""
+    """Engine restarts this process may make per engine_restart_window_s after its engine
+    died (with the last good weights; failed attempts count); when that many happened within
+    the window and the engine dies again, the process exits non-zero so that its supervisor
+    (bubblespec up, compose, Kubernetes, Ray) restarts it."""
+    engine_restart_window_s: float = Field(600.0, gt=0, le=7 * 24 * 3600)
+    """Seconds of the sliding window over which engine_restarts is counted: deaths spread
+    out further than the budget allows never make the process exit."""
     engine_check_s: float = Field(0.5, gt=0, le=60)
     """Seconds between two checks that the engine is alive."""
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)

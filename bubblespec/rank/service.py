@@ -9,8 +9,11 @@ request spells it (`requests[2].input_ids[7]` for a step shard).
 Engine liveness: a watcher checks every `engine_check_s` that the engine core still runs.
 When it died, the rank reports `engine_dead` (GET /health_generate 503, GET /v1/state, the
 heartbeat, the metrics), so the gateway routes around it, and starts a new engine with the
-last good weights and their version; after `engine_restarts` restarts, a death makes the
-process exit with `EXIT_ENGINE` so that its supervisor replaces it.
+last good weights and their version. The restart budget is a rate (`bubblespec.restarts`):
+a death when `engine_restarts` restarts (failed attempts included) already happened within
+the last `engine_restart_window_s` makes the process exit with `EXIT_ENGINE`, so that its
+supervisor (`LocalCluster`, compose, Kubernetes, Ray) replaces it; deaths spread out further
+than that are restarted for as long as the process lives.
 """
 
 from __future__ import annotations
@@ -70,7 +73,10 @@ class RankService:
         self.start_error: str | None = None
         self.engine_error: str | None = None
         """Why the engine is down while the rank restarts it (None while it runs)."""
-        self.restarts = 0
+        from bubblespec.restarts import RestartWindow  # local: the module's imports are shared
+
+        self.restarts = RestartWindow(cfg.engine_restarts, cfg.engine_restart_window_s)
+        """The engine restarts of the last `engine_restart_window_s` (failed ones count)."""
         self._hb_stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         set_state(self.metrics, self.rank_id, "starting")
@@ -124,8 +130,9 @@ class RankService:
                 await self._restart_engine()
 
     async def _restart_engine(self) -> None:
-        """Report the engine dead, start a new one with the last good weights (bounded
-        retries), or exit with EXIT_ENGINE when the restarts are spent."""
+        """Report the engine dead, start a new one with the last good weights (retried while
+        the restart budget lasts), or exit with EXIT_ENGINE when `engine_restarts` restarts
+        already happened within the last `engine_restart_window_s`."""
         from bubblespec.engine.engine import RolloutEngine
 
         dead, worker = self.engine, self.worker
@@ -141,16 +148,18 @@ class RankService:
         except Exception:  # what is left of a dead engine may not stop cleanly
             log.exception("rank %s: shutting the dead engine down failed", self.rank_id)
         while True:
-            if self.restarts >= self.cfg.engine_restarts:
-                log.critical("rank %s: engine died and its %d restart(s) are spent; exiting "
-                             "with status %d", self.rank_id, self.cfg.engine_restarts,
-                             EXIT_ENGINE)
+            if self.restarts.spent():
+                log.critical("rank %s: engine died and its restart(s) are spent (%d of %d "
+                             "allowed within the last %g s; %d in all); exiting with status "
+                             "%d", self.rank_id, self.restarts.count(), self.restarts.limit,
+                             self.restarts.window_s, self.restarts.total, EXIT_ENGINE)
                 logging.shutdown()
                 os._exit(EXIT_ENGINE)
-            self.restarts += 1
+            recent = self.restarts.record()
             self.metrics.engine_restarts.labels(self.rank_id).inc()
             self.engine_error = (f"{self.engine_error}; restarting the engine (restart "
-                                 f"{self.restarts} of {self.cfg.engine_restarts})")
+                                 f"{recent} of {self.cfg.engine_restarts} allowed within "
+                                 f"{self.cfg.engine_restart_window_s:g} s)")
             engine = None
             try:
                 engine = await RolloutEngine.start(self.cfg.engine_config())

@@ -1,6 +1,7 @@
 """The rank's configuration carries every engine setting: each `EngineConfig` field is a
 `bubblespec rank` flag, a `BUBBLESPEC_RANK_*` variable and a config-file key, reaches the
-engine unchanged, and parsing it loads neither vLLM nor torch."""
+engine unchanged, and parsing it loads neither vLLM nor torch; the engine restart budget is
+a rate (restarts per window), a flag and a variable like the rest."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import textwrap
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from bubblespec.config import env_var, load_config
+import pytest
+
+from bubblespec.config import ConfigError, env_var, load_config
 from bubblespec.engine.config import EngineConfig
 from bubblespec.engine.types import SpecMode
 from bubblespec.rank.config import ENV_PREFIX, RankConfig
@@ -92,3 +95,19 @@ def test_parsing_the_rank_config_loads_no_engine() -> None:
                          timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_engine_restart_budget_is_a_rate() -> None:
+    """`engine_restarts` per `engine_restart_window_s`: both a flag and a variable."""
+    cfg = RankConfig()
+    assert (cfg.engine_restarts, cfg.engine_restart_window_s) == (3, 600.0)
+    cfg = load_config(RankConfig, ["--engine-restarts", "5", "--engine-restart-window-s", "60"],
+                      env={}, env_prefix=ENV_PREFIX)
+    assert (cfg.engine_restarts, cfg.engine_restart_window_s) == (5, 60.0)
+    env = {env_var("engine_restart_window_s", ENV_PREFIX): "30"}
+    assert env == {"BUBBLESPEC_RANK_ENGINE_RESTART_WINDOW_S": "30"}
+    assert load_config(RankConfig, [], env=env,
+                       env_prefix=ENV_PREFIX).engine_restart_window_s == 30.0
+    with pytest.raises(ConfigError, match="engine_restart_window_s"):
+        load_config(RankConfig, ["--engine-restart-window-s", "0"], env={},
+                    env_prefix=ENV_PREFIX)
