@@ -3,7 +3,7 @@
 
 - greedy: speculation on (every draft source, right and deliberately wrong drafts) gives
   the same token ids as plain decoding;
-- sampled (T=1, and top-p < 1): the distribution of short sampled sequences under
+- sampled (T=1, and top-p < 1; top-k in tests/engine/test_top_k.py): the distribution of short sampled sequences under
   speculation with adversarial drafts equals plain decoding's (chi-square two-sample test),
   and a deliberately biased verifier (negative control) is caught by the same test;
 - returned log-probs equal an independent scoring pass (transformers) of the emitted tokens.
@@ -121,8 +121,9 @@ def test_greedy_identical_with_every_source_and_wrong_drafts(loop_runner, plain_
 
 
 def _sample_counts(runner, engine, prompt_ids: list[int], top_p: float,
-                   drafts: list[list[int]]) -> Counter:
-    sp = SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0, top_p=top_p, ignore_eos=True)
+                   drafts: list[list[int]], top_k: int = -1) -> Counter:
+    sp = SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0, top_p=top_p, top_k=top_k,
+                        ignore_eos=True)
     half = N_SAMPLES // 2  # one prompt group, two requests (n is capped at 1024)
     reqs = [GenRequest(input_ids=prompt_ids, n=half, sampling=sp, sample_offset=i * half)
             for i in range(2)]
