@@ -3,10 +3,13 @@
 Picks free loopback ports, starts the synchronizer, then the ranks and the gateway, and
 waits until all are ready (gRPC health for the synchronizer, `/health_generate` for ranks
 and gateway, and the gateway seeing every rank). A child that dies during start stops the
-rest and raises `ClusterError` with that child's log tail. `stop()` sends SIGTERM to every
-child, then SIGKILL to whatever is left after a grace period. Each child logs to
-`<log-dir>/<name>.log`. Used by `bubblespec up`, `bubblespec run`, the benchmarks and the
-tests:
+rest and raises `ClusterError` with that child's log tail. Once started, the cluster
+supervises its children (`supervise`, on by default; `cluster/supervisor.py`): one that
+exits, whatever its status, is started again with the same command after a backoff, until
+it dies faster than the give-up rate (`gave_up` then names it). `stop()` ends supervision
+first, then sends SIGTERM to every child, then SIGKILL to whatever is left after a grace
+period. Each child logs to `<log-dir>/<name>.log`. Used by `bubblespec up`, `bubblespec run`,
+the benchmarks and the tests:
 
     with LocalCluster(ranks=2) as c:
         BubbleSpecClient(c.gateway_url).rollout(...)
@@ -24,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ import httpx
 from typing_extensions import Self
 
 from bubblespec.cluster.base import Cluster, ClusterError
+from bubblespec.cluster.supervisor import ChildEvent, Supervisor
 
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
              "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "MALLOC_ARENA_MAX": "2"}
@@ -121,7 +125,23 @@ class LocalCluster(Cluster):
     bind_cores: bool = True
     """Pin rank i's engine threads to its own cores when there are enough (else vLLM's auto)."""
     python: str = sys.executable
+    supervise: bool = True
+    """Once started, start a child that exited again (after a backoff); False: leave it dead
+    (for tests of what a dead child does to the rest)."""
+    restart_backoff_s: float = 1.0
+    """First delay before a dead child is started again; doubled after each death."""
+    restart_backoff_max_s: float = 30.0
+    """Longest delay before a dead child is started again."""
+    restart_stable_s: float = 60.0
+    """A child that stayed up this long before dying is restarted after the first delay."""
+    give_up_restarts: int = 10
+    """Give up on a child that dies again after this many restarts within give_up_window_s."""
+    give_up_window_s: float = 600.0
+    """The window of give_up_restarts, seconds."""
+    on_child_event: Callable[[ChildEvent], None] | None = None
+    """Called (from the supervisor's thread) on every exit, restart and give-up of a child."""
     children: dict[str, Child] = field(default_factory=dict, init=False)
+    supervisor: Supervisor | None = field(default=None, init=False, repr=False)
     _rank_ports: list[int] = field(default_factory=list, init=False, repr=False)
     _sync_metrics_port: int = field(default=0, init=False, repr=False)
 
@@ -221,12 +241,32 @@ class LocalCluster(Cluster):
         except BaseException:
             self.stop()
             raise
+        if self.supervise:
+            self.supervisor = Supervisor(
+                self.children, backoff_s=self.restart_backoff_s,
+                backoff_max_s=self.restart_backoff_max_s, stable_s=self.restart_stable_s,
+                give_up_restarts=self.give_up_restarts, give_up_window_s=self.give_up_window_s,
+                on_event=self.on_child_event).start()
         return self
 
-    def _wait(self, names: list[str], deadline: float, ready: Any) -> None:
+    @property
+    def gave_up(self) -> dict[str, ChildEvent]:
+        """Children the supervisor gave up on (they died too often), with their last death."""
+        return dict(self.supervisor.gave_up) if self.supervisor is not None else {}
+
+    def restarts(self, name: str) -> int:
+        """How many times the supervisor started `name` again."""
+        return self.supervisor.restarts(name) if self.supervisor is not None else 0
+
+    def _wait(self, names: list[str], deadline: float, ready: Any,
+              watch: Sequence[str] | None = None) -> None:
+        """Wait until `ready(name)` for each of `names`; ClusterError when one of `watch`
+        (default: every child) died or the deadline passed."""
         pending = list(names)
+        watched = list(self.children) if watch is None else list(watch)
         while pending:
-            for name, child in self.children.items():
+            for name in watched:
+                child = self.children[name]
                 if child.proc is not None and not child.alive:
                     raise ClusterError(
                         f"{name} exited with code {child.proc.returncode} during start "
@@ -291,8 +331,12 @@ class LocalCluster(Cluster):
         return ready >= set(self.rank_ids) if r.get("sync_ok") else False
 
     def stop(self) -> None:
-        """SIGTERM every child (gateway, ranks, synchronizer), SIGKILL after the grace period;
-        then SIGKILL each child's process group (engine processes a rank left behind)."""
+        """End supervision (its thread has ended when this returns, so nothing restarts during
+        shutdown); SIGTERM every child (gateway, ranks, synchronizer), SIGKILL after the grace
+        period; then SIGKILL each child's process group (engine processes a rank left
+        behind)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
         order = [c for n in ["gateway", *self.rank_ids, "sync"]
                  if (c := self.children.get(n)) is not None]
         for child in order:
@@ -312,7 +356,10 @@ class LocalCluster(Cluster):
     # ------------------------------------------------------------------ faults (tests)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` to a child's whole process group (simulates a crash)."""
+        """Send `sig` to a child's whole process group (simulates a crash). The supervisor
+        leaves the child dead until `restart(name)`: a drill decides when it comes back."""
+        if self.supervisor is not None:
+            self.supervisor.hold(name)
         self.children[name].signal(sig, group=True)
         proc = self.children[name].proc
         if proc is not None:
@@ -320,16 +367,24 @@ class LocalCluster(Cluster):
                 proc.wait(timeout=10)
 
     def restart(self, name: str, timeout_s: float = 120.0) -> None:
-        """Start a dead child again with the same command and wait until it is ready."""
+        """Start a dead child again with the same command and wait until it is ready; the
+        supervisor (which leaves the child alone meanwhile) watches it again once it is."""
         child = self.children[name]
-        if child.alive:
-            raise ClusterError(f"{name} is still running")
-        child.start()
+        sup = self.supervisor
+        with sup.lock if sup is not None else contextlib.nullcontext():
+            if child.alive:
+                raise ClusterError(f"{name} is still running")
+            if sup is not None:
+                sup.hold(name)  # a restart the supervisor had scheduled is cancelled
+            child.start()
         deadline = time.monotonic() + timeout_s
         if name == "sync":
-            self._wait([name], deadline, lambda _n: self._sync_ready())
+            self._wait([name], deadline, lambda _n: self._sync_ready(), watch=[name])
         elif name == "gateway":
             self._wait([name], deadline,
-                       lambda _n: self._http_ready(self.gateway_url + "/health_generate"))
+                       lambda _n: self._http_ready(self.gateway_url + "/health_generate"),
+                       watch=[name])
         else:
-            self._wait([name], deadline, self._rank_ready)
+            self._wait([name], deadline, self._rank_ready, watch=[name])
+        if sup is not None:
+            sup.release(name)

@@ -3,7 +3,9 @@ all child processes of one `LocalCluster` shared by the module): bad checkpoints
 going backwards, a rank's engine killed under it, and a rank whose engine restarts are spent.
 
 Every drill ends with a normal rollout that must succeed, with no restart by hand. Order
-matters: the engine kills come last, and the last one leaves rank r0 exited.
+matters: the engine kills come last, and the last one leaves rank r0 exited: the cluster
+does not supervise its children here (`supervise=False`), so what a rank does on its own is
+what is checked (tests/cluster/test_supervised.py has the cluster restart an exited rank).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ SAMPLING = {"temperature": 1.0, "max_new_tokens": 40}
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     yield from local_cluster(
         tmp_path_factory, sync_args=["--heartbeat-interval-s", "0.5", "--rank-timeout-s", "5"],
-        rank_args=["--engine-restarts", "1", "--engine-check-s", "0.2"])
+        rank_args=["--engine-restarts", "1", "--engine-check-s", "0.2"], supervise=False)
 
 
 @pytest.fixture(scope="module")
