@@ -3,8 +3,12 @@
     bubblespec up --ranks 2 [--model DIR] [--rank-arg=--spec-mode=none] [--log-dir DIR]
 
 Starts a `LocalCluster` (bubblespec/cluster/local.py), prints the addresses once every child
-is ready, and runs until Ctrl-C or SIGTERM; a child that dies stops the rest, and the
-command exits non-zero with that child's log tail.
+is ready, and serves until Ctrl-C or SIGTERM (exit 0). A child that exits afterwards (a rank
+whose engine restarts are spent, a crash, a kill) is reported and started again after a
+backoff (1 s doubling to 30 s) while the gateway routes around it; only a child that keeps
+dying, once more after `--give-up-restarts` (10) restarts within `--give-up-window-s` (600 s),
+stops the rest, and the command exits 1 with that child's log tail. A child that dies during
+start fails the start the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bubblespec.cluster import ClusterError, LocalCluster
+from bubblespec.cluster.supervisor import ChildEvent
 
 
 def _raise_interrupt(_sig: int, _frame: Any) -> None:
@@ -42,10 +47,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="give up if not ready after this long [600]")
     p.add_argument("--grace-s", type=float, default=10.0,
                    help="SIGTERM -> SIGKILL grace period at shutdown [10]")
+    p.add_argument("--give-up-restarts", type=int, default=10,
+                   help="stop when a child dies again after this many restarts within "
+                        "--give-up-window-s [10]")
+    p.add_argument("--give-up-window-s", type=float, default=600.0,
+                   help="the window of --give-up-restarts, seconds [600]")
+    p.add_argument("--no-supervise", dest="supervise", action="store_false",
+                   help="stop at the first child that exits instead of restarting it")
     args = p.parse_args(list(argv))
     if args.ranks < 1:
         p.error("--ranks must be >= 1")
+    if args.give_up_restarts < 0:
+        p.error("--give-up-restarts must be >= 0")
+    if not args.give_up_window_s > 0:
+        p.error("--give-up-window-s must be > 0")
     return args
+
+
+def _report(ev: ChildEvent) -> None:
+    print(f"bubblespec up: {ev.describe()}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -55,7 +75,9 @@ def main(argv: Sequence[str]) -> int:
         ranks=args.ranks, model=args.model, rank_args=args.rank_arg,
         gateway_args=args.gateway_arg, sync_args=args.sync_arg, log_dir=args.log_dir,
         host=args.host, gateway_port=args.gateway_port, sync_port=args.sync_port,
-        token=args.token, start_timeout_s=args.start_timeout_s, grace_s=args.grace_s)
+        token=args.token, start_timeout_s=args.start_timeout_s, grace_s=args.grace_s,
+        supervise=args.supervise, give_up_restarts=args.give_up_restarts,
+        give_up_window_s=args.give_up_window_s, on_child_event=_report)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         print(f"bubblespec up: starting {args.ranks} rank(s); logs in "
@@ -66,11 +88,18 @@ def main(argv: Sequence[str]) -> int:
             print(f"  {k:<13} {v}")
         print("Ctrl-C to stop.", flush=True)
         while True:
-            dead = [c for c in cluster.children.values() if not c.alive]
-            if dead:
-                c = dead[0]
-                print(f"bubblespec up: {c.name} exited with code {c.proc.returncode}; stopping "
-                      f"(log {c.log_path}):\n{c.log_tail()}", file=sys.stderr)
+            if args.supervise:
+                failed = [(name, ev.returncode) for name, ev in cluster.gave_up.items()]
+            else:
+                failed = [(c.name, c.proc.returncode) for c in cluster.children.values()
+                          if c.proc is not None and not c.alive]
+            if failed:
+                name, code = failed[0]
+                c = cluster.children[name]
+                why = (f"exited with code {code} and keeps dying" if args.supervise
+                       else f"exited with code {code}")
+                print(f"bubblespec up: {name} {why}; stopping (log {c.log_path}):\n"
+                      f"{c.log_tail()}", file=sys.stderr, flush=True)
                 cluster.stop()
                 return 1
             time.sleep(0.5)
