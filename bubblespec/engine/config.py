@@ -87,5 +87,8 @@ class EngineConfig(BaseModel):
     fault_context_only_keys: bool = False
     """Fault injection for tests only: context keys without the occurrence index (reuses
     noise on repeated contexts; the negative control of the context-keyed exactness tests)."""
+    fault_poison_token: int = Field(-1, ge=-1)
+    """Fault injection for tests only: the engine core dies when it schedules a request whose
+    prompt holds this token id (-1: off); the poison-request drills' engine-killing request."""
     seed: int = 0
     """Engine seed for requests without their own seed."""

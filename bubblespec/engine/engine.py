@@ -107,6 +107,8 @@ class RolloutEngine:
         vocab = int(llm.model_config.get_vocab_size())
         eng = cls(cfg, llm, vocab, int(llm.model_config.max_model_len), model)
         await llm.collective_rpc("bubblespec_install_keyed", args=(cfg.fault_context_only_keys,))
+        if cfg.fault_poison_token >= 0:
+            await llm.collective_rpc("bubblespec_install_poison", args=(cfg.fault_poison_token,))
         if cfg.pace != "off":
             await llm.collective_rpc("bubblespec_install_pace", args=(cfg.pace, cfg.pace_scale))
         if spec is not None:

@@ -391,6 +391,22 @@ def install_pace(worker: Any, pacer: Any) -> None:
     worker.execute_model, worker.sample_tokens = execute_model, sample_tokens
 
 
+def install_poison(worker: Any, token: int) -> None:
+    """Fault injection (tests only): `worker.execute_model` raises when the scheduler output
+    holds a new request whose prompt contains `token`, which kills the engine core as a real
+    engine bug would."""
+    execute = worker.execute_model
+
+    def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        for r in scheduler_output.scheduled_new_reqs:
+            if token in (r.prompt_token_ids or ()):
+                raise RuntimeError(f"fault injection: request {r.req_id} holds the poison "
+                                   f"token {token}")
+        return execute(scheduler_output, *args, **kwargs)
+
+    worker.execute_model = execute_model
+
+
 # ---------------------------------------------------------------------- worker extension
 class WorkerExtension:
     """Methods added to every vLLM worker; called with `collective_rpc("bubblespec_...")`."""
@@ -437,6 +453,13 @@ class WorkerExtension:
         if getattr(self, "_bubblespec_pacer", None) is None:
             self._bubblespec_pacer = Pacer(engine_time(profile), scale)
             install_pace(self, self._bubblespec_pacer)
+        return True
+
+    def bubblespec_install_poison(self, token: int) -> bool:
+        """Fault injection: die on a prompt holding `token` (`install_poison`; once)."""
+        if not getattr(self, "_bubblespec_poison", False):
+            install_poison(self, token)
+            self._bubblespec_poison = True
         return True
 
     def bubblespec_pace_stats(self) -> dict:

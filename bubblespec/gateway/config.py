@@ -79,6 +79,9 @@ class GatewayConfig(BaseConfig):
     """Deadline of a weight update on each rank, seconds."""
     max_reruns: int = Field(8, ge=0)
     """Most shard re-runs (after rank failures) in one rollout before giving up."""
+    quarantine_s: float = Field(600.0, ge=0)
+    """A request whose engines died on two ranks is refused (422) for this long, seconds
+    (0: never refused; docs/design.md, "Poison requests")."""
     length_ema: float = Field(0.5, gt=0, le=1)
     """Weight of the newest observation in the per-prompt response-length estimate."""
     length_keys: int = Field(1_000_000, ge=1)

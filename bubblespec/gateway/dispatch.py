@@ -9,7 +9,10 @@ with plain functions and used with HTTP by `Rollouts`. Guarantees:
   still have running), and a reply that does not hold exactly the samples asked for counts
   as a failure of that rank;
 - no ranks left, too many re-runs, or the deadline -> an exception naming the ranks;
-- a rank that refuses the body (400/422) fails the whole call (re-running would not help).
+- a rank that refuses the body (400/422) fails the whole call (re-running would not help);
+- a rank whose engine died running the shard (`RankCallError.engine_died`) is reported to
+  `on_engine_death`, which may end the step at once (a poison request, `quarantine.py`):
+  then no further rank receives the shard.
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ log = logging.getLogger("bubblespec.gateway.dispatch")
 
 CallFn = Callable[[str, list[WorkItem], bool, float], Awaitable[dict[str, Any]]]
 FailFn = Callable[[str, str], Awaitable[None]]
+DeathFn = Callable[[str, list[WorkItem], str], "Poisoned | None"]
+"""(rank id, the shard's items, why the engine died) -> the step's end, or None to re-run."""
+
+
+@dataclass(frozen=True)
+class Poisoned:
+    """The step ends because a request killed engines: the 500's message and field."""
+
+    message: str
+    field: str
 
 
 class DispatchError(Exception):
@@ -104,8 +117,8 @@ def check_reply(rank_id: str, items: Sequence[WorkItem], body: Mapping[str, Any]
 
 async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
                    timeout_s: float, max_reruns: int = 8,
-                   on_failure: FailFn | None = None, send_empty: bool = False
-                   ) -> DispatchResult:
+                   on_failure: FailFn | None = None, send_empty: bool = False,
+                   on_engine_death: DeathFn | None = None) -> DispatchResult:
     """Run `assignment` (rank -> items); re-run failed shards; see the module docstring.
 
     `send_empty`: call ranks that got no items too (an empty shard lets a rank report done
@@ -123,7 +136,7 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
         task = asyncio.ensure_future(call(rank_id, items, rerun, remaining))
         running[task] = run
 
-    async def fail(run: ShardRun, reason: str) -> None:
+    async def fail(run: ShardRun, reason: str, engine_died: bool = False) -> None:
         run.error = reason
         log.warning("rank %s failed (%d prompts%s): %s", run.rank_id, len(run.items),
                     ", re-run shard" if run.rerun else "", reason)
@@ -132,6 +145,10 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
         alive.discard(run.rank_id)
         if first and on_failure is not None:
             await on_failure(run.rank_id, reason)
+        if engine_died and on_engine_death is not None:
+            poisoned = on_engine_death(run.rank_id, run.items, reason)
+            if poisoned is not None:
+                raise DispatchError(500, poisoned.message, sorted(out.failed), poisoned.field)
         if len(out.reruns) >= max_reruns:
             raise DispatchError(503, f"giving up after {len(out.reruns)} re-runs; last: rank "
                                      f"{run.rank_id}: {reason}", sorted(out.failed))
@@ -170,7 +187,7 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
                     if e.bad_request:
                         raise DispatchError(400, f"rank {run.rank_id} refused the shard: "
                                                  f"{e.message}", [run.rank_id], e.field) from None
-                    await fail(run, e.message)
+                    await fail(run, e.message, e.engine_died)
                     continue
                 except ValueError as e:
                     await fail(run, f"invalid reply: {e}")

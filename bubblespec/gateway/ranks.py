@@ -18,6 +18,7 @@ import httpx
 
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.protocol.domain import RankState, SyncSnapshot
+from bubblespec.protocol.rank import ENGINE_DIED_HEADER
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError
 
@@ -77,16 +78,20 @@ class Discovery:
 
 class RankCallError(Exception):
     """A call to a rank failed. `bad_request`: the rank refused the body (400/422), which
-    re-running elsewhere would not fix; anything else counts as a rank failure."""
+    re-running elsewhere would not fix; `engine_died`: the rank's engine died while it ran
+    the call (the rank says so with `ENGINE_DIED_HEADER`); anything else counts as a rank
+    failure."""
 
     def __init__(self, rank_id: str, message: str, status: int | None = None,
-                 field_: str = "", bad_request: bool = False) -> None:
+                 field_: str = "", bad_request: bool = False, engine_died: bool = False
+                 ) -> None:
         super().__init__(f"rank {rank_id}: {message}")
         self.rank_id = rank_id
         self.message = message
         self.status = status
         self.field = field_
         self.bad_request = bad_request
+        self.engine_died = engine_died
 
 
 def _error_text(response: httpx.Response) -> tuple[str, str]:
@@ -196,7 +201,8 @@ class RankPool:
         if r.status_code != 200:
             detail, field_ = _error_text(r)
             raise RankCallError(ep.rank_id, f"POST {route}: HTTP {r.status_code}: {detail}",
-                                r.status_code, field_, bad_request=r.status_code in (400, 422))
+                                r.status_code, field_, bad_request=r.status_code in (400, 422),
+                                engine_died=r.headers.get(ENGINE_DIED_HEADER) == "1")
         try:
             body = r.json()
         except ValueError:

@@ -21,8 +21,9 @@ import grpc
 
 from bubblespec.gateway.bubbles import step_bubbles
 from bubblespec.gateway.config import GatewayConfig
-from bubblespec.gateway.dispatch import DispatchError, DispatchResult, dispatch
+from bubblespec.gateway.dispatch import DispatchError, DispatchResult, Poisoned, dispatch
 from bubblespec.gateway.prepare import Prepared, Preparer
+from bubblespec.gateway.quarantine import Quarantine, describe, fingerprint
 from bubblespec.gateway.ranks import Discovery, RankCallError, RankEndpoint, RankPool
 from bubblespec.gateway.seeds import pregen_tasks, resolve_seed_mode, step_seeds
 from bubblespec.gateway.shard import (
@@ -84,6 +85,8 @@ class Rollouts:
         self.metrics = metrics
         self.preparer = preparer or Preparer(config)
         self.estimator = LengthEstimator(config.length_ema, config.length_keys)
+        self.quarantine = Quarantine(hold_s=config.quarantine_s,
+                                     suspect_s=max(config.quarantine_s, 60.0))
         self.lock = asyncio.Lock()
         self.last_step: int | None = None
         self.handed_ahead = False  # the last step passed next prompts ahead
@@ -194,11 +197,48 @@ class Rollouts:
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
         """Run one step (see the module docstring); ApiError for what the trainer sees."""
         prep = self.preparer.prepare(req)
+        self.check_quarantine(prep.prompts, req.sampling_params)
         async with self.lock:
             t0 = time.monotonic()
             resp = await self._rollout(req, prep, t0)
             self.metrics.rollout_duration.observe(time.monotonic() - t0)
             return resp
+
+    def check_quarantine(self, prompts: list[list[int]], sampling: SamplingParams,
+                         field_of: Any = lambda i: f"prompts[{i}]") -> None:
+        """422 naming the first quarantined request among `prompts` (`quarantine.py`)."""
+        try:
+            self.quarantine.check(prompts, sampling, field_of)
+        except ApiError:
+            self.metrics.quarantine_refused.inc()
+            raise
+
+    def _on_engine_death(self, prep: Prepared, sampling: SamplingParams
+                         ) -> Any:
+        """The dispatch hook: count the death against the shard's requests, and end the step
+        when one of them is now quarantined (a 500 naming it, no further rank gets it)."""
+
+        def hook(rank_id: str, items: list[WorkItem], reason: str) -> Poisoned | None:
+            self.metrics.engine_deaths.labels(rank_id).inc()
+            params = describe(sampling)
+            reqs = {}
+            for it in items:
+                what = (f"request prompts[{it.index}] ({len(it.input_ids)} prompt tokens, key "
+                        f"{it.key}; sampling {params})")
+                reqs[it.index] = (fingerprint(prep.prompts[it.index], sampling), what)
+            held = self.quarantine.engine_died(rank_id, reason, list(reqs.values()))
+            if not held:
+                return None
+            self.metrics.quarantined.inc(len(held))
+            first = min(i for i, (fp, _) in reqs.items()
+                        if self.quarantine.held(fp) is not None)
+            names = "; ".join(h.reason() for h in held)
+            log.error("quarantined %d request(s): %s", len(held), names)
+            return Poisoned(f"{names}: quarantined for {self.quarantine.hold_s:g} s (refused "
+                            "with 422 until then) and sent to no further rank",
+                            f"prompts[{first}]")
+
+        return hook
 
     async def _rollout(self, req: RolloutRequest, prep: Prepared, t0: float) -> RolloutResponse:
         c = self.config
@@ -272,9 +312,12 @@ class Rollouts:
         try:
             res = await dispatch(assignment, call, timeout_s=remaining,
                                  max_reruns=c.max_reruns, on_failure=on_failure,
-                                 send_empty=bool(tasks) and opened)
+                                 send_empty=bool(tasks) and opened,
+                                 on_engine_death=self._on_engine_death(prep, req.sampling_params))
         except DispatchError as e:
             raise ApiError(e.status, str(e), trainer_field(e.field)) from None
+        if res.failed:  # re-run and completed: no longer suspects of an engine death
+            self.quarantine.cleared([fingerprint(p, req.sampling_params) for p in prep.prompts])
         try:
             ordered = assemble(req.n, len(prep.prompts), res.samples)
         except AssemblyError as e:  # dispatch checked every reply: a bug if it happens

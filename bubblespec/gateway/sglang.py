@@ -46,6 +46,7 @@ from bubblespec.http.errors import error_field
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import RolloutRequest, RolloutResponse
 from bubblespec.protocol.rank import WeightUpdate
+from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.protocol.sglang import (
     AbortIn,
     GenerateIn,
@@ -175,6 +176,7 @@ class SglangFront:
             raise ApiError(400, f"at most {self.gw.config.max_n} samples per prompt",
                            "sampling_params.n")
         sampling = sp.to_sampling()
+        self._check_quarantine(body, sampling)
         asks = []
         for prompt, rid in zip(body.prompts(), body.rids()):
             base = rid or uuid.uuid4().hex
@@ -184,6 +186,21 @@ class SglangFront:
         answers = await self.batcher.generate(asks)
         outs = [self.out(body, a, ans, t0) for a, ans in zip(asks, answers)]
         return outs if body.batched or sp.n > 1 else outs[0]
+
+    def _check_quarantine(self, body: GenerateIn, sampling: SamplingParams) -> None:
+        """Refuse a quarantined request before it is queued (a 4xx for this caller only,
+        not for the others batched into the same step)."""
+        rollouts = self.gw.rollouts
+        ids = []
+        for p in body.prompts():
+            if isinstance(p, str):
+                try:
+                    p = rollouts.preparer.tokenizer.encode(p)
+                except Exception:  # noqa: BLE001, S112 (the step's tokenization reports it)
+                    continue
+            ids.append(list(p))
+        rollouts.check_quarantine(ids, sampling,
+                                  lambda i: f"input_ids[{i}]" if body.batched else "input_ids")
 
     async def abort_running(self) -> int:
         """Abort the step now running on every rank (its unfinished samples answer with

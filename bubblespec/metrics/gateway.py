@@ -94,6 +94,16 @@ class GatewayMetrics:
             registry=r)
         self.rank_failures = Counter("bubblespec_gateway_rank_failures",
                                      "Rank calls that failed mid-step.", ["rank"], registry=r)
+        self.engine_deaths = Counter(
+            "bubblespec_gateway_engine_deaths",
+            "Rank engines that died while running a shard of a step.", ["rank"], registry=r)
+        self.quarantined = Counter(
+            "bubblespec_gateway_quarantined_requests",
+            "Requests quarantined after the engines of two ranks died running them.",
+            registry=r)
+        self.quarantine_refused = Counter(
+            "bubblespec_gateway_quarantine_refusals",
+            "Requests refused (422) because they were quarantined.", registry=r)
         self.reruns = Counter("bubblespec_gateway_shard_reruns",
                               "Shards re-run on another rank after a failure.", registry=r)
         self.sync_unavailable = Counter(

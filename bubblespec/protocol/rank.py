@@ -14,6 +14,10 @@ from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import PromptKey, Seeds, Step, TokenIds
 from bubblespec.protocol.sampling import SamplingParams
 
+ENGINE_DIED_HEADER = "x-bubblespec-engine-died"
+"""Set to "1" on a rank's 503 when its engine died while it ran that very call (a shard or a
+/generate): the gateway's poison-request policy counts such deaths (`gateway/quarantine.py`)."""
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -19,11 +19,12 @@ than that are restarted for as long as the process lives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bubblespec.config import effective_config_dict
@@ -33,6 +34,7 @@ from bubblespec.metrics.rank import new_rank_metrics, set_state
 from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.rank import (
+    ENGINE_DIED_HEADER,
     AbortStep,
     DraftIndexBody,
     GenerateRequest,
@@ -58,6 +60,16 @@ def default_rank_id(cfg: RankConfig) -> str:
     host = socket.gethostname()
     tail = host.rsplit("-", 1)[-1]
     return f"r{tail}" if tail.isdigit() else f"rank-{cfg.port}"
+
+
+def _is_engine_death(e: BaseException) -> bool:
+    """vLLM's EngineDeadError anywhere in the exception's chain."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if type(seen).__name__ == "EngineDeadError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class RankService:
@@ -232,7 +244,8 @@ class RankService:
         worker = self._ready()
         self._validate([to_gen_request(r) for r in body.requests],
                        lambda i, f: f"requests[{i}].{f}")
-        out = await worker.run_shard(body)
+        async with self._engine_death("shard"):
+            out = await worker.run_shard(body)
         self.metrics.request_latency.labels(self.rank_id, "step_shard").observe(
             time.monotonic() - t)
         return out.model_dump()
@@ -250,8 +263,9 @@ class RankService:
         if batched:  # the engine names input_ids[j]; the request spells it input_ids[i][j]
             self._validate(reqs, lambda i, f: f.replace("input_ids", f"input_ids[{i}]", 1)
                            if f.startswith("input_ids") else f)
-        res = await worker.engine.generate(reqs)
-        await worker.engine.release_groups([r.group_key() for r in reqs])
+        async with self._engine_death("request"):
+            res = await worker.engine.generate(reqs)
+            await worker.engine.release_groups([r.group_key() for r in reqs])
         outs = [{"output_ids": s.output_ids, "output_logprobs": s.output_logprobs,
                  "meta_info": {"finish_reason": s.finish_reason,
                                "weight_version": s.weight_version,
@@ -262,6 +276,21 @@ class RankService:
         self.metrics.request_latency.labels(self.rank_id, "generate").observe(
             time.monotonic() - t)
         return outs if batched or body.n > 1 else outs[0]
+
+    @contextlib.asynccontextmanager
+    async def _engine_death(self, what: str) -> AsyncIterator[None]:
+        """An engine that dies while it runs this call answers 503 with `ENGINE_DIED_HEADER`
+        (the gateway counts the death against the call's requests) instead of a 500."""
+        engine = self.engine
+        try:
+            yield
+        except Exception as e:
+            if engine.alive and not _is_engine_death(e):
+                raise
+            reason = engine.dead_reason() or f"{type(e).__name__}: {e}"
+            raise ApiError(503, f"the engine died while running this {what} ({reason}); the "
+                                "rank restarts it", "engine",
+                           headers={ENGINE_DIED_HEADER: "1"}) from None
 
     def abort_step(self, body: AbortStep) -> dict[str, Any]:
         """Abort this rank's shard of `body.step` (see `RankWorker.abort_step`)."""

@@ -169,16 +169,16 @@ def test_mixed_batch_with_and_without_top_k_and_drafts(loop_runner, plain_engine
     task = model_task()
     eos, vocab = task.eos_id, spec_engine.vocab_size
     kinds = [
-        dict(temperature=1.0),
-        dict(temperature=1.0, top_k=TOP_K),
-        dict(temperature=0.7, top_k=1),
-        dict(temperature=1.0, top_k=vocab),
-        dict(temperature=1.0, top_p=0.8, top_k=10),
-        dict(temperature=0.0, top_k=5),
-        dict(temperature=1.0, top_k=2, seed_mode="keyed"),
-        dict(temperature=1.3, top_k=50, top_p=0.9, seed_mode="keyed_context"),
-        dict(temperature=1.0, top_k=8, repetition_penalty=1.2, seed_mode="keyed"),
-        dict(temperature=1.0, top_k=4, ignore_eos=True, max_new_tokens=40),
+        {"temperature": 1.0},
+        {"temperature": 1.0, "top_k": TOP_K},
+        {"temperature": 0.7, "top_k": 1},
+        {"temperature": 1.0, "top_k": vocab},
+        {"temperature": 1.0, "top_p": 0.8, "top_k": 10},
+        {"temperature": 0.0, "top_k": 5},
+        {"temperature": 1.0, "top_k": 2, "seed_mode": "keyed"},
+        {"temperature": 1.3, "top_k": 50, "top_p": 0.9, "seed_mode": "keyed_context"},
+        {"temperature": 1.0, "top_k": 8, "repetition_penalty": 1.2, "seed_mode": "keyed"},
+        {"temperature": 1.0, "top_k": 4, "ignore_eos": True, "max_new_tokens": 40},
     ]
     prompts = task.make_prompts(len(kinds), seed=53)
     reqs = []
