@@ -1,0 +1,58 @@
+"""Hypothesis strategies for the valid request space: every legal combination of sampling
+parameters, as the engine, the gateway's own API and its SGLang API take them.
+
+The long runs draw many more examples (`BUBBLESPEC_VALID_EXAMPLES`, the `slow` suites,
+`make test-valid-space`); `make test` keeps a fast slice.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hypothesis import strategies as st
+
+from bubblespec.protocol import limits as L
+
+FAST_EXAMPLES = 12
+"""Drawn batches per test in `make test`."""
+
+
+def examples(fast: int = FAST_EXAMPLES) -> int:
+    """How many batches to draw: `BUBBLESPEC_VALID_EXAMPLES`, else the fast slice."""
+    return int(os.environ.get("BUBBLESPEC_VALID_EXAMPLES") or fast)
+
+
+def top_ks(vocab: int) -> st.SearchStrategy[int]:
+    """Off (-1 and 0), 1, small, the vocabulary size and beyond it (vLLM reads any top-k at
+    or above the vocabulary as off)."""
+    return st.sampled_from([-1, 0, 1, 2, 5, 20, 50, vocab - 1, vocab, vocab + 7, L.MAX_TOP_K])
+
+
+@st.composite
+def sampling(draw: st.DrawFn, vocab: int, eos: int, max_new: int = 40) -> dict[str, Any]:
+    """One legal `sampling_params` body (the protocol's names)."""
+    temperature = draw(st.sampled_from([0.0, 0.0, 0.3, 0.7, 1.0, 1.0, 1.3, L.MAX_TEMPERATURE]))
+    out: dict[str, Any] = {
+        "max_new_tokens": draw(st.integers(1, max_new)),
+        "temperature": temperature,
+        "top_p": draw(st.sampled_from([1.0, 1.0, 0.95, 0.8, 0.5, 0.1, 1e-6])),
+        "top_k": draw(top_ks(vocab)),
+        "repetition_penalty": draw(st.sampled_from(
+            [1.0, 1.0, 1.1, 1.5, L.MIN_REPETITION_PENALTY, L.MAX_REPETITION_PENALTY])),
+        "ignore_eos": draw(st.booleans()),
+        "seed_mode": draw(st.sampled_from(["default", "keyed", "keyed_context"])),
+    }
+    stops = draw(st.lists(st.integers(0, vocab - 1), max_size=3))
+    if draw(st.booleans()):
+        stops.append(eos)
+    out["stop_token_ids"] = stops
+    return out
+
+
+def prompts(vocab: int, bos: int, min_size: int = 1, max_size: int = 4
+            ) -> st.SearchStrategy[list[list[int]]]:
+    """Prompts of 1-24 token ids, a BOS first (a task-like context) or not."""
+    body = st.lists(st.integers(0, vocab - 1), min_size=1, max_size=24)
+    one = st.one_of(body, body.map(lambda ids: [bos, *ids]))
+    return st.lists(one, min_size=min_size, max_size=max_size)
