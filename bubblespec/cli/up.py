@@ -14,6 +14,7 @@ start fails the start the same way.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import time
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from bubblespec.cluster import ClusterError, LocalCluster
-from bubblespec.cluster.supervisor import ChildEvent
 
 
 def _raise_interrupt(_sig: int, _frame: Any) -> None:
@@ -64,8 +64,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _report(ev: ChildEvent) -> None:
-    print(f"bubblespec up: {ev.describe()}", file=sys.stderr, flush=True)
+def _report_children() -> None:
+    """Print the supervisor's reports (each exit, restart and give-up) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("bubblespec up: %(message)s"))
+    logger = logging.getLogger("bubblespec.cluster")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def main(argv: Sequence[str]) -> int:
@@ -77,7 +83,8 @@ def main(argv: Sequence[str]) -> int:
         host=args.host, gateway_port=args.gateway_port, sync_port=args.sync_port,
         token=args.token, start_timeout_s=args.start_timeout_s, grace_s=args.grace_s,
         supervise=args.supervise, give_up_restarts=args.give_up_restarts,
-        give_up_window_s=args.give_up_window_s, on_child_event=_report)
+        give_up_window_s=args.give_up_window_s)
+    _report_children()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         print(f"bubblespec up: starting {args.ranks} rank(s); logs in "

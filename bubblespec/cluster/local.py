@@ -73,8 +73,11 @@ class Child:
     log_path: Path
     env: dict[str, str]
     proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    """time.monotonic() of the last start."""
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open by the child)
         try:
             self.proc = subprocess.Popen(

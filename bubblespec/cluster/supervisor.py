@@ -15,8 +15,8 @@ A child that keeps dying faster than `give_up_restarts` restarts per `give_up_wi
 (default: a death after 10 restarts within 10 minutes) is given up: it stays dead, and
 `gave_up` names it (`bubblespec up` then stops the cluster and exits with its log tail).
 
-Every exit, restart and give-up is logged (logger `bubblespec.cluster`) and passed to the
-`on_event` callback. A child can be held (`hold`): the supervisor leaves it alone, dead or
+Every exit (WARNING), restart (INFO) and give-up (ERROR) is logged (logger
+`bubblespec.cluster`) and passed to the `on_event` callback. A child can be held (`hold`): the supervisor leaves it alone, dead or
 alive, until `release`; `LocalCluster.kill` / `restart` (the fault drills) hold the child
 they kill and release it once they started it again, so a drill and the supervisor never
 both start it. `stop()` ends the supervisor thread before the cluster stops its children.
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from bubblespec.cluster.local import Child
 
 log = logging.getLogger("bubblespec.cluster")
+_LEVELS = {"exited": logging.WARNING, "restarted": logging.INFO, "gave_up": logging.ERROR}
 
 
 @dataclass
@@ -102,7 +103,6 @@ class ChildEvent:
 class _Watch:
     backoff: Backoff
     window: RestartWindow
-    started_at: float
     due: float | None = None
     """When the dead child is started again (None: not dead, or not yet seen dead)."""
     returncode: int | None = None
@@ -114,15 +114,13 @@ class Supervisor:
     def __init__(self, children: Mapping[str, Child], *, backoff_s: float = 1.0,
                  backoff_max_s: float = 30.0, stable_s: float = 60.0,
                  give_up_restarts: int = 10, give_up_window_s: float = 600.0,
-                 poll_s: float = 0.2, on_event: Callable[[ChildEvent], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 poll_s: float = 0.2,
+                 on_event: Callable[[ChildEvent], None] | None = None) -> None:
         self.children = children
         self.poll_s = poll_s
         self.on_event = on_event
-        self._clock = clock
-        now = clock()
         self._watch = {name: _Watch(Backoff(backoff_s, backoff_max_s, stable_s),
-                                    RestartWindow(give_up_restarts, give_up_window_s, clock), now)
+                                    RestartWindow(give_up_restarts, give_up_window_s))
                        for name in children}
         self.held: set[str] = set()
         """Children the supervisor leaves alone (a fault drill owns them)."""
@@ -167,12 +165,11 @@ class Supervisor:
             self._watch[name].due = None
 
     def release(self, name: str) -> None:
-        """Supervise `name` again (it was just started by hand: its uptime counts from now;
-        one given up on is watched again)."""
+        """Supervise `name` again (it was just started by hand; one given up on is watched
+        again)."""
         with self.lock:
             self.held.discard(name)
             self.gave_up.pop(name, None)
-            self._watch[name].started_at = self._clock()
             self._watch[name].due = None
 
     def restarts(self, name: str) -> int:
@@ -195,10 +192,10 @@ class Supervisor:
                     if child.alive:
                         continue
                     events.append(self._died(name, child, w))
-                elif self._clock() >= w.due:
+                elif time.monotonic() >= w.due:
                     events.append(self._restart(name, child, w))
         for ev in events:
-            (log.error if ev.kind != "restarted" else log.warning)("%s", ev.describe())
+            log.log(_LEVELS[ev.kind], "%s", ev.describe())
             if self.on_event is not None:
                 try:
                     self.on_event(ev)
@@ -209,7 +206,7 @@ class Supervisor:
     def _died(self, name: str, child: Child, w: _Watch) -> ChildEvent:
         assert child.proc is not None
         w.returncode = child.proc.returncode
-        uptime = self._clock() - w.started_at
+        uptime = time.monotonic() - child.started_at
         # what the child left in its process group (vLLM's engine core under a rank) goes
         # now, so that its memory and any socket it inherited are free for the new child
         child.signal(signal.SIGKILL, group=True)
@@ -219,14 +216,13 @@ class Supervisor:
             self.gave_up[name] = ev
             return ev
         delay = w.backoff.after_death(uptime)
-        w.due = self._clock() + delay
+        w.due = time.monotonic() + delay
         return ChildEvent(name, "exited", w.returncode, w.window.total, delay_s=delay,
                           uptime_s=uptime, log_path=str(child.log_path))
 
     def _restart(self, name: str, child: Child, w: _Watch) -> ChildEvent:
         w.due = None
         w.window.record()  # a start that fails counts as a restart too
-        w.started_at = self._clock()
         try:
             child.start()
         except OSError:  # e.g. out of processes: the old, dead process stays; seen next pass
