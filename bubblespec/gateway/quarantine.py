@@ -10,7 +10,8 @@ every rank would die of it. The policy (docs/design.md, "Poison requests"):
   shard becomes a suspect, remembered for `suspect_s`. The shard is re-run once elsewhere,
   since one death is not attributable: engines also die of their own faults, and a shard
   shares its engine with other shards.
-- A suspect present at the death of a second, different rank's engine is quarantined: the
+- A suspect present at a second engine death is quarantined (another rank's engine, or the
+  same rank's restarted engine when the request came back after a failed step): the
   step fails at once with a 500 that names the request (its prompt index, length, key and
   the sampling parameters that differ from the defaults), no further rank receives it, and
   for `hold_s` seconds the same request is refused before it reaches a rank, with a 422
@@ -52,8 +53,8 @@ def describe(sampling: SamplingParams) -> str:
 class Suspect:
     """A request that was in a batch whose engine died."""
 
-    deaths: dict[str, str] = field(default_factory=dict)
-    """rank id -> why its engine died."""
+    deaths: list[tuple[str, str]] = field(default_factory=list)
+    """(rank id, why its engine died) per death."""
     since: float = 0.0
 
 
@@ -106,18 +107,18 @@ class Quarantine:
     def engine_died(self, rank_id: str, reason: str,
                     requests: Sequence[tuple[str, str]]) -> list[Held]:
         """Record that `rank_id`'s engine died running `requests` ((fingerprint, what) each);
-        returns the requests now quarantined (suspects of a death on another rank)."""
+        returns the requests now quarantined (suspects of an earlier death)."""
         now = self.clock()
         out = []
         for fp, what in requests:
             s = self._suspects.get(fp)
             if s is None or now - s.since > self.suspect_s:
                 s = Suspect(since=now)
-            s.deaths[rank_id] = reason
+            s.deaths.append((rank_id, reason))
             self._suspects[fp] = s
             self._suspects.move_to_end(fp)
             if len(s.deaths) >= 2:
-                h = Held(what, tuple(sorted(s.deaths.items())), now + self.hold_s)
+                h = Held(what, tuple(s.deaths), now + self.hold_s)
                 self._held[fp] = h
                 self._held.move_to_end(fp)
                 del self._suspects[fp]

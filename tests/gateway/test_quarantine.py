@@ -42,10 +42,9 @@ def test_two_deaths_on_two_ranks_quarantine_and_refuse_for_hold_s() -> None:
     q = Quarantine(hold_s=60, suspect_s=60, clock=clock)
     fp, other = fingerprint([1, 9], TOPK), fingerprint([1, 8], TOPK)
     assert q.engine_died("r0", "boom", [(fp, "req A"), (other, "req B")]) == []
-    assert q.engine_died("r0", "boom again", [(fp, "req A")]) == []  # same rank: not yet
-    held = q.engine_died("r1", "boom", [(fp, "req A")])
+    held = q.engine_died("r1", "boom too", [(fp, "req A")])
     assert [h.what for h in held] == ["req A"]
-    assert "r0 (boom again) and r1 (boom)" in held[0].reason()
+    assert "r0 (boom) and r1 (boom too)" in held[0].reason()
     q.check([[1, 8]], TOPK)  # the other request: one death only, not refused
     with pytest.raises(ApiError) as e:
         q.check([[1, 8], [1, 9]], TOPK)
@@ -54,6 +53,15 @@ def test_two_deaths_on_two_ranks_quarantine_and_refuse_for_hold_s() -> None:
     clock.t += 61
     q.check([[1, 9]], TOPK)  # the hold is over
     assert q.held_count == 0
+
+
+def test_a_restarted_engine_dying_again_counts() -> None:
+    """The request came back (a retry after its failed step) to the same rank, whose engine
+    had been restarted: the second death quarantines it."""
+    q = Quarantine(clock=Clock())
+    fp = fingerprint([3], TOPK)
+    assert q.engine_died("r0", "x", [(fp, "A")]) == []
+    assert [h.what for h in q.engine_died("r0", "y", [(fp, "A")])] == ["A"]
 
 
 def test_suspects_expire_and_completed_requests_are_cleared() -> None:
