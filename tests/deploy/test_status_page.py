@@ -88,10 +88,16 @@ def test_page_is_served_self_contained() -> None:
         render_page(steps=0)
 
 
+# what the captures wait for (real time, within capture's deadline): the page's hooks
+REFRESHED = 'document.body.dataset.state === "ready" && +document.body.dataset.updates >= 1'
+FAILED = 'document.body.dataset.state === "error"'
+
+
 def _require_chromium() -> str:
     binary = chromium()
     if binary is None:
-        pytest.skip("chromium not installed and apt-get not usable: browser test not run")
+        pytest.skip("chromium not installed and apt-get not usable (or no `websockets`, its "
+                    "DevTools client): browser test not run")
     return binary
 
 
@@ -99,7 +105,7 @@ def test_chromium_renders_ranks_and_timelines() -> None:
     binary = _require_chromium()
     with serve_app(fake_gateway()) as url:
         shot = OUT / "status_page_fake.png"
-        dom = Dom(capture(binary, url + "/", shot))
+        dom = Dom(capture(binary, url + "/", shot, until=REFRESHED))
     body = dom.body()
     assert body["data-state"] == "ready" and int(body["data-updates"]) >= 1, body
     assert "data-pwned" not in body, "an error string was run as HTML"
@@ -130,6 +136,6 @@ def test_chromium_renders_ranks_and_timelines() -> None:
 def test_chromium_shows_a_failed_refresh() -> None:
     binary = _require_chromium()
     with serve_app(fake_gateway(broken=True)) as url:
-        dom = Dom(capture(binary, url + "/", budget_ms=1500))
+        dom = Dom(capture(binary, url + "/", until=FAILED))
     assert dom.body()["data-state"] == "error"
     assert "refresh failed" in "".join(dom.text) and "HTTP 500" in "".join(dom.text)
