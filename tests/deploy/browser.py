@@ -151,9 +151,10 @@ class _DevTools:
         return left
 
     def call(self, method: str, session: str | None = None, check: bool = True,
-             **params: Any) -> dict[str, Any]:
+             waiting_for: str | None = None, **params: Any) -> dict[str, Any]:
         """The result of `method`; its error fails the capture, or with check=False is
-        returned as {"error": ...}."""
+        returned as {"error": ...}. A deadline is reported as waiting for `waiting_for`
+        (default: the method)."""
         from websockets.exceptions import ConnectionClosed
 
         self.last_id += 1
@@ -164,9 +165,10 @@ class _DevTools:
             self.ws.send(json.dumps(message))
             while True:
                 try:
-                    reply = json.loads(self.ws.recv(timeout=self.left(method)))
+                    reply = json.loads(self.ws.recv(timeout=self.left(waiting_for or method)))
                 except TimeoutError:
-                    self.fail(f"deadline passed waiting for {method}", CaptureTimeout)
+                    self.fail(f"deadline passed waiting for {waiting_for or method}",
+                              CaptureTimeout)
                 if reply.get("id") == self.last_id:  # anything else is an event
                     break
         except ConnectionClosed as e:
@@ -276,11 +278,12 @@ def capture(binary: str, url: str, png: Path | None = None, size: str = "1280,90
                 if nav.get("errorText"):
                     fail(f"navigation failed: {nav['errorText']}")
                 wait = WAIT.replace("__UNTIL__", until)
-                state = "not evaluated yet"
+                state = "(not evaluated yet)"
                 while True:
                     # an error reply: the document changed under the call (navigation)
-                    result = devtools.call("Runtime.evaluate", session, check=False,
-                                           expression=wait, returnByValue=True)
+                    result = devtools.call(
+                        "Runtime.evaluate", session, check=False, expression=wait,
+                        returnByValue=True, waiting_for=f"`{until}`; the page was: {state}")
                     if "exceptionDetails" in result:  # the expression does not compile
                         fail(f"`until` failed: {result['exceptionDetails']}")
                     if "error" not in result:
