@@ -127,6 +127,7 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
     deadline = time.monotonic() + timeout_s
     alive = set(assignment)
     running: dict[asyncio.Task[dict[str, Any]], ShardRun] = {}
+    dropped: list[asyncio.Task[dict[str, Any]]] = []
     out = DispatchResult(samples={}, runs=[])
 
     def start(rank_id: str, items: list[WorkItem], rerun: bool) -> None:
@@ -135,6 +136,19 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
         remaining = deadline - time.monotonic()
         task = asyncio.ensure_future(call(rank_id, items, rerun, remaining))
         running[task] = run
+
+    def same_engine(run: ShardRun) -> list[WorkItem]:
+        """The items of `run` and of every other call still running on its rank, those calls
+        dropped: they ran in the engine that just died (one death, counted once)."""
+        items = list(run.items)
+        for task, other in list(running.items()):
+            if other.rank_id == run.rank_id:
+                del running[task]
+                task.cancel()
+                dropped.append(task)
+                other.error = run.error
+                items += other.items
+        return items
 
     async def fail(run: ShardRun, reason: str, engine_died: bool = False) -> None:
         run.error = reason
@@ -145,10 +159,14 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
         alive.discard(run.rank_id)
         if first and on_failure is not None:
             await on_failure(run.rank_id, reason)
-        if engine_died and on_engine_death is not None:
-            poisoned = on_engine_death(run.rank_id, run.items, reason)
-            if poisoned is not None:
-                raise DispatchError(500, poisoned.message, sorted(out.failed), poisoned.field)
+        items = run.items
+        if engine_died:
+            items = same_engine(run)
+            if on_engine_death is not None:
+                poisoned = on_engine_death(run.rank_id, items, reason)
+                if poisoned is not None:
+                    raise DispatchError(500, poisoned.message, sorted(out.failed),
+                                        poisoned.field)
         if len(out.reruns) >= max_reruns:
             raise DispatchError(503, f"giving up after {len(out.reruns)} re-runs; last: rank "
                                      f"{run.rank_id}: {reason}", sorted(out.failed))
@@ -160,11 +178,11 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
         for other in running.values():
             if other.rank_id in loads:
                 loads[other.rank_id] += sum(it.cost for it in other.items)
-        for rank_id, items in lpt(run.items, sorted(alive), loads).items():
-            if items:
-                out.reruns.append((run.rank_id, rank_id, sorted({it.index for it in items}),
+        for rank_id, its in lpt(items, sorted(alive), loads).items():
+            if its:
+                out.reruns.append((run.rank_id, rank_id, sorted({it.index for it in its}),
                                    reason))
-                start(rank_id, items, True)
+                start(rank_id, its, True)
 
     for rank_id, items in assignment.items():
         if items or send_empty:
@@ -179,7 +197,9 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
                 raise DispatchError(504, f"deadline of {timeout_s:g} s passed waiting for "
                                          f"rank(s) {', '.join(pending)}", pending)
             for task in done:
-                run = running.pop(task)
+                run = running.pop(task, None)
+                if run is None:  # dropped with its rank's dead engine (`same_engine`)
+                    continue
                 try:
                     body = task.result()
                     run.result, got = check_reply(run.rank_id, run.items, body)
@@ -197,6 +217,6 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
     finally:
         for task in running:
             task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        if running or dropped:
+            await asyncio.gather(*running, *dropped, return_exceptions=True)
     return out

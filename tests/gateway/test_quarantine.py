@@ -5,6 +5,7 @@ are plain functions that raise what a rank with a dead engine answers)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -135,3 +136,49 @@ def test_dispatch_reruns_after_a_death_without_the_hook_verdict() -> None:
     res = asyncio.run(dispatch(lpt(_items(4), ["r0", "r1"]), call, timeout_s=10,
                                on_engine_death=on_death))
     assert died == ["r0"] and sorted(res.samples) == [0, 1, 2, 3]
+
+
+class Engines:
+    """Fake ranks with one engine each (a fault injected on purpose): a call holding prompt
+    `poison` kills its rank's engine, which fails every call running on that rank."""
+
+    def __init__(self, poison: int) -> None:
+        self.poison = poison
+        self.dead: dict[str, asyncio.Event] = {}
+        self.calls: list[tuple[str, list[int]]] = []
+
+    async def call(self, rank: str, its: list[WorkItem], rerun: bool, timeout_s: float
+                   ) -> dict[str, Any]:
+        self.calls.append((rank, [it.index for it in its]))
+        dead = self.dead.setdefault(rank, asyncio.Event())
+        if any(it.index == self.poison for it in its):
+            await asyncio.sleep(0.01)
+            dead.set()
+        else:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(dead.wait(), 0.2)
+        if dead.is_set():
+            raise RankCallError(rank, "HTTP 503: the engine died", 503, "engine",
+                                engine_died=True)
+        return reply(rank, its)
+
+
+def test_a_death_counts_every_call_on_the_dead_engine_once() -> None:
+    """r1 dies of the poison; its re-run joins r0's own shard in r0's engine, which dies:
+    the poison was at two deaths even when r0's own shard is reported first, and the
+    step ends with the 500 naming it, not with "no rank left"."""
+    q = Quarantine(clock=Clock())
+    seen: list[tuple[str, list[int]]] = []
+
+    def on_death(rank: str, its: list[WorkItem], reason: str) -> Poisoned | None:
+        seen.append((rank, sorted(it.index for it in its)))
+        held = q.engine_died(rank, reason, [(f"fp{it.index}", f"prompts[{it.index}]")
+                                            for it in its])
+        return Poisoned("killed two engines", held[0].what) if held else None
+
+    engines = Engines(poison=1)
+    assignment = {"r0": [_items(2)[0]], "r1": [_items(2)[1]]}
+    with pytest.raises(DispatchError) as e:
+        asyncio.run(dispatch(assignment, engines.call, timeout_s=10, on_engine_death=on_death))
+    assert e.value.status == 500 and e.value.field == "prompts[1]", e.value
+    assert seen == [("r1", [1]), ("r0", [0, 1])], seen
