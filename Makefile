@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean \
+.PHONY: install run up test test-valid-space test-drills bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean \
 	real-model bench-real exactness-real
 
 install: $(STAMP)
@@ -32,6 +32,17 @@ $(STAMP): pyproject.toml native/pyproject.toml native/CMakeLists.txt $(wildcard 
 # --durations: the slowest tests in every CI log, to keep the suite's time in view
 test: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25
+
+# The valid request space at length: BUBBLESPEC_VALID_EXAMPLES drawn batches per test
+# (fresh draws) against a real engine and through the gateway's own and SGLang APIs.
+VALID_EXAMPLES ?= 250
+test-valid-space: install real-model
+	BUBBLESPEC_VALID_EXAMPLES=$(VALID_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+		tests/engine/test_valid_space.py tests/integration/test_valid_space.py
+
+# Fault drills too long for `make test` (marked slow): 20 poison requests in a row.
+test-drills: install
+	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m slow tests/integration/test_poison.py
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.
