@@ -89,3 +89,13 @@ def spec_engine(loop_runner: LoopRunner) -> Iterator[Any]:
                        src_global=True)
     yield eng
     loop_runner.run(eng.shutdown())
+
+
+@pytest.fixture(scope="package")
+def biased_engine(loop_runner: LoopRunner) -> Iterator[Any]:
+    """A speculative engine whose verifier accepts drafts with probability 8p (fault injected
+    on purpose): the exactness tests' negative control, shared by them."""
+    eng = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
+                       fault_biased_verifier=8.0)
+    yield eng
+    loop_runner.run(eng.shutdown())

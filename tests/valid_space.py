@@ -30,8 +30,9 @@ def top_ks(vocab: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def sampling(draw: st.DrawFn, vocab: int, eos: int, max_new: int = 40) -> dict[str, Any]:
-    """One legal `sampling_params` body (the protocol's names)."""
+def sampling(draw: st.DrawFn, vocab: int, eos: int, max_new: int = 40, exclude: int = -1
+             ) -> dict[str, Any]:
+    """One legal `sampling_params` body (the protocol's names); no stop id `exclude`."""
     temperature = draw(st.sampled_from([0.0, 0.0, 0.3, 0.7, 1.0, 1.0, 1.3, L.MAX_TEMPERATURE]))
     out: dict[str, Any] = {
         "max_new_tokens": draw(st.integers(1, max_new)),
@@ -43,16 +44,22 @@ def sampling(draw: st.DrawFn, vocab: int, eos: int, max_new: int = 40) -> dict[s
         "ignore_eos": draw(st.booleans()),
         "seed_mode": draw(st.sampled_from(["default", "keyed", "keyed_context"])),
     }
-    stops = draw(st.lists(st.integers(0, vocab - 1), max_size=3))
+    stops = draw(st.lists(token_ids(vocab, exclude), max_size=3))
     if draw(st.booleans()):
         stops.append(eos)
     out["stop_token_ids"] = stops
     return out
 
 
-def prompts(vocab: int, bos: int, min_size: int = 1, max_size: int = 4
+def token_ids(vocab: int, exclude: int = -1) -> st.SearchStrategy[int]:
+    """Any token id of the vocabulary but `exclude` (a drill's engine-killing token)."""
+    return st.integers(0, vocab - 1).filter(lambda t: t != exclude)
+
+
+def prompts(vocab: int, bos: int, min_size: int = 1, max_size: int = 4, exclude: int = -1
             ) -> st.SearchStrategy[list[list[int]]]:
-    """Prompts of 1-24 token ids, a BOS first (a task-like context) or not."""
-    body = st.lists(st.integers(0, vocab - 1), min_size=1, max_size=24)
+    """Prompts of 1-24 token ids, a BOS first (a task-like context) or not; none holds
+    `exclude`."""
+    body = st.lists(token_ids(vocab, exclude), min_size=1, max_size=24)
     one = st.one_of(body, body.map(lambda ids: [bos, *ids]))
     return st.lists(one, min_size=min_size, max_size=max_size)

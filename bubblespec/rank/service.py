@@ -50,7 +50,8 @@ from bubblespec.rank.worker import RankWorker, to_gen_request
 log = logging.getLogger("bubblespec.rank")
 
 EXIT_ENGINE = 4
-"""Exit status of a rank whose engine died once more after its restarts were spent."""
+"""Exit status of a rank whose engine died when its restart budget (`engine_restarts` per
+`engine_restart_window_s`) was spent: its supervisor starts the process again."""
 
 
 def default_rank_id(cfg: RankConfig) -> str:

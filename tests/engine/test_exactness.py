@@ -20,7 +20,7 @@ from scipy.stats import chi2_contingency
 
 from bubblespec.engine import GenRequest
 from bubblespec.protocol.sampling import SamplingParams
-from tests.engine_fixtures import model_dir, model_task, start_engine
+from tests.engine_fixtures import model_dir, model_task
 
 pytestmark = pytest.mark.engine
 
@@ -187,15 +187,11 @@ def test_sampled_distribution_unchanged(loop_runner, plain_engine, spec_engine,
         f"speculation changed the sampled distribution (p={p_joint:.2e}, {p_first:.2e})")
 
 
-def test_negative_control_biased_verifier_is_caught(loop_runner, plain_engine) -> None:
+def test_negative_control_biased_verifier_is_caught(loop_runner, plain_engine,
+                                                    biased_engine) -> None:
     prompt = high_entropy_prompt(loop_runner, plain_engine)
     base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [])
-    biased = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
-                          fault_biased_verifier=8.0)
-    try:
-        bad = _sample_counts(loop_runner, biased, prompt, 1.0, _adversarial_drafts(base))
-    finally:
-        loop_runner.run(biased.shutdown())
+    bad = _sample_counts(loop_runner, biased_engine, prompt, 1.0, _adversarial_drafts(base))
     p_joint, p_first = _p_values(base, bad)
     assert min(p_joint, p_first) < 1e-6, (
         f"the test failed to catch a verifier that over-accepts drafts "

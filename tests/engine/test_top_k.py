@@ -33,7 +33,7 @@ from tests.engine.test_exactness import (
     _sample_counts,
     high_entropy_prompt,
 )
-from tests.engine_fixtures import model_task, start_engine
+from tests.engine_fixtures import model_task
 
 pytestmark = pytest.mark.engine
 
@@ -121,17 +121,12 @@ def test_sampled_distribution_unchanged_under_top_k(loop_runner, plain_engine,
     assert emitted[outsider] == 0, f"token {outsider}, outside the top {TOP_K}, was emitted"
 
 
-def test_negative_control_biased_verifier_is_caught_under_top_k(loop_runner,
-                                                                plain_engine) -> None:
+def test_negative_control_biased_verifier_is_caught_under_top_k(loop_runner, plain_engine,
+                                                                biased_engine) -> None:
     prompt = high_entropy_prompt(loop_runner, plain_engine)
     base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [], top_k=TOP_K)
-    biased = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
-                          fault_biased_verifier=8.0)
-    try:
-        bad = _sample_counts(loop_runner, biased, prompt, 1.0, _adversarial_drafts(base),
+    bad = _sample_counts(loop_runner, biased_engine, prompt, 1.0, _adversarial_drafts(base),
                              top_k=TOP_K)
-    finally:
-        loop_runner.run(biased.shutdown())
     p_joint, p_first = _p_values(base, bad)
     assert min(p_joint, p_first) < 1e-6, (
         f"the top-k test failed to catch a verifier that over-accepts drafts "
