@@ -38,11 +38,11 @@ test: install real-model
 VALID_EXAMPLES ?= 250
 test-valid-space: install real-model
 	BUBBLESPEC_VALID_EXAMPLES=$(VALID_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
-		tests/engine/test_valid_space.py tests/integration/test_valid_space.py
+		tests/engine/test_valid_space.py tests/integration/test_requests.py -k "drawn or no_engine"
 
 # Fault drills too long for `make test` (marked slow): 20 poison requests in a row.
 test-drills: install
-	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m slow tests/integration/test_poison.py
+	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m slow tests/integration/test_requests.py
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.
