@@ -33,12 +33,15 @@ $(STAMP): pyproject.toml native/pyproject.toml native/CMakeLists.txt $(wildcard 
 test: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25
 
-# The valid request space at length: BUBBLESPEC_VALID_EXAMPLES drawn batches per test
-# (fresh draws) against a real engine and through the gateway's own and SGLang APIs.
-VALID_EXAMPLES ?= 250
+# The valid request space at length: fresh draws (BUBBLESPEC_VALID_EXAMPLES batches per test)
+# against a real engine and through the gateway's own and SGLang APIs (docs/results.md).
+VALID_ENGINE_EXAMPLES ?= 500
+VALID_GATEWAY_EXAMPLES ?= 150
 test-valid-space: install real-model
-	BUBBLESPEC_VALID_EXAMPLES=$(VALID_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
-		tests/engine/test_valid_space.py tests/integration/test_requests.py -k "drawn or no_engine"
+	BUBBLESPEC_VALID_EXAMPLES=$(VALID_ENGINE_EXAMPLES) $(BIN)/python -m pytest -q -s \
+		-p no:cacheprovider tests/engine/test_valid_space.py
+	BUBBLESPEC_VALID_EXAMPLES=$(VALID_GATEWAY_EXAMPLES) $(BIN)/python -m pytest -q -s \
+		-p no:cacheprovider tests/integration/test_requests.py -k "drawn or no_engine"
 
 # Fault drills too long for `make test` (marked slow): 20 poison requests in a row.
 test-drills: install
