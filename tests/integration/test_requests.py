@@ -169,6 +169,30 @@ def test_drawn_concurrent_requests_through_the_sglang_api(cluster, task, data) -
         TALLY["samples"] += count
 
 
+@pytest.mark.parametrize("seed_mode", ["default", "keyed"])
+def test_top_k_1_20_50_and_the_vocabulary_on_both_apis(cluster, task, seed_mode) -> None:
+    """The values users send (Qwen recommends top-k 20), each as a two-step rollout whose
+    second step decodes with pre-generated drafts, and as SGLang requests."""
+    vocab = task.vocab_size
+    for i, k in enumerate([1, 20, 50, vocab]):
+        sp = {"temperature": 1.0, "top_k": k, "max_new_tokens": 24, "seed_mode": seed_mode,
+              "stop_token_ids": [task.eos_id]}
+        first, ahead = (task.make_prompts(2, seed=700 + 10 * i + j) for j in range(2))
+        ids = [[{"input_ids": list(p.input_ids)} for p in ps] for ps in (first, ahead)]
+        _rollout(cluster.gateway_url, {"prompts": ids[0], "n": 2, "sampling_params": sp,
+                                       "next_prompts": ids[1], "return_logprobs": True})
+        out = _rollout(cluster.gateway_url, {"prompts": ids[1], "n": 2, "sampling_params": sp,
+                                             "return_logprobs": True})
+        if k == 1:  # top-k 1 is greedy whatever the seeds and drafts
+            assert all(len({tuple(s["output_ids"]) for s in p["samples"]}) == 1
+                       for p in out["prompts"])
+        r = httpx.post(cluster.gateway_url + "/generate", timeout=300, json={
+            "input_ids": [list(p.input_ids) for p in first],
+            "sampling_params": {**sp, "n": 2}, "return_logprob": True})
+        assert r.status_code == 200, r.text
+        assert len(r.json()) == 4
+
+
 def test_every_rank_ready_and_no_engine_restarted(cluster) -> None:
     ranks = httpx.get(cluster.gateway_url + "/v1/ranks", timeout=10).json()["ranks"]
     assert {r["rank_id"] for r in ranks if r["ready"]} == set(cluster.rank_ids)
