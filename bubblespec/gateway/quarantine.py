@@ -62,6 +62,7 @@ class Suspect:
 class Held:
     """A quarantined request: what it is and which engines it killed."""
 
+    fingerprint: str
     what: str
     deaths: tuple[tuple[str, str], ...]
     until: float
@@ -83,7 +84,6 @@ class Quarantine:
         self.clock = clock
         self._suspects: OrderedDict[str, Suspect] = OrderedDict()
         self._held: OrderedDict[str, Held] = OrderedDict()
-        self.quarantined_total = 0
 
     def held(self, fp: str) -> Held | None:
         """The quarantine entry of `fp` while it lasts."""
@@ -118,11 +118,10 @@ class Quarantine:
             self._suspects[fp] = s
             self._suspects.move_to_end(fp)
             if len(s.deaths) >= 2:
-                h = Held(what, tuple(s.deaths), now + self.hold_s)
+                h = Held(fp, what, tuple(s.deaths), now + self.hold_s)
                 self._held[fp] = h
                 self._held.move_to_end(fp)
                 del self._suspects[fp]
-                self.quarantined_total += 1
                 out.append(h)
         for d in (self._suspects, self._held):
             while len(d) > self.max_entries:

@@ -15,13 +15,20 @@ import logging
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from bubblespec.gateway.bubbles import step_bubbles
 from bubblespec.gateway.config import GatewayConfig
-from bubblespec.gateway.dispatch import DispatchError, DispatchResult, Poisoned, dispatch
+from bubblespec.gateway.dispatch import (
+    DeathFn,
+    DispatchError,
+    DispatchResult,
+    Poisoned,
+    dispatch,
+)
 from bubblespec.gateway.prepare import Prepared, Preparer
 from bubblespec.gateway.quarantine import Quarantine, describe, fingerprint
 from bubblespec.gateway.ranks import Discovery, RankCallError, RankEndpoint, RankPool
@@ -205,7 +212,7 @@ class Rollouts:
             return resp
 
     def check_quarantine(self, prompts: list[list[int]], sampling: SamplingParams,
-                         field_of: Any = lambda i: f"prompts[{i}]") -> None:
+                         field_of: Callable[[int], str] = lambda i: f"prompts[{i}]") -> None:
         """422 naming the first quarantined request among `prompts` (`quarantine.py`)."""
         try:
             self.quarantine.check(prompts, sampling, field_of)
@@ -213,8 +220,7 @@ class Rollouts:
             self.metrics.quarantine_refused.inc()
             raise
 
-    def _on_engine_death(self, prep: Prepared, sampling: SamplingParams
-                         ) -> Any:
+    def _on_engine_death(self, prep: Prepared, sampling: SamplingParams) -> DeathFn:
         """The dispatch hook: count the death against the shard's requests, and end the step
         when one of them is now quarantined (a 500 naming it, no further rank gets it)."""
 
@@ -230,8 +236,8 @@ class Rollouts:
             if not held:
                 return None
             self.metrics.quarantined.inc(len(held))
-            first = min(i for i, (fp, _) in reqs.items()
-                        if self.quarantine.held(fp) is not None)
+            held_fps = {h.fingerprint for h in held}  # (quarantine_s 0: held, never refused)
+            first = min(i for i, (fp, _) in reqs.items() if fp in held_fps)
             names = "; ".join(h.reason() for h in held)
             log.error("quarantined %d request(s): %s", len(held), names)
             return Poisoned(f"{names}: quarantined for {self.quarantine.hold_s:g} s (refused "

@@ -182,3 +182,12 @@ def test_a_death_counts_every_call_on_the_dead_engine_once() -> None:
         asyncio.run(dispatch(assignment, engines.call, timeout_s=10, on_engine_death=on_death))
     assert e.value.status == 500 and e.value.field == "prompts[1]", e.value
     assert seen == [("r1", [1]), ("r0", [0, 1])], seen
+
+
+def test_hold_zero_names_the_request_but_never_refuses_it() -> None:
+    q = Quarantine(hold_s=0, clock=Clock())
+    fp = fingerprint([7], TOPK)
+    q.engine_died("r0", "x", [(fp, "A")])
+    held = q.engine_died("r1", "x", [(fp, "A")])
+    assert [h.fingerprint for h in held] == [fp]
+    q.check([[7]], TOPK)
