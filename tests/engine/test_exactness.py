@@ -32,13 +32,23 @@ def _prompts(n: int, seed: int) -> list:
     return model_task().make_prompts(n, seed)
 
 
+def seeds_of(arm: int, first: int, n: int) -> list[int]:
+    """Per-sample seeds of samples first..first+n-1 of one arm of a distribution test.
+    Fixed, so that each test's p-value is one fixed draw: on unseeded draws a test with
+    threshold 1e-3 fails by chance about once in a thousand runs (a flaky test). Disjoint
+    between arms, so that the arms compared are independent samples."""
+    return [1_000_003 * arm + first + j for j in range(n)]
+
+
 _HIGH_ENTROPY: list[list[int]] = []
 PILOT = 300
+PILOT_ARM = 9
 
 
 def _pilot(runner, plain_engine, ids: list[int]) -> Counter:
-    req = GenRequest(input_ids=ids, n=PILOT, sampling=SamplingParams(
-        max_new_tokens=SEQ_LEN, temperature=1.0, ignore_eos=True))
+    req = GenRequest(input_ids=ids, n=PILOT, seeds=seeds_of(PILOT_ARM, 0, PILOT),
+                     sampling=SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0,
+                                             ignore_eos=True))
     return Counter(tuple(s.output_ids) for s in runner.run(plain_engine.generate([req]))[0].samples)
 
 
@@ -121,12 +131,13 @@ def test_greedy_identical_with_every_source_and_wrong_drafts(loop_runner, plain_
 
 
 def _sample_counts(runner, engine, prompt_ids: list[int], top_p: float,
-                   drafts: list[list[int]], top_k: int = -1) -> Counter:
+                   drafts: list[list[int]], top_k: int = -1, *, arm: int) -> Counter:
+    """Sequence counts of N_SAMPLES seeded samples (`seeds_of(arm, ...)`) of `prompt_ids`."""
     sp = SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0, top_p=top_p, top_k=top_k,
                         ignore_eos=True)
     half = N_SAMPLES // 2  # one prompt group, two requests (n is capped at 1024)
-    reqs = [GenRequest(input_ids=prompt_ids, n=half, sampling=sp, sample_offset=i * half)
-            for i in range(2)]
+    reqs = [GenRequest(input_ids=prompt_ids, n=half, sampling=sp, sample_offset=i * half,
+                       seeds=seeds_of(arm, i * half, half)) for i in range(2)]
     key = reqs[0].group_key()
     if engine.speculative:
         runner.run(engine.add_drafts([(key, i, d) for i, d in enumerate(drafts)]))
@@ -180,9 +191,11 @@ def _p_values(a: Counter, b: Counter) -> tuple[float, float]:
 def test_sampled_distribution_unchanged(loop_runner, plain_engine, spec_engine,
                                         top_p: float) -> None:
     prompt = high_entropy_prompt(loop_runner, plain_engine)
-    base = _sample_counts(loop_runner, plain_engine, prompt, top_p, [])
-    spec = _sample_counts(loop_runner, spec_engine, prompt, top_p, _adversarial_drafts(base))
+    base = _sample_counts(loop_runner, plain_engine, prompt, top_p, [], arm=0)
+    spec = _sample_counts(loop_runner, spec_engine, prompt, top_p, _adversarial_drafts(base),
+                          arm=1)
     p_joint, p_first = _p_values(base, spec)
+    print(f"top-p {top_p}: p(joint)={p_joint:.3g} p(first token)={p_first:.3g}")
     assert min(p_joint, p_first) > 1e-3, (
         f"speculation changed the sampled distribution (p={p_joint:.2e}, {p_first:.2e})")
 
@@ -190,9 +203,11 @@ def test_sampled_distribution_unchanged(loop_runner, plain_engine, spec_engine,
 def test_negative_control_biased_verifier_is_caught(loop_runner, plain_engine,
                                                     biased_engine) -> None:
     prompt = high_entropy_prompt(loop_runner, plain_engine)
-    base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [])
-    bad = _sample_counts(loop_runner, biased_engine, prompt, 1.0, _adversarial_drafts(base))
+    base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [], arm=0)
+    bad = _sample_counts(loop_runner, biased_engine, prompt, 1.0, _adversarial_drafts(base),
+                         arm=1)
     p_joint, p_first = _p_values(base, bad)
+    print(f"biased verifier: p(joint)={p_joint:.3g} p(first token)={p_first:.3g}")
     assert min(p_joint, p_first) < 1e-6, (
         f"the test failed to catch a verifier that over-accepts drafts "
         f"(p={p_joint:.2e}, {p_first:.2e})")

@@ -14,7 +14,13 @@ import pytest
 from bubblespec.core.context_keys import CONTEXT_LEN
 from bubblespec.engine import GenRequest
 from bubblespec.protocol.sampling import SamplingParams
-from tests.engine.test_exactness import N_SAMPLES, SEQ_LEN, _p_values, high_entropy_prompt
+from tests.engine.test_exactness import (
+    N_SAMPLES,
+    SEQ_LEN,
+    _p_values,
+    high_entropy_prompt,
+    seeds_of,
+)
 from tests.engine_fixtures import model_task, start_engine
 
 pytestmark = pytest.mark.engine
@@ -77,7 +83,7 @@ def test_keyed_marginals_equal_plain_sampling(loop_runner, plain_engine, spec_en
         res = loop_runner.run(engine.generate(reqs))
         return Counter(tuple(s.output_ids) for r in res for s in r.samples)
 
-    plain = run(plain_engine, plain_sp, lambda k: None)
+    plain = run(plain_engine, plain_sp, lambda k: seeds_of(0, k * half, half))
     keyed = run(spec_engine, keyed_sp, lambda k: [10_007 * (k * half + j) for j in range(half)])
     assert min(_p_values(plain, keyed)) > 1e-3
     # negative control: a broken seed derivation (every sample the same seed) is caught
@@ -116,7 +122,7 @@ def repeating_prompt(runner, plain_engine) -> list[int]:
         task, best, best_score = model_task(), [], 0.0
         for x in (22, 48, 89, 136, 190):
             ids = [task.bos_id] + [x] * 6
-            req = GenRequest(input_ids=ids, n=200, sampling=SamplingParams(
+            req = GenRequest(input_ids=ids, n=200, seeds=seeds_of(9, 0, 200), sampling=SamplingParams(
                 max_new_tokens=REPEAT_LEN, temperature=1.0, ignore_eos=True))
             seqs = [tuple(s.output_ids) for s in
                     runner.run(plain_engine.generate([req]))[0].samples]
@@ -157,7 +163,7 @@ def _repeat_counts(runner, engine, prompt: list[int], mode: str, drafts: list) -
     half = N_SAMPLES // 2
     sp = SamplingParams(max_new_tokens=REPEAT_LEN, temperature=1.0, ignore_eos=True,
                         seed_mode=mode)
-    seeds = (lambda k: None) if mode == "default" else (
+    seeds = (lambda k: seeds_of(0, k * half, half)) if mode == "default" else (
         lambda k: [7_919 * (k * half + j) + 5 for j in range(half)])
     reqs = [GenRequest(input_ids=prompt, n=half, sampling=sp, sample_offset=k * half,
                        seeds=seeds(k)) for k in range(2)]

@@ -104,9 +104,9 @@ def _outside_top_k_drafts(counts: Counter, vocab: int) -> tuple[list[list[int]],
 def test_sampled_distribution_unchanged_under_top_k(loop_runner, plain_engine,
                                                     spec_engine) -> None:
     prompt = high_entropy_prompt(loop_runner, plain_engine)
-    base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [], top_k=TOP_K)
+    base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [], top_k=TOP_K, arm=0)
     spec = _sample_counts(loop_runner, spec_engine, prompt, 1.0, _adversarial_drafts(base),
-                          top_k=TOP_K)
+                          top_k=TOP_K, arm=1)
     p_joint, p_first = _p_values(base, spec)
     assert min(p_joint, p_first) > 1e-3, (
         f"speculation changed the top-k distribution (p={p_joint:.2e}, {p_first:.2e})")
@@ -124,9 +124,9 @@ def test_sampled_distribution_unchanged_under_top_k(loop_runner, plain_engine,
 def test_negative_control_biased_verifier_is_caught_under_top_k(loop_runner, plain_engine,
                                                                 biased_engine) -> None:
     prompt = high_entropy_prompt(loop_runner, plain_engine)
-    base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [], top_k=TOP_K)
+    base = _sample_counts(loop_runner, plain_engine, prompt, 1.0, [], top_k=TOP_K, arm=0)
     bad = _sample_counts(loop_runner, biased_engine, prompt, 1.0, _adversarial_drafts(base),
-                             top_k=TOP_K)
+                         top_k=TOP_K, arm=1)
     p_joint, p_first = _p_values(base, bad)
     assert min(p_joint, p_first) < 1e-6, (
         f"the top-k test failed to catch a verifier that over-accepts drafts "
