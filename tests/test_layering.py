@@ -10,6 +10,8 @@
    worker methods; and in the modules that drive vLLM (the engine
    package and any module importing vllm) no `obj._private` attribute of another object is
    touched and no function is patched onto another object.
+3. The glue imports no bubblespec module: the engine's parts (worker extension, proposer,
+   keyed sampling, pacing, faults) build on it, never it on them.
 The negative controls feed the checks the accesses that were moved into the glue.
 """
 
@@ -260,6 +262,14 @@ def test_only_the_glue_touches_vllm_internals() -> None:
         rel = path.relative_to(REPO)
         bad += [f"{rel}:{v}" for v in vllm_violations(text, drives_vllm=drives)]
     assert not bad, "vLLM internals outside engine/vllm_glue.py:\n" + "\n".join(bad)
+
+
+def test_the_glue_imports_nothing_of_bubblespec() -> None:
+    modules = package_modules()
+    glue = module_name(GLUE)
+    assert glue in modules
+    deps = import_graph(modules)[glue]
+    assert not deps, f"{glue} imports bubblespec modules: {sorted(deps)}"
 
 
 MOVED = {

