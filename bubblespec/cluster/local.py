@@ -18,7 +18,6 @@ the benchmarks and the tests:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -36,6 +35,7 @@ import httpx
 from typing_extensions import Self
 
 from bubblespec.cluster.base import Cluster, ClusterError
+from bubblespec.cluster.child import Child
 from bubblespec.cluster.supervisor import ChildEvent, Supervisor
 
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
@@ -57,55 +57,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Child:
-    """One child process of the cluster."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    env: dict[str, str]
-    proc: subprocess.Popen | None = None
-    started_at: float = 0.0
-    """time.monotonic() of the last start."""
-
-    def start(self) -> None:
-        self.started_at = time.monotonic()
-        log = open(self.log_path, "ab")  # noqa: SIM115 (kept open by the child)
-        try:
-            self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
-        finally:
-            log.close()
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def signal(self, sig: int, group: bool = False) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if group:
-                os.killpg(self.proc.pid, sig)
-            elif self.proc.poll() is None:
-                self.proc.send_signal(sig)
 
 
 @dataclass

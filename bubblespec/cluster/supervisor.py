@@ -35,12 +35,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from bubblespec.cluster.child import Child
 from bubblespec.restarts import RestartWindow
-
-if TYPE_CHECKING:
-    from bubblespec.cluster.local import Child
 
 log = logging.getLogger("bubblespec.cluster")
 _LEVELS = {"exited": logging.WARNING, "restarted": logging.INFO, "gave_up": logging.ERROR}

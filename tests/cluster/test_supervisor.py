@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bubblespec.cluster.local import Child, LocalCluster
+from bubblespec.cluster.child import Child
+from bubblespec.cluster.local import LocalCluster
 from bubblespec.cluster.supervisor import Backoff, ChildEvent, Supervisor
 
 CRASH = [sys.executable, "-c", "import sys; sys.exit(4)"]

@@ -12,7 +12,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from bubblespec.cluster.local import Child, LocalCluster, free_ports
+from bubblespec.cluster.child import Child
+from bubblespec.cluster.local import LocalCluster, free_ports
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.server import create_app
 
