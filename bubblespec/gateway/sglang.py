@@ -39,8 +39,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
 
+from bubblespec.batching import Answer, Ask
 from bubblespec.gateway.service import GatewayService
-from bubblespec.gateway.sglang_steps import Answer, Ask, StepBatcher
+from bubblespec.gateway.sglang_steps import sglang_batcher
 from bubblespec.http.edge import protected_router
 from bubblespec.http.errors import error_field
 from bubblespec.protocol.errors import ApiError
@@ -110,8 +111,8 @@ class SglangFront:
         c = gw.config
         self.gw = gw
         self.running_step: int | None = None
-        self.batcher = StepBatcher(self._run, c.sglang_quiet_s, c.sglang_max_wait_s,
-                                   c.max_n)
+        self.batcher = sglang_batcher(self._run, c.sglang_quiet_s, c.sglang_max_wait_s,
+                                      c.max_n)
 
     async def _run(self, req: RolloutRequest) -> RolloutResponse:
         """One rollout step, numbered here so that an abort can name it while it runs."""

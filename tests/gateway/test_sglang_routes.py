@@ -181,7 +181,7 @@ async def test_answer_shape(gw: TestClient) -> None:
     """One sample as SGLang answers it: matched stop token, text with and without the stop
     token, [logprob, id, text] triples, length and abort reasons (slime reads `text` and the
     triples; AReaL reads `finish_reason.type` and `message`)."""
-    from bubblespec.gateway.sglang_steps import ABORT_BEFORE_PREFILL, Answer, Ask
+    from bubblespec.batching import ABORT_BEFORE_PREFILL, Answer, Ask
     from bubblespec.protocol.gateway import RolloutSample
     from bubblespec.tasks import default_task
 

@@ -1,4 +1,5 @@
-"""The step batcher of the verl plugin: verl's per-trajectory `generate` calls become
+"""The step batcher of the verl plugin (`bubblespec/batching.py` with verl's adapter
+`integrations/verl/batcher.py`): verl's per-trajectory `generate` calls become
 bubblespec rollout steps (grouping, sample order, announced and unannounced batches, one
 step at a time, failures reach every caller). The rollout function stands for the gateway
 and answers each prompt's sample i with [prompt..., i]: what each caller gets back is then
@@ -11,7 +12,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from bubblespec.integrations.verl.batcher import Group, StepBatcher, plan, verl_sampling
+from bubblespec.batching import Step, gcd_of_counts, plan
+from bubblespec.integrations.verl.batcher import submit as submit_to
+from bubblespec.integrations.verl.batcher import verl_ask, verl_batcher, verl_sampling
 from bubblespec.protocol.gateway import PromptResult, RolloutResponse, RolloutSample
 from bubblespec.protocol.sampling import SamplingParams, SeedMode
 
@@ -29,7 +32,8 @@ class Gateway:
         self.running = 0
         self.max_running = 0
 
-    async def __call__(self, g: Group, nxt: Sequence[Sequence[int]] | None) -> RolloutResponse:
+    async def __call__(self, g: Step) -> RolloutResponse:
+        nxt: Sequence[Sequence[int]] | None = g.next_prompts
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         try:
@@ -63,32 +67,27 @@ def test_verl_sampling_maps_the_agent_loops_dict() -> None:
 
 
 def test_plan_groups_by_sampling_then_prompt() -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        def call(ids: tuple[int, ...], sp: SamplingParams) -> object:
-            from bubblespec.integrations.verl.batcher import Call
-
-            return Call(ids, sp, loop.create_future())
-
+    async def planned() -> list[Step]:
+        call = verl_ask
         calls = [call((1,), HOT), call((2,), HOT), call((1,), HOT), call((2,), HOT),
                  call((1,), GREEDY), call((3,), HOT), call((3,), HOT), call((3,), HOT),
                  call((3,), HOT)]
-        groups = plan(calls)  # type: ignore[arg-type]
-    finally:
-        loop.close()
+        return plan(calls, gcd_of_counts)
+
+    groups = asyncio.run(planned())
     assert [g.sampling for g in groups] == [HOT, GREEDY]  # largest first
     hot = groups[0]
     assert hot.n == 2 and hot.prompts == [(1,), (2,), (3,), (3,)]  # 4 calls: twice n
-    assert [len(cs) for cs in hot.calls] == [2, 2, 2, 2]
+    assert [len(cs) for cs in hot.asks] == [2, 2, 2, 2]
     assert groups[1].n == 1 and groups[1].prompts == [(1,)]
 
 
 def test_announced_batch_runs_as_one_step_with_next_prompts() -> None:
     async def main() -> None:
         gw = Gateway()
-        b = StepBatcher(gw, linger_s=0.01, idle_s=5.0)
+        b = verl_batcher(gw, linger_s=0.01, idle_s=5.0)
         b.expect(4, [[7, 8]])
-        outs = await asyncio.gather(*[b.submit(p, HOT) for p in ([1, 2], [3], [1, 2], [3])])
+        outs = await asyncio.gather(*[submit_to(b, p, HOT) for p in ([1, 2], [3], [1, 2], [3])])
         assert len(gw.steps) == 1
         prompts, n, sp, nxt = gw.steps[0]
         assert prompts == [(1, 2), (3,)] and n == 2 and sp == HOT and nxt == [[7, 8]]
@@ -102,10 +101,10 @@ def test_announced_batch_runs_as_one_step_with_next_prompts() -> None:
 def test_unannounced_calls_close_after_linger_and_steps_do_not_overlap() -> None:
     async def main() -> None:
         gw = Gateway(delay_s=0.05)
-        b = StepBatcher(gw, linger_s=0.02)
-        first = [asyncio.ensure_future(b.submit([i], GREEDY)) for i in range(3)]
+        b = verl_batcher(gw, linger_s=0.02)
+        first = [asyncio.ensure_future(submit_to(b, [i], GREEDY)) for i in range(3)]
         await asyncio.sleep(0.03)  # the first batch closed and runs
-        second = [asyncio.ensure_future(b.submit([9], GREEDY))]
+        second = [asyncio.ensure_future(submit_to(b, [9], GREEDY))]
         res = await asyncio.gather(*first, *second)
         assert [len(s[0]) for s in gw.steps] == [3, 1]
         assert gw.max_running == 1
@@ -117,9 +116,9 @@ def test_unannounced_calls_close_after_linger_and_steps_do_not_overlap() -> None
 def test_announced_batch_short_of_its_count_closes_after_idle() -> None:
     async def main() -> None:
         gw = Gateway()
-        b = StepBatcher(gw, linger_s=0.01, idle_s=0.1)
+        b = verl_batcher(gw, linger_s=0.01, idle_s=0.1)
         b.expect(3, None)
-        outs = await asyncio.gather(b.submit([1], HOT), b.submit([1], HOT))
+        outs = await asyncio.gather(submit_to(b, [1], HOT), submit_to(b, [1], HOT))
         assert len(outs) == 2 and gw.steps[0][1] == 2
 
     asyncio.run(main())
@@ -128,13 +127,13 @@ def test_announced_batch_short_of_its_count_closes_after_idle() -> None:
 def test_a_failed_step_fails_each_of_its_calls_and_pause_holds_batches() -> None:
     async def main() -> None:
         gw = Gateway(fail=True)
-        b = StepBatcher(gw, linger_s=0.01)
-        res = await asyncio.gather(b.submit([1], HOT), b.submit([2], HOT),
+        b = verl_batcher(gw, linger_s=0.01)
+        res = await asyncio.gather(submit_to(b, [1], HOT), submit_to(b, [2], HOT),
                                    return_exceptions=True)
         assert all(isinstance(r, RuntimeError) and "gateway down" in str(r) for r in res)
         gw.fail = False
         b.pause()
-        task = asyncio.ensure_future(b.submit([3], HOT))
+        task = asyncio.ensure_future(submit_to(b, [3], HOT))
         await asyncio.sleep(0.1)
         assert not task.done() and not gw.steps
         b.resume()
@@ -145,7 +144,7 @@ def test_a_failed_step_fails_each_of_its_calls_and_pause_holds_batches() -> None
 
 
 def test_expect_refuses_an_empty_step() -> None:
-    b = StepBatcher(Gateway())
+    b = verl_batcher(Gateway())
     with pytest.raises(ValueError):
         b.expect(0, None)
 
@@ -155,9 +154,9 @@ def test_full_determinism_request_ids_fix_each_trajectorys_sample() -> None:
     prompt go to the calls in batch order, whatever order the calls arrived in."""
     async def main() -> None:
         gw = Gateway()
-        b = StepBatcher(gw, linger_s=0.01)
+        b = verl_batcher(gw, linger_s=0.01)
         b.expect(4, None)
-        outs = await asyncio.gather(*[b.submit([5], HOT, f"det-{i}") for i in (3, 0, 2, 1)])
+        outs = await asyncio.gather(*[submit_to(b, [5], HOT, f"det-{i}") for i in (3, 0, 2, 1)])
         assert [s.output_ids[-1] - 100 for _, s in outs] == [3, 0, 2, 1]
 
     asyncio.run(main())

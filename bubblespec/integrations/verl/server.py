@@ -19,11 +19,11 @@ global step of the weights plus the sample's speculative counters.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
+from bubblespec.batching import Step
 from bubblespec.client import AsyncBubbleSpecClient
-from bubblespec.integrations.verl.batcher import Group, StepBatcher, verl_sampling
+from bubblespec.integrations.verl.batcher import submit, verl_batcher, verl_sampling
 from bubblespec.integrations.verl.settings import BubbleSpecSettings
 from bubblespec.protocol.gateway import RolloutResponse
 
@@ -59,14 +59,13 @@ class BubbleSpecServer:
         self.url = url
         self.response_length = response_length
         self.client = AsyncBubbleSpecClient(url, token=s.token, timeout_s=s.request_timeout_s)
-        self.batcher = StepBatcher(self._rollout, linger_s=s.linger_s, idle_s=s.idle_s)
+        self.batcher = verl_batcher(self._rollout, linger_s=s.linger_s, idle_s=s.idle_s)
         self.global_steps: int | None = None
 
-    async def _rollout(self, g: Group, next_prompts: Sequence[Sequence[int]] | None
-                       ) -> RolloutResponse:
+    async def _rollout(self, step: Step) -> RolloutResponse:
         return await self.client.rollout(
-            [list(p) for p in g.prompts], n=g.n, sampling_params=g.sampling,
-            next_prompts=next_prompts, return_logprobs=True, pregen=self.settings.pregen,
+            [list(p) for p in step.prompts], n=step.n, sampling_params=step.sampling,
+            next_prompts=step.next_prompts, return_logprobs=True, pregen=self.settings.pregen,
             pregen_window=self.settings.pregen_window)
 
     # ------------------------------------------------------------------ generation
@@ -84,7 +83,7 @@ class BubbleSpecServer:
             raise ValueError(f"generate: unsupported arguments {sorted(kwargs)}")
         sp, logprobs = verl_sampling(sampling_params, self.response_length,
                                      self.settings.seed_mode)
-        step, s = await self.batcher.submit(prompt_ids, sp, request_id)
+        step, s = await submit(self.batcher, prompt_ids, sp, request_id)
         extra = {"global_steps": self.global_steps, "bubblespec_step": step,
                  "weight_version": s.weight_version, "num_draft_tokens": s.num_draft_tokens,
                  "num_accepted_tokens": s.num_accepted_tokens,
