@@ -8,11 +8,11 @@ of re-matching its context from the root at every decode step.
 Layout: states are rows of int columns (length, suffix link, occurrence count, last-touched
 version, and the out-transition when there is exactly one: ``ftok[v]`` token, ``fto[v]``
 target). ``ftok[v]`` is ``NONE`` without transitions and ``MULTI`` with two or more, which then
-live in a dict ``more[v]`` (token -> target); about 1 state in 10 branches on RL-like text.
-The columns are Python lists by default (CPython indexes a list ~4x faster than an
-``array('i')``; measured ~265 bytes per stored token on the RL-like benchmark) or, with
-``compact=True``, ``array('i')`` (~90 bytes per token, inserts ~1.7x and drafts ~1.3x slower).
-No Python object per state either way.
+live in a dict ``more[v]`` (token -> target); on RL-like text few states branch.
+The columns are Python lists by default (CPython indexes a list faster than an
+``array('i')``) or, with ``compact=True``, ``array('i')`` (fewer bytes per token, slower
+inserts and drafts); bytes per token and times: docs/results.md, "Suffix index vs
+arctic-inference". No Python object per state either way.
 
 Occurrence counts: ``occ[v]`` is the number of end positions (endpos size) of the strings of
 state ``v`` over all stored sequences. It is maintained on append by walking the suffix-link

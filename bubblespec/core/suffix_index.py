@@ -19,8 +19,9 @@ budget, one rebuild per group. The global group has its own ``global_token_budge
 its oldest finished sequences down to ``low_water`` times that budget (FIFO, one rebuild).
 Live sequences are never evicted, so live data alone may exceed a budget.
 
-Memory: ``compact=False`` (default) keeps automaton columns in lists (fast, ~265 B/token on
-the RL-like bench), ``compact=True`` in ``array('i')`` (~95 B/token, slower).
+Memory: ``compact=False`` (default) keeps automaton columns in lists (fast),
+``compact=True`` in ``array('i')`` (smaller, slower); bytes per token: docs/results.md,
+"Suffix index vs arctic-inference".
 
 Not thread-safe: use one index per process and call it from one thread (the engine step).
 """

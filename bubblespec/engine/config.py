@@ -44,14 +44,14 @@ class EngineConfig(BaseModel):
     src_global_live: bool = False
     """With `src_global`: the global pool also holds the responses still being generated
     (as vLLM's suffix decoding does); a finished one stays in the pool when its prompt's
-    batch ends. Closes the gap to suffix decoding on live sources (README); off by default
-    until its drafting cost per engine step is measured."""
+    batch ends. Closes the gap to suffix decoding on live sources at a drafting cost per
+    engine step, so it is off by default (docs/results.md, "Draft choice per step")."""
     src_defer_appends: bool = False
     """Append each step's emitted tokens to the draft index after the step's drafts are
     sent, on a worker thread beside the next forward (native index: without the GIL),
     instead of before drafting. The appends leave the critical path, but a match without
-    the batch's latest tokens costs more: measured 6-16% less drafting time per step, and
-    more with the global pool + live outputs (README, "Native draft path")."""
+    the batch's latest tokens costs more, so the saving is small, and with the global pool +
+    live outputs it costs more than it saves (docs/results.md, "Native draft path")."""
     global_token_budget: int = Field(200_000, ge=1000)
     """Token budget of the global pool (oldest dropped first)."""
     index_token_budget: int = Field(4_000_000, ge=1000)
@@ -72,8 +72,8 @@ class EngineConfig(BaseModel):
     core). Set 1 when several ranks share a machine's cores (the paced bench does)."""
     engine_in_one_process: bool = False
     """Run vLLM's worker inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0:
-    two processes per rank instead of three, ~0.65 GB less on CPU); the engine still has
-    its own process, so liveness checks and restarts work the same."""
+    two processes per rank instead of three, less memory: docs/design.md section 7); the
+    engine still has its own process, so liveness checks and restarts work the same."""
     pace: Literal["off", "h100", "h200"] = "off"
     """Pace every forward to the simulator's engine-time model of this GPU (8B model)."""
     pace_scale: float = Field(20.0, gt=0)

@@ -1,4 +1,5 @@
-"""The gateway's HTTP routes (bodies in `schema.py`, logic in `service.py`).
+"""The gateway's HTTP routes (bodies in `bubblespec/protocol/gateway.py` and
+`bubblespec/protocol/rank.py`, logic in `service.py`).
 
 Errors are `{"detail", "field"}` with a 4xx for anything the caller got wrong, never a 500:
 

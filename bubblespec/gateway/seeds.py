@@ -70,7 +70,7 @@ def resolve_seed_mode(sampling: SamplingParams, handoff: bool, handoff_mode: See
 
     Why keyed by default there: keyed sampling is as exact as vLLM's sampler and couples a
     rollout to the drafts pre-generated for it with the same seeds, so far more of them are
-    accepted (README, "Paced ranks"). A request that names its seed mode keeps it.
+    accepted (docs/results.md, "Branching on by default"). A request that names its seed mode keeps it.
     """
     if (not handoff or "seed_mode" in sampling.model_fields_set or sampling.temperature == 0
             or handoff_mode is SeedMode.DEFAULT):

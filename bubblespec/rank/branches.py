@@ -4,7 +4,8 @@ claims them (docs/design.md section 5, "Where updates flip, and margin branching
 A keyed pre-generated draft is the old weights' response under the next step's noise; the
 new weights leave it where the update moves another token's perturbed score past the
 chosen one's, almost always at the draft's smallest keyed margins and to the runner-up
-there (measured by `bubblespec bench flips`). So for each complete draft this rank made,
+there (`bubblespec bench flips` records where; docs/results.md, "Where an update flips a
+keyed response"). So for each complete draft this rank made,
 longest first (the ones most likely to set the next step's critical path), it decodes up to
 `budget` branches: the draft's prefix up to its lowest-margin position p, the runner-up
 token there, and the rest with the same keyed noise (`GenRequest.keyed_start = p + 1`). A
@@ -25,7 +26,7 @@ that had no plain task left spend their bubble on branches of the longest drafts
 Streamed offers (`--pregen-branch-margin m`): a draft offered only when complete offers
 its branch too late where it matters most. The draft that sets the next step's critical
 path is a long one, completing near the bubble's end, so a branch at position p of it has
-no time left to decode (measured in the paced bench). With a margin threshold the rank
+no time left to decode (docs/results.md, "Margin branching, measured"). With a margin threshold the rank
 offers a position as soon as the draft decodes it with a keyed margin below m, pushing the
 partial draft so far with the offer (`MarginWatch`), and the branch starts p tokens into
 the draft instead of at its end. The budget per draft stays `budget`: the complete draft
@@ -44,10 +45,10 @@ from bubblespec.protocol.domain import PregenDraft, PregenTask
 TOP_LOGPROBS = 20
 """Log-probabilities per token a branching rank asks for while pre-generating. The keyed
 runner-up is the best *perturbed* score among the other tokens, often not among the few most
-likely: measured on the embedded model (32 keyed responses, 2,784 positions, against the
-reference's full-vocabulary margins; `tests/rank/test_pregen.py` prints it), the top 4 held
-it at 89.7% of positions, the top 20 (vLLM's default maximum) at 99.0%; where it is missing the margin is overstated and the
-branch point and its token are wrong."""
+likely, so a short top list misses it at many positions, and the top 20 (vLLM's default
+maximum) at few (`pytest -s tests/rank/test_pregen.py -k margins` prints both shares; the
+figures are in docs/results.md, "Branching on by default"). Where it is missing the margin
+is overstated and the branch point and its token are wrong."""
 
 
 def branchable(t: PregenTask) -> bool:

@@ -34,7 +34,7 @@ def _serve_app(cfg: RankConfig) -> FastAPI:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `bubblespec rank`. The port is bound before the engine starts: vLLM
-    opens ports of its own while it starts (~20 s), and one could otherwise take it."""
+    opens ports of its own while it starts, and one could otherwise take it."""
     return http_main(RankConfig, argv, _serve_app, prog="bubblespec rank",
                      env_prefix=ENV_PREFIX, graceful_shutdown_s=10, access_log=True)
 

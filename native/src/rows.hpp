@@ -3,7 +3,7 @@
 // A std::vector doubles by allocating fresh memory, copying every row and freeing the old
 // block: for a group automaton of a few MB that is a copy of all of it plus a page fault for
 // every 4 kB of the new block, paid inside the engine step that happened to cross the
-// capacity (measured: the copy ~8% of the batch step at B = 256, faults on top). Past
+// capacity (its share of the step: docs/results.md, "Native draft path"). Past
 // 256 kB an array lives in its own anonymous mapping and grows with mremap, which moves page
 // tables, not data, and the mapping asks for transparent huge pages (MADV_HUGEPAGE): rows are read
 // by chains of dependent random accesses (suffix links, transitions), and 2 MB pages cut

@@ -139,7 +139,7 @@ def test_agent_loop_steps_with_a_weight_push_and_pregenerated_next_batch(
         lps = out.batch["rollout_log_probs"]
         assert bool((lps[mask.bool()] <= 0).all())
     steps = ray.get(server.steps.remote())[steps_before:]
-    print("verl steps:", json.dumps(steps))  # the figures the README quotes (pytest -s)
+    print("verl steps:", json.dumps(steps))  # the figures docs/results.md quotes, "verl" (pytest -s)
     assert [s["samples"] for s in steps] == [BATCH * N, BATCH * N]  # one step per batch
     assert steps[1]["step"] == steps[0]["step"] + 1
     # the second batch was pre-generated in the first step's bubble and fetched by the ranks

@@ -244,7 +244,7 @@ def test_engine_margins_are_the_reference_full_vocabulary_margins(loop_runner: A
     keyed reference's full-vocabulary margins wherever the runner-up is among them, and it
     is at >= 98% of positions, so every draft's smallest margin, where it offers a branch,
     is the reference's. The top 4 of the same log-probs (what ranks first asked for) miss
-    the runner-up far more often. Prints both shares (`pytest -s`: the README's figures)."""
+    the runner-up far more often. Prints both shares (`pytest -s`: docs/results.md, "Branching on by default")."""
     pytest.importorskip("transformers")
     import numpy as np
     from transformers import AutoModelForCausalLM
