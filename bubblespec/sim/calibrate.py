@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from bubblespec.bench.modes import baseline_of
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
-from bubblespec.sim.engine_time import EngineTime
 from bubblespec.sim.flipcaps import Flips, flip_caps, lost_tokens
 from bubblespec.sim.model import (
     SimConfig,

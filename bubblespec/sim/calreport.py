@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from bubblespec.bench.modes import ALL_MODES
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.calibrate import (
     PREGEN_INFLIGHT,
     Counts,
@@ -33,7 +34,6 @@ from bubblespec.sim.calibrate import (
     pooled_spec,
     replay_all,
 )
-from bubblespec.sim.engine_time import EngineTime
 from bubblespec.sim.flipcaps import (
     NO_FLIP,
     Flips,

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from bubblespec.sim.engine_time import EngineTime
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.flipcaps import NO_FLIP
 from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.pregen import breadth_first, simulate_pregen
