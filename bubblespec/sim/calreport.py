@@ -15,7 +15,6 @@ rank, n, prompt tokens and trainer time, at any rank counts.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from bubblespec.bench.modes import ALL_MODES
+from bubblespec.bench.paced_record import PacedDoc, PacedRun
 from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.calibrate import (
     PREGEN_INFLIGHT,
     Counts,
-    PacedRun,
     Replayed,
     assignment_check,
     assignments,
@@ -58,10 +57,9 @@ GAP_KEYS = ("bubblespec", "suffix", "bubblespec-keyed", "suffix-keyed",
 
 def load(path: str | Path) -> tuple[PacedRun, dict[str, Any], float]:
     """The run, its first seed's raw results and its train window (modelled s)."""
-    doc = json.loads(Path(path).read_text())
-    run = PacedRun.load(path)
-    first = doc["runs"][min(doc["runs"], key=int)]
-    return run, first, float(doc["config"].get("train_window_s", 0.0))
+    doc = PacedDoc.read(path)
+    run = PacedRun.of(doc, path)
+    return run, doc.runs[doc.seeds()[0]], float(doc.config.get("train_window_s", 0.0))
 
 
 def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[int],

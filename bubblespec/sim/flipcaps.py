@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from bubblespec.sim.calibrate import PacedRun
+    from bubblespec.bench.paced_record import PacedRun
 
 NO_FLIP = np.iinfo(np.int64).max // 4
 

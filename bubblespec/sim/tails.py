@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from bubblespec.sim.calibrate import PacedRun
+    from bubblespec.bench.paced_record import PacedRun
 
 TAIL_EDGES = (32, 64, 128, 256)
 """Upper edges (tokens after the flip) of the tail-length classes of `tail_rates`."""

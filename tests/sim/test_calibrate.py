@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bubblespec.bench.paced_record import PacedRun
 from bubblespec.cli.simulate import main
 from bubblespec.sim.calibrate import (
     Counts,
-    PacedRun,
     assignment_check,
     assignments,
     pooled_spec,

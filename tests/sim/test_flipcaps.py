@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bubblespec.bench.paced_record import PacedRun
 from bubblespec.core.engine_time import EngineTime
-from bubblespec.sim.calibrate import Counts, PacedRun, replay, spec_of
+from bubblespec.sim.calibrate import Counts, replay, spec_of
 from bubblespec.sim.calreport import compare, load
 from bubblespec.sim.flipcaps import NO_FLIP, flip_caps, load_flips, lost_tokens
 from bubblespec.sim.model import SimConfig, _requests

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bubblespec.bench.paced_record import PacedRun
 from bubblespec.core.engine_time import EngineTime
-from bubblespec.sim.calibrate import PacedRun, replay
+from bubblespec.sim.calibrate import replay
 from bubblespec.sim.calreport import compare, load
 from bubblespec.sim.flipcaps import flip_caps
 from bubblespec.sim.model import SimConfig, _requests, draw_steps
