@@ -160,8 +160,8 @@ def _ranks(args: argparse.Namespace) -> list[int]:
 
 def calibrated(args: argparse.Namespace, out: Path | None) -> None:
     """`--calibrate`: the projection from the paced run's inputs, then the comparison."""
-    from bubblespec.sim import calreport
-    from bubblespec.sim.flipcaps import load_flips
+    from bubblespec.calibration import report as calreport
+    from bubblespec.calibration.flips import load_flips
 
     run, first, window = calreport.load(args.calibrate)
     flips = load_flips(args.flips) if args.flips else None

@@ -11,7 +11,7 @@ import pytest
 from bubblespec.bench.paced import PacedBenchConfig
 from bubblespec.bench.paced_record import SCHEMA, PacedDoc, PacedRun
 
-FIXTURE = Path(__file__).parents[1] / "sim" / "data" / "paced_small.json"
+FIXTURE = Path(__file__).parents[1] / "calibration" / "data" / "paced_small.json"
 
 
 def _cfg(tmp_path: Path) -> PacedBenchConfig:

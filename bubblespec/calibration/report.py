@@ -2,7 +2,7 @@
 projections from the calibrated inputs.
 
 Lines tagged "[calibration]" put measured (the paced run, modelled GPU seconds) beside
-MODELLED (the simulator's replay of the same steps, `calibrate.replay`): per mode the
+MODELLED (the simulator's replay of the same steps, `replay.replay`): per mode the
 speed-up against its baseline with pooled acceptance (the calibrated input) and with each
 step's own acceptance, then per step the rollout seconds, critical-path forwards, bubble
 fraction, pre-generated tokens and covered share, then per rank the forwards of the steps
@@ -23,8 +23,14 @@ import numpy as np
 
 from bubblespec.bench.modes import ALL_MODES
 from bubblespec.bench.paced_record import PacedDoc, PacedRun
-from bubblespec.core.engine_time import EngineTime
-from bubblespec.sim.calibrate import (
+from bubblespec.calibration.flips import (
+    NO_FLIP,
+    Flips,
+    flip_caps,
+    flip_stats,
+    lost_tokens,
+)
+from bubblespec.calibration.replay import (
     PREGEN_INFLIGHT,
     Counts,
     Replayed,
@@ -33,17 +39,11 @@ from bubblespec.sim.calibrate import (
     pooled_spec,
     replay_all,
 )
-from bubblespec.sim.flipcaps import (
-    NO_FLIP,
-    Flips,
-    flip_caps,
-    flip_stats,
-    lost_tokens,
-)
+from bubblespec.calibration.tails import rate_spread, tail_rates
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.model import SimConfig
 from bubblespec.sim.policy import ModeSpec, with_tail_rates
 from bubblespec.sim.run import Scenario
-from bubblespec.sim.tails import rate_spread, tail_rates
 from bubblespec.sim.workload import LengthSource
 
 TAG = "[calibration]"

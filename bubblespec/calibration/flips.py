@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bubblespec.sim.model import NO_FLIP
+
 if TYPE_CHECKING:
     from bubblespec.bench.paced_record import PacedRun
-
-NO_FLIP = np.iinfo(np.int64).max // 4
 
 Flips = dict[tuple[int, int, int], int]
 """(step, prompt, sample) -> output position where the response left its pre-generated

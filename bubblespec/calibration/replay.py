@@ -1,7 +1,7 @@
 """The simulator's inputs from a paced benchmark run, and its replay of that run.
 
 `bubblespec bench paced` runs the rollout on paced ranks: each engine forward lasts the
-simulator's own engine-time model (`engine_time`) x a scale, so its modelled seconds and the
+simulator's own engine-time model (`bubblespec.core.engine_time`) x a scale, so its modelled seconds and the
 simulator's are the same unit. This module reads the run's `paced.json` and derives every
 simulator input from what was measured, with no free parameter:
 
@@ -25,7 +25,7 @@ simulator input from what was measured, with no free parameter:
   mode, the calibrated input of the projections.
 
 `replay` simulates each mode on its own lengths and assignment and puts modelled beside
-measured per step (`calreport` prints it). Every simulated figure is MODELLED.
+measured per step (`report` prints it). Every simulated figure is MODELLED.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from bubblespec.bench.paced_record import PacedDoc, PacedRun
+from bubblespec.calibration.flips import Flips, flip_caps, lost_tokens
+from bubblespec.calibration.tails import rate_spread, tail_multipliers, tail_rates
 from bubblespec.core.engine_time import EngineTime
 from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
-from bubblespec.sim.flipcaps import Flips, flip_caps, lost_tokens
 from bubblespec.sim.model import (
     SimConfig,
     StepResult,
@@ -51,7 +52,6 @@ from bubblespec.sim.model import (
 )
 from bubblespec.sim.policy import ModeSpec, solve_covered, with_spread, with_tail_rates
 from bubblespec.sim.pregen import breadth_first
-from bubblespec.sim.tails import rate_spread, tail_multipliers, tail_rates
 
 PREGEN_INFLIGHT = 64
 """The rank's default `pregen_inflight` (the paced bench does not change it)."""

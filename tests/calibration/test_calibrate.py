@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from bubblespec.bench.paced_record import PacedRun
-from bubblespec.cli.simulate import main
-from bubblespec.sim.calibrate import (
+from bubblespec.calibration.replay import (
     Counts,
     assignment_check,
     assignments,
@@ -23,7 +22,8 @@ from bubblespec.sim.calibrate import (
     replay_all,
     spec_of,
 )
-from bubblespec.sim.calreport import compare, load, scenario
+from bubblespec.calibration.report import compare, load, scenario
+from bubblespec.cli.simulate import main
 from bubblespec.sim.run import project
 
 FIXTURE = Path(__file__).parent / "data" / "paced_small.json"
