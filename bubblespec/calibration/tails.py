@@ -3,12 +3,10 @@ per response from a paced run's records, for the simulator's replay and projecti
 simulator applies the rates per tail-length class with `bubblespec.sim.tails`).
 
 Why this exists: a step waits for its slowest response, and the tails that set it decode
-far slower than the average tail. In the 3-seed plain run (`out/bench-paced-plain3`) tails
-of at most 128 tokens accepted 1.3-1.9 draft tokens per forward, tails of more than 256
-tokens 0.6 (their siblings, whose text drafts a tail, ended long before), and within a class
-the per-response rate spreads with a coefficient of variation of 0.7-1.3: the critical
-responses' tails accepted 0.3-0.4. One pooled after-flip rate put the replay's speed-up 51%
-above the measured one.
+far slower than the average tail: long tails slower than short ones (their siblings, whose
+text drafts a tail, ended long before), and within a class of tail length the per-response
+rate spreads widely. One pooled after-flip rate overstated the replay's speed-up; the
+measured figures are in docs/design.md, section 15.
 
 Per flipped response of the steps after step 0: tail tokens L - f over tail forwards
 D - (f - accepted pre-generated tokens, at most f), from its recorded decode steps D and
