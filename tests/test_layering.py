@@ -13,6 +13,20 @@
 3. The glue imports no bubblespec module: the engine's parts (worker extension, proposer,
    keyed sampling, pacing, faults) build on it, never it on them.
 The negative controls feed the checks the accesses that were moved into the glue.
+
+Product and lab (the section at the end; each rule with a negative control on a fabricated
+graph):
+
+3. The product (core, protocol, http, engine, synchronizer, rank, gateway, client, cluster,
+   integrations, metrics, tasks, models, train, rpc, config.py, restarts.py) never imports
+   the lab (`bubblespec.sim`, `bubblespec.bench`, `bubblespec.calibration`), directly or
+   through other bubblespec modules, function-level imports included. The lab imports the
+   product; `bubblespec.cli` is the entry layer on top and may import everything. Every
+   top-level package is in one of these layers.
+4. The simulator and the benchmarks never import the calibration, which sits above both.
+5. No import circles among bubblespec modules (strongly connected components of the graph
+   of what each import statement loads; see `module_edges` for why a package's own
+   `__init__` is not an edge of its submodules' imports).
 """
 
 from __future__ import annotations
@@ -325,3 +339,210 @@ def test_the_vllm_check_allows_the_public_api() -> None:
                 return SamplingParams(n=1, extra_args={"k": 1})
     """)
     assert vllm_violations(source) == []
+
+
+# ---------------------------------------------------------------------- product and lab
+PRODUCT = ("core", "protocol", "http", "engine", "synchronizer", "rank", "gateway", "client",
+           "cluster", "integrations", "metrics", "tasks", "models", "train", "rpc", "config",
+           "restarts")
+"""What a deployment runs (packages and top-level modules under `bubblespec/`)."""
+LAB = ("sim", "bench", "calibration")
+"""The lab: the simulator and the benchmarks, and the calibration above both."""
+ENTRY = ("cli",)
+"""The `bubblespec` command: the entry layer on top, which may import everything
+(`cli/simulate.py` and `cli/bench.py` start the lab)."""
+CALIBRATION_BELOW = ("sim", "bench")
+"""Lab packages the calibration builds on; they never import it."""
+
+
+def top_of(module: str) -> str:
+    """The top-level package or module of `bubblespec` a module belongs to ('' for the root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def in_any(module: str, tops: tuple[str, ...]) -> bool:
+    return top_of(module) in tops
+
+
+def import_chain(start: str, graph: dict[str, set[str]], into: tuple[str, ...]
+                 ) -> list[str] | None:
+    """A chain of imports from `start` to a module under one of the top-level packages
+    `into` (through any other bubblespec modules), or None."""
+    seen, stack = {start}, [[start]]
+    while stack:
+        chain = stack.pop()
+        for dep in sorted(graph.get(chain[-1], ())):
+            if in_any(dep, into):
+                return chain + [dep]
+            if dep not in seen:
+                seen.add(dep)
+                stack.append(chain + [dep])
+    return None
+
+
+def forbidden_chains(graph: dict[str, set[str]], sources: tuple[str, ...],
+                     into: tuple[str, ...]) -> list[str]:
+    """Every module under `sources` that reaches `into`, with one chain each."""
+    out = []
+    for name in sorted(graph):
+        if in_any(name, sources):
+            chain = import_chain(name, graph, into)
+            if chain:
+                out.append(" -> ".join(chain))
+    return out
+
+
+def module_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """bubblespec module -> the bubblespec modules its import statements load, for finding
+    circles.
+
+    `import_graph` gives an import of `a.b.c` edges to `a` and `a.b` too, since Python runs
+    their `__init__` first; that is right for what a module pulls in (the rules above), but
+    it makes a false circle of every package whose `__init__` re-exports a submodule that
+    imports a sibling (`a.b/__init__` -> `a.b.c` -> `a.b`). Here the packages that contain
+    the importer itself are no edge of its import (they started loading before it ran),
+    unless it reads a name from one (`from a.b import x`, x not a module), which runs that
+    `__init__` to its end."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(), filename=str(path))
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            dotted = list(imported_names(node, name, is_package))
+            if isinstance(node, ast.ImportFrom):
+                mod, names = dotted[0], dotted[1:]
+                targets = {n if n in modules else mod for n in names}
+            else:
+                targets = set(dotted)
+            for target in targets:
+                parts = target.split(".")
+                prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+                loaded = [p for p in prefixes if p in modules]
+                if not loaded:
+                    continue
+                deps.add(loaded[-1])  # the module the statement names
+                deps.update(p for p in loaded[:-1] if not name.startswith(p + "."))
+        deps.discard(name)
+        graph[name] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected components of more than one module (Tarjan's
+    algorithm, iterative), each sorted, in the order of their first module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, deps = work[-1]
+            dep = next(deps, None)
+            if dep is not None:
+                if dep not in index:
+                    index[dep] = low[dep] = len(index)
+                    stack.append(dep)
+                    on_stack.add(dep)
+                    work.append((dep, iter(sorted(graph.get(dep, ())))))
+                elif dep in on_stack:
+                    low[node] = min(low[node], index[dep])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp.append(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return sorted(found)
+
+
+def test_every_top_level_package_has_a_layer() -> None:
+    tops = {top_of(name) for name in package_modules()} - {""}
+    unplaced = tops - set(PRODUCT) - set(LAB) - set(ENTRY)
+    assert not unplaced, f"top-level packages in no layer of this file: {sorted(unplaced)}"
+    assert set(PRODUCT) <= tops and set(LAB) <= tops, "a listed layer is gone: update the lists"
+
+
+def test_the_product_never_imports_the_lab() -> None:
+    graph = import_graph(package_modules())
+    bad = forbidden_chains(graph, PRODUCT, LAB)
+    assert not bad, "product modules that import the lab:\n" + "\n".join(bad)
+
+
+def test_sim_and_bench_never_import_the_calibration() -> None:
+    graph = import_graph(package_modules())
+    bad = forbidden_chains(graph, CALIBRATION_BELOW, ("calibration",))
+    assert not bad, "sim or bench modules that import the calibration:\n" + "\n".join(bad)
+
+
+def test_no_import_circles() -> None:
+    found = circles(module_edges(package_modules()))
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_lab_rules_catch_indirect_and_function_level_imports() -> None:
+    tree = ast.parse(textwrap.dedent("""
+        def f():
+            from ..sim import engine_time
+    """))
+    names = set(imported_names(tree, "bubblespec.engine.pace", is_package=False))
+    assert "bubblespec.sim.engine_time" in names
+    graph = {"bubblespec.engine.pace": {"bubblespec.core.x"},
+             "bubblespec.core.x": {"bubblespec.sim.engine_time"},
+             "bubblespec.sim.model": {"bubblespec.calibration.replay"},
+             "bubblespec.cli.simulate": {"bubblespec.sim.model", "bubblespec.calibration"},
+             "bubblespec.calibration.replay": {"bubblespec.bench.paced_record"}}
+    assert forbidden_chains(graph, PRODUCT, LAB) == [  # the entry layer (cli) may
+        "bubblespec.core.x -> bubblespec.sim.engine_time",
+        "bubblespec.engine.pace -> bubblespec.core.x -> bubblespec.sim.engine_time"]
+    assert forbidden_chains(graph, CALIBRATION_BELOW, ("calibration",)) == [
+        "bubblespec.sim.model -> bubblespec.calibration.replay"]
+
+
+def test_the_circle_check_finds_circles_and_not_package_reexports(tmp_path) -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [
+        ["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}}) == [
+        ["a", "b"], ["c", "d"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    pkg = tmp_path / "bubblespec" / "lab"
+    pkg.mkdir(parents=True)
+    files = {
+        "__init__.py": "from bubblespec.lab.model import run\n",  # re-exports a submodule
+        "model.py": "from bubblespec.lab.policy import Spec\n",  # imports a sibling
+        "policy.py": "import numpy\n",
+        "calib.py": "from bubblespec.lab import fit\n",  # a submodule by `from pkg import`
+        "fit.py": "def f():\n    from bubblespec.lab.calib import PacedRun\n",  # back: a circle
+        "early.py": "from bubblespec.lab import run\n",  # a name of the package's __init__
+    }
+    for fname, text in files.items():
+        (pkg / fname).write_text(text)
+    modules = {"bubblespec.lab" + ("" if f == "__init__.py" else "." + f[:-3]): pkg / f
+               for f in files}
+    assert circles(import_graph(modules))  # the package rule: false circles
+    edges = module_edges(modules)
+    assert edges["bubblespec.lab.model"] == {"bubblespec.lab.policy"}
+    assert edges["bubblespec.lab.early"] == {"bubblespec.lab"}
+    assert circles(edges) == [["bubblespec.lab.calib", "bubblespec.lab.fit"]]
+    files["policy.py"] = "from bubblespec.lab import run\n"  # reads the half-run __init__
+    (pkg / "policy.py").write_text(files["policy.py"])
+    assert ["bubblespec.lab", "bubblespec.lab.model", "bubblespec.lab.policy"] in circles(
+        module_edges(modules))

@@ -18,7 +18,8 @@ Plain-sampling modes run once per seed of `--seeds` (their responses differ betw
 so their crit/longest gets a confidence interval over steps and seeds); keyed modes run on
 the first seed only (their tokens are those of keyed sampling without speculation, bit for
 bit, so one run compares them on identical outputs). Figures: `paced_figures`. Writes
-`<out>/paced.json`, `<out>/lengths.json` and `<out>/accept.json` (the measured lengths and
+`<out>/paced.json` (a `paced_record.PacedDoc`, the record the calibration reads back),
+`<out>/lengths.json` and `<out>/accept.json` (the measured lengths and
 acceptance, for `bubblespec simulate`), `<out>/speedup.png`, `<out>/timeline.png`; prints
 the per-mode table and per-step data, then the critical-path line, then last
 `paced_rollout_speedup_vs_nospec: ...`.
@@ -60,6 +61,7 @@ from bubblespec.bench.paced_figures import (
     per_step_lines,
     speedups,
 )
+from bubblespec.bench.paced_record import PacedDoc
 from bubblespec.bench.service import ServiceBenchConfig, plot_timeline, run_schedule
 from bubblespec.bench.soak import descendants, read_rss_kib
 from bubblespec.engine.pace import merge_stats, stats_delta
@@ -287,7 +289,7 @@ def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
+def run_paced(cfg: PacedBenchConfig, model_dir: str) -> PacedDoc:
     """Every mode (plain ones once per seed), then the figures, files and final lines."""
     from bubblespec.tasks import make_task
 
@@ -297,12 +299,12 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
     modes = mode_by_name([m for m in cfg.modes.split(",") if m])
     seeds = cfg.seed_list()
     by_seed: dict[int, dict[str, dict[str, Any]]] = {s: {} for s in seeds}
-    doc: dict[str, Any] = {"schema": "bubblespec.bench.paced/v1", "config": asdict(cfg)}
+    doc = PacedDoc(config=asdict(cfg))
     t_all = time.monotonic()
 
     def save() -> None:  # after every mode: a cut run keeps what it measured (--report)
-        doc["runs"] = {str(k): v for k, v in by_seed.items()}
-        (out / "paced.json").write_text(json.dumps(doc, indent=1))
+        doc.runs = {str(k): v for k, v in by_seed.items()}
+        doc.write(out / "paced.json")
 
     for seed in seeds:
         todo = [m for m in modes if seed == seeds[0] or m.seed_mode != SeedMode.KEYED]
@@ -323,24 +325,24 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> dict[str, Any]:
     return doc
 
 
-def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
-    """Figures, files and printed lines of a paced run's `doc` (its "runs" per seed; also
-    for the document a cut run left behind: `bubblespec bench paced --report PATH`)."""
+def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
+    """Figures, files and printed lines of a paced run's `doc` (its `runs` per seed; also
+    for the record a cut run left behind: `bubblespec bench paced --report PATH`)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    by_seed = {int(k): v for k, v in doc["runs"].items()}
+    by_seed = {int(k): v for k, v in doc.runs.items()}
     first = by_seed[min(by_seed)] if by_seed else {}
     names = [m.name for m in mode_by_name([m for m in cfg.modes.split(",") if m])]
     summaries = {n: mode_summary([r[n] for r in by_seed.values()
                                   if (r.get(n) or {}).get("steps")], cfg.pace_scale)
                  for n in names if (first.get(n) or {}).get("steps")}
     sp = speedups(summaries, first)
-    doc.update(summaries=summaries, speedups=sp, final_line=paced_final_line(sp),
-               keyed_check=keyed_agreement(first),
-               greedy_check=greedy_agreement({k: v.get("greedy_output_ids")
-                                              for k, v in first.items()}),
-               critical_path_line=final_line(reductions(first)))
-    (out / "paced.json").write_text(json.dumps(doc, indent=1))
+    doc.report.update(summaries=summaries, speedups=sp, final_line=paced_final_line(sp),
+                      keyed_check=keyed_agreement(first),
+                      greedy_check=greedy_agreement({k: v.get("greedy_output_ids")
+                                                     for k, v in first.items()}),
+                      critical_path_line=final_line(reductions(first)))
+    doc.write(out / "paced.json")
     (out / "accept.json").write_text(json.dumps(accept_doc(first), indent=1))
     base = next((b for b in (BASELINE, KEYED_BASELINE) if (first.get(b) or {}).get("steps")),
                 None)
@@ -371,12 +373,12 @@ def report(doc: dict[str, Any], cfg: PacedBenchConfig, took_s: float) -> None:
             for k, b in branched.items()))
     print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
           f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
-    g = doc["greedy_check"]
+    g = doc.report["greedy_check"]
     print(f"greedy check (T=0, vs {g.get('reference')}): " + ", ".join(
         f"{k}: {'identical' if v['identical'] else 'DIFFERS'}"
         for k, v in g.get("modes", {}).items()))
     print("keyed check (T=1 token ids vs keyed without speculation): " + ", ".join(
         f"{k}: {v['identical_steps']}/{v['steps']} steps identical"
-        for k, v in doc["keyed_check"].items()))
-    print(doc["critical_path_line"])
-    print(doc["final_line"], flush=True)
+        for k, v in doc.report["keyed_check"].items()))
+    print(doc.report["critical_path_line"])
+    print(doc.report["final_line"], flush=True)

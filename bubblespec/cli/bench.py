@@ -246,14 +246,11 @@ def _run_paced(args: argparse.Namespace) -> int:
     from bubblespec.train.demo import resolve_model
 
     if args.report:
-        import json
-        from pathlib import Path
-
         from bubblespec.bench.paced import report
+        from bubblespec.bench.paced_record import PacedDoc
 
-        doc = json.loads(Path(args.report).read_text())
-        saved = {**doc["config"], "out": args.out}
-        report(doc, PacedBenchConfig(**saved), 0.0)
+        doc = PacedDoc.read(args.report)
+        report(doc, PacedBenchConfig(**{**doc.config, "out": args.out}), 0.0)
         return 0
     cfg = PacedBenchConfig(**{k: v for k, v in vars(args).items()
                               if k not in ("bench", "report")})

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bubblespec.sim.engine_time import (
+from bubblespec.core.engine_time import (
     COMPUTE_EFFICIENCY,
     ENGINE_OVERHEAD_S,
     GPUS,
@@ -35,7 +35,7 @@ them for --params-b billion bf16 parameters from NVIDIA datasheets ({', '.join(
     f'{k}: {bw / 1e12:g} TB/s, {fl / 1e12:g} TFLOP/s' for k, (bw, fl) in GPUS.items())}) at
 {HBM_EFFICIENCY:.0%} of HBM bandwidth and {COMPUTE_EFFICIENCY:.0%} of FLOP/s, plus
 {ENGINE_OVERHEAD_S * 1e3:g} ms engine overhead and {PER_TOKEN_EXTRA_S * 1e6:g} us per token
-(assumptions; see bubblespec/sim/engine_time.py). H100 defaults: t_fixed 7.99 ms, t_flop
+(assumptions; see bubblespec/core/engine_time.py). H100 defaults: t_fixed 7.99 ms, t_flop
 32.5 us, ridge 184 tokens, t_kv 48.9 ns (Llama-3.1-8B: 16.06 GB weights, 128 KiB KV/token).
 
 --accept-json takes what `bubblespec bench service` measured: {{"MODE": {{"accepted_per_forward": x,
@@ -160,8 +160,8 @@ def _ranks(args: argparse.Namespace) -> list[int]:
 
 def calibrated(args: argparse.Namespace, out: Path | None) -> None:
     """`--calibrate`: the projection from the paced run's inputs, then the comparison."""
-    from bubblespec.sim import calreport
-    from bubblespec.sim.flipcaps import load_flips
+    from bubblespec.calibration import report as calreport
+    from bubblespec.calibration.flips import load_flips
 
     run, first, window = calreport.load(args.calibrate)
     flips = load_flips(args.flips) if args.flips else None

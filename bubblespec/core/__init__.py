@@ -3,7 +3,8 @@
 The draft index: per-prompt-group suffix automata plus a global group
 (:class:`SuffixIndex`), incremental per-request matching (:class:`Matcher`), path and tree
 drafts (:class:`Draft`, :class:`DraftParams`) and a brute-force reference for tests
-(:class:`ReferenceIndex`).
+(:class:`ReferenceIndex`). Beside it, the forward-time model of a GPU engine
+(`engine_time`) that the paced engines and the simulator share.
 """
 
 from bubblespec.core.automaton import SeqCursor, SuffixAutomaton

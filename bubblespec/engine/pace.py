@@ -8,8 +8,8 @@ drafts, pre-generation, prefill) last
 
     paced = scale x EngineTime.forward(decode tokens incl. drafts, context tokens, prefill)
 
-of wall time, with `EngineTime` the simulator's one engine-time model
-(`bubblespec.sim.engine_time`, GPU presets h100 / h200 serving an 8B model). The engine
+of wall time, with `EngineTime` the one engine-time model that the simulator charges too
+(`bubblespec.core.engine_time`, GPU presets h100 / h200 serving an 8B model). The engine
 sleeps the rest of the paced time after its real work. When the real work took longer (an
 **overrun**, the CPU was too slow for the scale), the forward lasts its real time and is
 counted: a paced run is valid only with under 1% overruns (`PaceStats.valid`). Then a
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bubblespec.sim.engine_time import GPUS, EngineTime
+from bubblespec.core.engine_time import GPUS, EngineTime
 
 PACE_PROFILES = tuple(sorted(GPUS))
 """GPU profiles a rank can be paced to (`--pace`)."""

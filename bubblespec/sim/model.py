@@ -16,7 +16,8 @@ rollout steps (common random numbers: every mode sees the same lengths), and for
 
 A mode's speed-up is its throughput (tokens per second of step time) over the baseline's;
 with common lengths that is the ratio of step times. `run_mode` also replays given steps
-(`calibrate`: a paced run's own lengths, assignment and per-step acceptance).
+(`bubblespec.calibration.replay`: a paced run's own lengths, assignment and per-step
+acceptance).
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import NO_FLIP
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.pregen import breadth_first, simulate_pregen
 from bubblespec.sim.pregen_order import ORDERS, predicted_order
 from bubblespec.sim.rollout import Requests, build_timeline
 from bubblespec.sim.workload import LengthSource, assign_prompts
+
+NO_FLIP = np.iinfo(np.int64).max // 4
+"""The flip position of a response that never leaves its draft (`_requests`' `flip`)."""
 
 
 @dataclass

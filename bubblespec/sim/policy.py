@@ -81,12 +81,14 @@ class ModeSpec:
     flip, `SimConfig.flip_share`); None: the uncovered figure."""
     after_flip_by_tail: tuple[tuple[float, float], ...] = ()
     """The same per class of tail length (tokens after the flip): ((upper edge, accepted per
-    forward), ...) ascending, the last edge infinite (`tails.tail_rates`); when given it
-    replaces `accepted_after_flip` per response."""
+    forward), ...) ascending, the last edge infinite (measured by
+    `bubblespec.calibration.tails.tail_rates`); when given it replaces `accepted_after_flip`
+    per response."""
 
     rate_spread: tuple[float, ...] = ()
-    """Measured per-request multipliers of tokens per forward (`tails.rate_spread`): of the
-    tails after a flip relative to their class for a pre-generating mode, of whole responses
+    """Measured per-request multipliers of tokens per forward (by
+    `bubblespec.calibration.tails.rate_spread`): of the tails after a flip relative to their
+    class for a pre-generating mode, of whole responses
     relative to the mode's pooled figure for the others; drawn with `SimConfig.rate_spread`."""
 
     def spread_at(self, q: np.ndarray) -> np.ndarray | None:

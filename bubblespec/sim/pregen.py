@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bubblespec.sim.engine_time import EngineTime
+from bubblespec.core.engine_time import EngineTime
 
 IDLE_EPS_S = 1e-9
 """Bubbles shorter than this (relative to the step, in seconds) are float noise: no pre-gen."""

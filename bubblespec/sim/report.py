@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from bubblespec.sim.engine_time import EngineTime
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.model import SimConfig, Summary
 from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.workload import LengthSource

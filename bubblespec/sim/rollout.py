@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bubblespec.sim.engine_time import EngineTime
+from bubblespec.core.engine_time import EngineTime
 
 
 @dataclass

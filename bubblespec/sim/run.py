@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bubblespec.sim.engine_time import EngineTime
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.model import SimConfig, Summary, simulate
 from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.report import TAG, lines_preamble, lines_table, plot, to_json

@@ -21,7 +21,8 @@ SCRIPT = textwrap.dedent(f"""
 
     sys.meta_path.insert(0, Block())
     import bubblespec.core as core
-    from bubblespec.core import automaton, draft, matcher, reference, suffix_index  # noqa
+    from bubblespec.core import (  # noqa
+        automaton, draft, engine_time, matcher, reference, suffix_index)
 
     idx = core.SuffixIndex(max_depth=8)
     idx.add_sequence(0, "g", [1, 2, 3, 4])

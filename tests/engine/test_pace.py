@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.engine.pace import (
     ForwardShape,
     Pacer,
@@ -14,7 +15,6 @@ from bubblespec.engine.pace import (
     merge_stats,
     stats_delta,
 )
-from bubblespec.sim.engine_time import EngineTime
 
 
 class FakeClock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bubblespec.sim.engine_time import EngineTime
+from bubblespec.core.engine_time import EngineTime
 
 
 @pytest.fixture

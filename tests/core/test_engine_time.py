@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bubblespec.sim.engine_time import EngineTime
+from bubblespec.core.engine_time import EngineTime
+
+
+@pytest.fixture
+def et() -> EngineTime:
+    """The default H100 engine-time model."""
+    return EngineTime.preset("h100")
 
 
 def test_h100_preset_matches_the_documented_derivation(et):

@@ -1,5 +1,8 @@
-"""Decode-step (forward pass) time of one GPU inference engine, as the simulator models it.
+"""Decode-step (forward pass) time of one GPU inference engine: the one model that the paced
+engines sleep to (`bubblespec.engine.pace`) and the simulator charges (`bubblespec.sim`).
 
+It lives in the core (stdlib + numpy, no engine, no simulator) so that a rank engine loads
+the arithmetic without loading the simulator, and both sides keep using the same figures.
 All figures here are MODELLED, derived from datasheet numbers and stated efficiencies; none
 was measured on a GPU by this project.
 

@@ -1,6 +1,6 @@
-"""After-flip decoding measured per response (`sim/tails.py`): rates per tail-length class,
-each tail's own rate, and the per-request spread the replay and the projection draw from
-(`calibrate.replay`, `model._requests`, `model.draw_steps`)."""
+"""After-flip decoding measured per response (`calibration/tails.py`): rates per tail-length
+class, each tail's own rate, and the per-request spread the replay and the projection draw
+from (`replay.replay`; the model's side: `tests/sim/test_flips.py`)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bubblespec.sim.calibrate import PacedRun, replay
-from bubblespec.sim.calreport import compare, load
-from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import flip_caps
-from bubblespec.sim.model import SimConfig, _requests, draw_steps
+from bubblespec.bench.paced_record import PacedRun
+from bubblespec.calibration.flips import flip_caps
+from bubblespec.calibration.replay import replay
+from bubblespec.calibration.report import compare, load
+from bubblespec.calibration.tails import MIN_CLASS, rate_spread, tail_multipliers, tail_rates
+from bubblespec.core.engine_time import EngineTime
+from bubblespec.sim.model import SimConfig, _requests
 from bubblespec.sim.policy import ModeSpec
-from bubblespec.sim.tails import MIN_CLASS, rate_spread, tail_multipliers, tail_rates
-from bubblespec.sim.workload import LengthSource
-from tests.sim.test_flipcaps import FIXTURE, _with_divergences
+from tests.calibration.test_flips import FIXTURE, _with_divergences
 
 
 def _with_tails(tmp_path: Path, long_samples: int = 4) -> Path:
@@ -125,30 +125,3 @@ def test_each_tail_at_its_own_rate_and_the_measured_spread(tmp_path):
     assert any("each tail at its own measured rate" in line for line in lines)
     assert any(line.startswith("sim_vs_paced_gap_spread:") for line in lines)
     assert lines[-1].startswith("sim_vs_paced_gap:")
-
-
-def test_drawn_spread_scales_each_request_at_its_quantile():
-    cfg = SimConfig(prompts=1, n=3, prompt_len=10)
-    et = EngineTime.preset("h100")
-    args = (cfg, np.array([[100, 100, 100]]), np.zeros(1, np.int64), np.ones((1, 3)),
-            np.ones((1, 3)), np.zeros(3, np.int64))
-    plain = ModeSpec("suffix", 1.0, 2.0, rate_spread=(0.5, 1.0, 2.0))
-    req = _requests(*args, plain, et, None, None, np.array([0.1, 0.5, 0.9]))
-    # tokens per forward 2 x (0.5, 1, 2), less the emitted one; never below no speculation
-    assert req.acc_unc.tolist() == [0.0, 1.0, 3.0]
-    assert _requests(*args, plain, et).acc_unc.tolist() == [1.0, 1.0, 1.0]
-    pre = ModeSpec("bubblespec", 1.0, 2.0, True, 7.0, 8.0,
-                   after_flip_by_tail=((float("inf"), 2.0),), rate_spread=(0.5, 2.0))
-    req = _requests(cfg, np.array([[100, 100, 100]]), np.zeros(1, np.int64),
-                    np.ones((1, 3)), np.ones((1, 3)), np.array([100, 100, 100]), pre, et,
-                    np.array([50, 50, 10**9]), None, np.array([0.2, 0.8, 0.8]))
-    # only the flipped tails scale (3 per forward x 0.5 and x 2); the unflipped keeps its own
-    assert req.acc_unc.tolist() == [0.5, 5.0, 1.0]
-    lengths = LengthSource(description="t", groups=[np.array([10, 20, 30])])
-    a = draw_steps(SimConfig(prompts=2, n=3, steps=2, flip_share=0.5,
-                             flip_positions=(0.5,)), 2, lengths)
-    b = draw_steps(SimConfig(prompts=2, n=3, steps=2, flip_share=0.5,
-                             flip_positions=(0.5,), rate_spread=True), 2, lengths)
-    assert "rate_q" not in a and b["rate_q"].shape == (2, 6)
-    for k in a:  # the spread draws after everything else: the other draws do not move
-        assert np.array_equal(a[k], b[k]), k

@@ -1,6 +1,7 @@
 """Measured flips in the calibration: where responses left their drafts caps their
 coverage in the replay, and the tokens after a flip decode at the measured rate after a
-divergence (`sim/flipcaps.py`, `calibrate`, `model._requests`)."""
+divergence (`calibration/flips.py`, `calibration/replay.py`; the model's side of a flip:
+`tests/sim/test_flips.py`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bubblespec.sim.calibrate import Counts, PacedRun, replay, spec_of
-from bubblespec.sim.calreport import compare, load
-from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import NO_FLIP, flip_caps, load_flips, lost_tokens
-from bubblespec.sim.model import SimConfig, _requests
-from bubblespec.sim.policy import ModeSpec
+from bubblespec.bench.paced_record import PacedRun
+from bubblespec.calibration.flips import flip_caps, load_flips, lost_tokens
+from bubblespec.calibration.replay import Counts, replay, spec_of
+from bubblespec.calibration.report import compare, load
+from bubblespec.sim.model import NO_FLIP
 
 FIXTURE = Path(__file__).parent / "data" / "paced_small.json"
 
@@ -53,21 +53,6 @@ def test_caps_from_the_records_and_from_bench_flips(tmp_path):
         load_flips(tmp_path / "bad.json")
 
 
-def test_a_flip_caps_coverage_and_the_tail_decodes_at_its_own_rate():
-    cfg = SimConfig(prompts=1, n=2, prompt_len=10)
-    mode = ModeSpec("m", 0.5, 1.0, True, 7.0, 8.0)
-    L = np.array([[100, 100]])
-    args = (cfg, L, np.zeros(1, np.int64), np.ones((1, 2)), np.ones((1, 2)),
-            np.array([100, 100]), mode, EngineTime.preset("h100"))
-    plain = _requests(*args)
-    assert plain.covered.tolist() == [100, 100]
-    assert _requests(*args, np.array([30, NO_FLIP])).acc_unc.tolist() == [0.5, 0.5]
-    after = ModeSpec("m", 0.5, 1.0, True, 7.0, 8.0, accepted_after_flip=2.0)
-    flipped = _requests(*args[:6], after, args[7], np.array([30, NO_FLIP]))
-    assert flipped.covered.tolist() == [30, 100]
-    assert flipped.acc_unc.tolist() == [2.0, 0.5]  # only the flipped one's tail
-
-
 def test_the_solved_covered_rate_keeps_the_measured_forwards():
     # 10,000 tokens, 80% fetched, 1,000 of them after flips at 1.0 accepted per forward
     c = Counts(tokens=10_000, accepted=6_000, drafted=9_000, fetched=8_000, lost=1_000,
@@ -98,8 +83,8 @@ def test_flips_slow_only_the_pre_generating_modes(tmp_path):
 
 
 def test_projection_draws_flips_with_the_measured_share(tmp_path):
-    from bubblespec.sim.calreport import scenario
-    from bubblespec.sim.flipcaps import flip_stats
+    from bubblespec.calibration.flips import flip_stats
+    from bubblespec.calibration.report import scenario
     from bubblespec.sim.model import draw_steps
     from bubblespec.sim.run import project
 
@@ -122,7 +107,7 @@ def test_projection_draws_flips_with_the_measured_share(tmp_path):
 def test_a_draft_that_ran_out_is_not_a_flip(tmp_path):
     """Responses that left their draft where it ended (the records' `request_draft_ran_out`)
     cap the replay's coverage but are not drawn as flips in the projection."""
-    from bubblespec.sim.flipcaps import flip_stats, ran_out
+    from bubblespec.calibration.flips import flip_stats, ran_out
 
     path = _with_divergences(tmp_path, 2)
     base, _ = flip_stats(PacedRun.load(path))  # every departure a flip
@@ -160,7 +145,7 @@ def test_branches_move_the_flips_they_cover(tmp_path):
     run, _, _ = load(_with_divergences(tmp_path, 0))
     everyone = {(k, j, i): 0 for k in range(run.steps) for j in range(run.prompts)
                 for i in range(run.n)}
-    from bubblespec.sim.calreport import whatif, whatif_lines
+    from bubblespec.calibration.report import whatif, whatif_lines
 
     assert "what-if, MODELLED" in whatif_lines(run, {}, everyone, 1)[0]
     got = whatif(run, {}, everyone)

@@ -2,7 +2,7 @@
 projections from the calibrated inputs.
 
 Lines tagged "[calibration]" put measured (the paced run, modelled GPU seconds) beside
-MODELLED (the simulator's replay of the same steps, `calibrate.replay`): per mode the
+MODELLED (the simulator's replay of the same steps, `replay.replay`): per mode the
 speed-up against its baseline with pooled acceptance (the calibrated input) and with each
 step's own acceptance, then per step the rollout seconds, critical-path forwards, bubble
 fraction, pre-generated tokens and covered share, then per rank the forwards of the steps
@@ -15,7 +15,6 @@ rank, n, prompt tokens and trainer time, at any rank counts.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -23,28 +22,28 @@ from typing import Any
 import numpy as np
 
 from bubblespec.bench.modes import ALL_MODES
-from bubblespec.sim.calibrate import (
-    PREGEN_INFLIGHT,
-    Counts,
-    PacedRun,
-    Replayed,
-    assignment_check,
-    assignments,
-    pooled_spec,
-    replay_all,
-)
-from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import (
+from bubblespec.bench.paced_record import PacedDoc, PacedRun
+from bubblespec.calibration.flips import (
     NO_FLIP,
     Flips,
     flip_caps,
     flip_stats,
     lost_tokens,
 )
+from bubblespec.calibration.replay import (
+    PREGEN_INFLIGHT,
+    Counts,
+    Replayed,
+    assignment_check,
+    assignments,
+    pooled_spec,
+    replay_all,
+)
+from bubblespec.calibration.tails import rate_spread, tail_rates
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.model import SimConfig
 from bubblespec.sim.policy import ModeSpec, with_tail_rates
 from bubblespec.sim.run import Scenario
-from bubblespec.sim.tails import rate_spread, tail_rates
 from bubblespec.sim.workload import LengthSource
 
 TAG = "[calibration]"
@@ -58,10 +57,9 @@ GAP_KEYS = ("bubblespec", "suffix", "bubblespec-keyed", "suffix-keyed",
 
 def load(path: str | Path) -> tuple[PacedRun, dict[str, Any], float]:
     """The run, its first seed's raw results and its train window (modelled s)."""
-    doc = json.loads(Path(path).read_text())
-    run = PacedRun.load(path)
-    first = doc["runs"][min(doc["runs"], key=int)]
-    return run, first, float(doc["config"].get("train_window_s", 0.0))
+    doc = PacedDoc.read(path)
+    run = PacedRun.of(doc, path)
+    return run, doc.runs[doc.seeds()[0]], float(doc.config.get("train_window_s", 0.0))
 
 
 def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[int],

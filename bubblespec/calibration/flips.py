@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from bubblespec.sim.calibrate import PacedRun
+from bubblespec.sim.model import NO_FLIP
 
-NO_FLIP = np.iinfo(np.int64).max // 4
+if TYPE_CHECKING:
+    from bubblespec.bench.paced_record import PacedRun
 
 Flips = dict[tuple[int, int, int], int]
 """(step, prompt, sample) -> output position where the response left its pre-generated

@@ -1,7 +1,7 @@
 """The simulator's inputs from a paced benchmark run, and its replay of that run.
 
 `bubblespec bench paced` runs the rollout on paced ranks: each engine forward lasts the
-simulator's own engine-time model (`engine_time`) x a scale, so its modelled seconds and the
+simulator's own engine-time model (`bubblespec.core.engine_time`) x a scale, so its modelled seconds and the
 simulator's are the same unit. This module reads the run's `paced.json` and derives every
 simulator input from what was measured, with no free parameter:
 
@@ -25,22 +25,22 @@ simulator input from what was measured, with no free parameter:
   mode, the calibrated input of the projections.
 
 `replay` simulates each mode on its own lengths and assignment and puts modelled beside
-measured per step (`calreport` prints it). Every simulated figure is MODELLED.
+measured per step (`report` prints it). Every simulated figure is MODELLED.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bubblespec.bench.modes import baseline_of
+from bubblespec.bench.paced_record import PacedDoc, PacedRun
+from bubblespec.calibration.flips import Flips, flip_caps, lost_tokens
+from bubblespec.calibration.tails import rate_spread, tail_multipliers, tail_rates
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
-from bubblespec.sim.engine_time import EngineTime
-from bubblespec.sim.flipcaps import Flips, flip_caps, lost_tokens
 from bubblespec.sim.model import (
     SimConfig,
     StepResult,
@@ -52,9 +52,7 @@ from bubblespec.sim.model import (
 )
 from bubblespec.sim.policy import ModeSpec, solve_covered, with_spread, with_tail_rates
 from bubblespec.sim.pregen import breadth_first
-from bubblespec.sim.tails import rate_spread, tail_multipliers, tail_rates
 
-SCHEMA = "bubblespec.bench.paced/v1"
 PREGEN_INFLIGHT = 64
 """The rank's default `pregen_inflight` (the paced bench does not change it)."""
 
@@ -94,97 +92,6 @@ class Counts:
     def coverage(self) -> float:
         return (min(1.0, max(0.0, self.fetched - self.lost) / self.tokens)
                 if self.tokens else 0.0)
-
-
-@dataclass
-class PacedMode:
-    """One mode of the paced run, as measured."""
-
-    name: str
-    steps: list[dict[str, Any]]
-    pregen: bool
-    window: bool
-    cluster: str
-    baseline: str
-
-
-@dataclass
-class PacedRun:
-    """What `calibrate` reads from a paced run's paced.json."""
-
-    path: str
-    ranks: int
-    prompts: int
-    n: int
-    steps: int
-    pace: str
-    scale: float
-    greedy_prompts: int
-    modes: dict[str, PacedMode]
-    seeds: int = 1
-    """Seeds the run holds (plain modes ran once per seed, keyed ones on the first)."""
-
-    @classmethod
-    def load(cls, path: str | Path, seed: str | None = None) -> PacedRun:
-        """Read and check one seed of a paced.json (default the first; ValueError naming
-        the field)."""
-        doc = json.loads(Path(path).read_text())
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"{path}: schema: expected {SCHEMA!r}")
-        cfg, runs = doc.get("config") or {}, doc.get("runs") or {}
-        for key in ("ranks", "prompts", "n", "steps", "pace", "pace_scale"):
-            if key not in cfg:
-                raise ValueError(f"{path}: config.{key} missing")
-        if not runs:
-            raise ValueError(f"{path}: runs: no seed ran")
-        key = min(runs, key=int) if seed is None else str(seed)
-        if key not in runs:
-            raise ValueError(f"{path}: runs.{key} missing")
-        first = runs[key]
-        modes: dict[str, PacedMode] = {}
-        for name, r in first.items():
-            steps = r.get("steps") or []
-            if not steps:
-                continue
-            for i, s in enumerate(steps):
-                L = np.asarray(s.get("output_lengths"), dtype=float)
-                if L.shape != (cfg["prompts"], cfg["n"]):
-                    raise ValueError(f"{path}: runs.{name}.steps[{i}].output_lengths: shape "
-                                     f"{L.shape}, expected ({cfg['prompts']}, {cfg['n']})")
-            modes[name] = PacedMode(name, steps, bool(r.get("pregen")),
-                                    r.get("pregen_window") == "training",
-                                    str(r.get("shared_cluster") or name),
-                                    baseline_of(name, first))
-        if not modes:
-            raise ValueError(f"{path}: runs: no mode has steps")
-        return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),
-                   int(cfg["steps"]), str(cfg["pace"]), float(cfg["pace_scale"]),
-                   int(cfg.get("greedy_prompts", 0)), modes, len(runs))
-
-    def prompt_len(self, first: dict[str, Any]) -> float:
-        """Prefill tokens per prompt of a mode without speculation (pace counters)."""
-        for name in ("nospec", "nospec-keyed"):
-            pace = (((first.get(name) or {}).get("cluster") or {}).get("pace") or {})
-            if pace.get("prefill_tokens"):
-                return pace["prefill_tokens"] / (self.steps * self.prompts
-                                                 + self.greedy_prompts)
-        return 0.0
-
-    def lengths(self, name: str) -> np.ndarray:
-        """(steps, prompts, n) response lengths of a mode."""
-        return np.stack([np.asarray(s["output_lengths"], dtype=np.int64)
-                         for s in self.modes[name].steps])
-
-    def train_s(self, name: str) -> float:
-        """Mean trainer time between steps of a mode, modelled seconds."""
-        st = self.modes[name].steps
-        return float(np.mean([s.get("train_s", 0.0) for s in st])) / self.scale
-
-    def measured(self, name: str) -> tuple[float, float]:
-        """(generated tokens, modelled rollout seconds) over the steps after step 0."""
-        st = self.modes[name].steps[1:]
-        return (float(sum(s["completion_tokens"] for s in st)),
-                sum(s["wall_s"] for s in st) / self.scale)
 
 
 def assignments(run: PacedRun) -> dict[str, np.ndarray]:
@@ -365,14 +272,13 @@ def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
                ) -> dict[str, Replayed]:
     """`replay` of every seed of a paced run, tokens and seconds summed per mode over the
     seeds (as the bench sums them); steps shown are the first seed's."""
-    doc = json.loads(Path(path).read_text())
-    keys = [k for k in sorted(doc.get("runs") or {}, key=int)
-            if any((r or {}).get("steps") for r in doc["runs"][k].values())]
+    doc = PacedDoc.read(path)
+    keys = doc.seeds_with_steps()
     if not keys:
         raise ValueError(f"{path}: runs: no mode has steps")
-    first = PacedRun.load(path, keys[0])
-    plen = first.prompt_len(doc["runs"][keys[0]])
-    reps = [replay(PacedRun.load(path, k), doc["runs"][k], per_step, cover_cv, seed, plen,
+    first = PacedRun.of(doc, path, keys[0])
+    plen = first.prompt_len(doc.runs[keys[0]])
+    reps = [replay(PacedRun.of(doc, path, k), doc.runs[k], per_step, cover_cv, seed, plen,
                    flips if k == keys[0] else None, use_flips, tail_classes, own_tails,
                    draw_spread) for k in keys]
     out = reps[0]

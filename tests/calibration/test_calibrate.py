@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bubblespec.cli.simulate import main
-from bubblespec.sim.calibrate import (
+from bubblespec.bench.paced_record import PacedRun
+from bubblespec.calibration.replay import (
     Counts,
-    PacedRun,
     assignment_check,
     assignments,
     pooled_spec,
@@ -23,7 +22,8 @@ from bubblespec.sim.calibrate import (
     replay_all,
     spec_of,
 )
-from bubblespec.sim.calreport import compare, load, scenario
+from bubblespec.calibration.report import compare, load, scenario
+from bubblespec.cli.simulate import main
 from bubblespec.sim.run import project
 
 FIXTURE = Path(__file__).parent / "data" / "paced_small.json"

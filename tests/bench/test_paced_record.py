@@ -1,0 +1,68 @@
+"""The paced-run record: what `bench paced` writes is what the calibration reads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from bubblespec.bench.paced import PacedBenchConfig
+from bubblespec.bench.paced_record import SCHEMA, PacedDoc, PacedRun
+
+FIXTURE = Path(__file__).parents[1] / "calibration" / "data" / "paced_small.json"
+
+
+def _cfg(tmp_path: Path) -> PacedBenchConfig:
+    return PacedBenchConfig(
+        steps=2, prompts=2, n=2, seeds="0,1", epoch_steps=0, lr=1e-4, temperature=1.0,
+        greedy_prompts=0, modes="nospec,bubblespec", ranks=2, pace="h100", pace_scale=10.0,
+        kv_cache_mib=64, train_window_s=1.0, extra_rank_args="", model=None,
+        out=str(tmp_path), timeline_step=1)
+
+
+def _mode(pregen: bool, walls: list[float]) -> dict:
+    return {"pregen": pregen, "seed_mode": "default", "shared_cluster": "nospec+bubblespec",
+            "steps": [{"step": i, "wall_s": w, "completion_tokens": 8, "train_s": 2.0,
+                       "output_lengths": [[1, 2], [3, 4]]} for i, w in enumerate(walls)]}
+
+
+def test_the_writers_record_reads_back_as_the_same_run(tmp_path):
+    doc = PacedDoc(config=asdict(_cfg(tmp_path)))
+    doc.runs = {"0": {"nospec": _mode(False, [5.0, 10.0]), "bubblespec": _mode(True, [5.0, 5.0]),
+                      "suffix": {"skipped": "arctic_inference not importable"}},
+                "1": {"nospec": _mode(False, [5.0, 20.0])}}
+    doc.report.update(final_line="paced_rollout_speedup_vs_nospec: ...")
+    path = tmp_path / "paced.json"
+    doc.write(path)
+    raw = json.loads(path.read_text())
+    assert list(raw) == ["schema", "config", "runs", "final_line"] and raw["schema"] == SCHEMA
+    back = PacedDoc.read(path)
+    assert back == doc and back.seeds_with_steps() == ["0", "1"]
+    run = PacedRun.load(path)
+    assert (run.ranks, run.prompts, run.n, run.steps, run.pace, run.scale, run.seeds) == (
+        2, 2, 2, 2, "h100", 10.0, 2)
+    assert set(run.modes) == {"nospec", "bubblespec"}  # a skipped mode recorded no steps
+    assert run.modes["bubblespec"].pregen and run.modes["bubblespec"].baseline == "nospec"
+    assert run.modes["nospec"].cluster == "nospec+bubblespec"
+    assert run.measured("nospec") == (8.0, 1.0) and run.train_s("nospec") == 0.2
+    assert PacedRun.load(path, "1").measured("nospec") == (8.0, 2.0)
+
+
+def test_the_checked_in_record_loads_and_round_trips():
+    raw = json.loads(FIXTURE.read_text())
+    doc = PacedDoc.read(FIXTURE)
+    assert doc.to_json() == raw
+    assert PacedRun.of(doc, FIXTURE).modes.keys() == PacedRun.load(FIXTURE).modes.keys()
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d.update(schema="bubblespec.bench.paced/v0"), "schema"),
+    (lambda d: d["config"].pop("ranks"), "config.ranks"),
+])
+def test_a_bad_record_names_the_field(tmp_path, edit, field):
+    raw = json.loads(FIXTURE.read_text())
+    edit(raw)
+    with pytest.raises(ValueError, match=field):
+        PacedDoc.parse(raw, "paced.json")
