@@ -278,6 +278,14 @@ def test_only_the_glue_touches_vllm_internals() -> None:
     assert not bad, "vLLM internals outside engine/vllm_glue.py:\n" + "\n".join(bad)
 
 
+def test_the_batcher_depends_only_on_the_protocol() -> None:
+    """The SGLang API and the verl plugin share one batcher: it may not reach into either."""
+    modules = package_modules()
+    deps = import_graph(modules)["bubblespec.batching"]
+    bad = sorted(d for d in deps - {"bubblespec"} if not d.startswith("bubblespec.protocol"))
+    assert not bad, f"bubblespec.batching imports more than the protocol: {bad}"
+
+
 def test_the_glue_imports_nothing_of_bubblespec() -> None:
     modules = package_modules()
     glue = module_name(GLUE)
@@ -344,7 +352,7 @@ def test_the_vllm_check_allows_the_public_api() -> None:
 # ---------------------------------------------------------------------- product and lab
 PRODUCT = ("core", "protocol", "http", "engine", "synchronizer", "rank", "gateway", "client",
            "cluster", "integrations", "metrics", "tasks", "models", "train", "rpc", "config",
-           "restarts")
+           "restarts", "batching")
 """What a deployment runs (packages and top-level modules under `bubblespec/`)."""
 LAB = ("sim", "bench", "calibration")
 """The lab: the simulator and the benchmarks, and the calibration above both."""
