@@ -69,7 +69,7 @@ from bubblespec.protocol.sampling import PregenWindow, SeedMode
 
 HEADLINE_MODES = ("nospec,nospec-keyed,bubblespec,bubblespec-keyed,bubblespec-keyed-window,"
                   "suffix-keyed")
-"""Modes of `make bench-paced` (fresh prompts): three cluster starts, about 45 min here."""
+"""Modes of `make bench-paced` (fresh prompts): three cluster starts (their run time: docs/results.md)."""
 ALL_FRESH_MODES = HEADLINE_MODES + ",suffix,ngram,ngram-keyed"
 """Every mode that fresh prompts can exercise (two more cluster starts; history modes need
 epoch repeats)."""
