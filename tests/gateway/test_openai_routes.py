@@ -18,6 +18,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+
+from bubblespec.protocol.openai import ChatCompletionIn, CompletionIn
+from bubblespec.protocol.sampling import SamplingParams
+from tests.hostile.bodies import dumps, mutated, schema_paths
 
 from .helpers import gateway
 
@@ -150,3 +155,85 @@ def test_chat_template_refusals_are_400s(template_dir: Path) -> None:
         r = c.post("/v1/chat/completions", json={
             **CHAT, "messages": [{"role": "user", "content": "1 2 +"}]})
         oai_error(r, 503, None)  # rendered and tokenized; then no rank
+
+
+def _paths(model: Any) -> list[tuple[str | int, ...]]:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    doc = {"components": {"schemas": schema.get("$defs", {})}}
+    return sorted(set(schema_paths(doc, schema)), key=lambda p: (len(p), str(p)))
+
+
+HYPO = settings(max_examples=80, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@pytest.mark.parametrize(("route", "model", "base"), [
+    ("/v1/completions", CompletionIn,
+     {**CMPL, "n": 2, "seed": 3, "stop": ["x"], "logprobs": 0, "stream": True,
+      "stream_options": {"include_usage": True}, "next_prompts": [[1, 7], "1 2"]}),
+    ("/v1/chat/completions", ChatCompletionIn,
+     {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "1"}]},
+                           {"role": "assistant", "content": "2"}],
+      "logprobs": True, "top_logprobs": 0, "chat_template_kwargs": {"a": 1}}),
+])
+def test_hostile_bodies_never_get_a_5xx(template_dir: Path, route: str, model: Any,
+                                        base: dict[str, Any]) -> None:
+    """Hostile mutations of a valid body: a 4xx naming a field in OpenAI's shape, or (a valid
+    body) the 503 of a gateway without ranks; chat bodies go through a real template."""
+    with gateway(tokenizer=str(template_dir), sglang_quiet_s=0.005,
+                 max_new_tokens=1000) as gw:
+        @given(mutated(base, _paths(model)))
+        @HYPO
+        def run(case: tuple[str, Any]) -> None:
+            what, body = case
+            r = gw.post(route, content=dumps(body),
+                        headers={"content-type": "application/json"})
+            err = r.json()["error"]
+            if r.status_code == 503:  # a valid body: no rank to run it on
+                assert "no rank" in err["message"], f"{route}: {what}: {r.text}"
+            else:
+                assert 400 <= r.status_code < 500, f"{route}: {what}: {r.status_code} {r.text}"
+                assert err["param"] is not None, f"{route}: {what}: {r.text}"
+
+        run()
+
+
+async def test_choice_shape_and_stop_strings(gw: TestClient) -> None:
+    """One answer as a choice: the stop token's text left out, a stop string cutting the
+    text, the ids and log-probs through the token that completed it, the reasons."""
+    from bubblespec.batching import ABORT_BEFORE_PREFILL, Answer, Ask
+    from bubblespec.protocol.gateway import RolloutSample
+    from bubblespec.tasks import default_task
+
+    task = default_task()
+    f = gw.app.state.openai
+    ids = task.encode("1 2 ; 3 + 4")
+    eos = task.eos_id
+    sample = RolloutSample(sample_index=0, output_ids=[*ids, eos],
+                           output_logprobs=[-0.5] * (len(ids) + 1), finish_reason="stop")
+
+    def choice(body: dict[str, Any], s: RolloutSample | None = sample) -> Any:
+        b = CompletionIn.model_validate({**CMPL, **body})
+        sp = b.to_sampling(8)
+        ask = Ask([1, 5, 6], sp, None, "r")
+        return f.choice(3, b, sp, ask, Answer(s, [1, 5, 6], step=9))
+
+    c = choice({"stop_token_ids": [eos]})
+    assert (c.text, c.finish_reason, c.stop_reason, c.ids) == ("1 2 ; 3 + 4", "stop", eos,
+                                                               [*ids, eos])
+    assert c.prompt_ids == [1, 5, 6] and c.index == 3 and c.step == 9
+    assert choice({}).stop_reason is None  # EOS without stop_token_ids: vLLM's None
+    c = choice({"stop": ["; 3", "4"]})
+    assert (c.text, c.finish_reason, c.stop_reason) == ("1 2 ", "stop", "; 3")
+    assert c.ids == task.encode("1 2 ; 3") and c.logprobs == [-0.5] * 4
+    c = choice({"stop": "3 +", "include_stop_str_in_output": True})
+    assert c.text == "1 2 ; 3 +" and c.ids == task.encode("1 2 ; 3 +")
+    assert choice({"stop": "never"}).text == "1 2 ; 3 + 4"
+    c = choice({}, RolloutSample(sample_index=0, output_ids=ids, output_logprobs=[-1.0] * 5,
+                                 finish_reason="length"))
+    assert (c.text, c.finish_reason, c.ids) == ("1 2 ; 3 + 4", "length", ids)
+    c = f.choice(0, CompletionIn.model_validate(CMPL), CompletionIn.model_validate(
+        CMPL).to_sampling(4), Ask([1, 5], SamplingParams(), None, "r"),
+        Answer(None, [1, 5], message=ABORT_BEFORE_PREFILL))
+    assert (c.text, c.finish_reason, c.ids) == ("", "abort", [])
