@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -54,7 +55,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from bubblespec.batching import Answer, Ask
+from bubblespec.batching import Answer, Ask, StepBatcher
 from bubblespec.gateway.chat_template import ChatTemplate, ChatTemplateError
 from bubblespec.gateway.service import GatewayService
 from bubblespec.gateway.sglang import SglangFront, parse
@@ -175,7 +176,7 @@ class OpenAiFront:
 
     # ------------------------------------------------------------------ the model
     @property
-    def batcher(self) -> Any:
+    def batcher(self) -> StepBatcher:
         return self.sglang.batcher
 
     def _folder(self) -> Path | None:
@@ -343,7 +344,7 @@ class OpenAiFront:
 
 # ---------------------------------------------------------------------- answers
 def _lp(x: float) -> float:
-    return max(float(x), MIN_LOGPROB) if x == x else MIN_LOGPROB  # noqa: PLR0124 (NaN check)
+    return MIN_LOGPROB if math.isnan(x) else max(float(x), MIN_LOGPROB)
 
 
 def completion_logprobs(f: OpenAiFront, ch: Choice) -> CompletionLogprobs:

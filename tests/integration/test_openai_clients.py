@@ -225,3 +225,34 @@ def test_grpo_rollout_loop_with_a_weight_update(cluster: LocalCluster, task: Any
         summary = http.get(f"/v1/steps/{step}").json()["rollout"]
         print("OpenAI route, step after the weight update:", summary["counters"])
         assert summary["counters"]["drafts_fetched_tokens"] > 0, summary
+
+
+def test_openai_and_sglang_requests_share_a_step(cluster: LocalCluster, task: Any) -> None:
+    """Concurrent OpenAI and SGLang requests with the same sampling parameters go through
+    the one step batcher: one rollout step serves both."""
+    url = cluster.gateway_url
+    ids = [list(p.input_ids) for p in task.make_prompts(2, 31)]
+    sp = {"max_new_tokens": 30, "temperature": 1.0, "stop_token_ids": [EOS_ID],
+          "seed_mode": "keyed"}
+
+    async def both() -> tuple[Any, Any]:
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", timeout=300,
+                                      max_retries=0) as c, \
+                httpx.AsyncClient(base_url=url, timeout=300) as http:
+            sgl = http.post("/generate", json={"input_ids": ids[0], "return_logprob": True,
+                                               "sampling_params": {**sp, "n": 2,
+                                                                   "sampling_seed": 5}})
+            oai = c.completions.create(model="m", prompt=ids[1], n=2, max_tokens=30,
+                                       temperature=1.0, seed=5, extra_body={
+                                           "stop_token_ids": [EOS_ID], "seed_mode": "keyed",
+                                           "return_token_ids": True})
+            return await asyncio.gather(sgl, oai)
+
+    with httpx.Client(base_url=url, timeout=60) as http:
+        before = http.get("/get_server_info").json()["steps_run"]
+        sgl, oai = asyncio.run(both())
+        info = http.get("/get_server_info").json()
+    assert sgl.status_code == 200, sgl.text
+    assert info["steps_run"] == before + 1
+    assert {o["meta_info"]["bubblespec"]["step"] for o in sgl.json()} == {info["last_step"]}
+    assert len(oai.choices) == 2 and all(c.token_ids for c in oai.choices)
