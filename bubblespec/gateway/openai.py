@@ -15,7 +15,8 @@ Each choice is one `Ask` in the SGLang API's step batcher (`front.batcher`, the 
 instance), so concurrent OpenAI and SGLang requests are batched into the same rollout
 steps, and the next-prompts hint (`next_prompts` in a body, or POST /v1/next_prompts) goes
 with the next step that starts. `seed` gives choice k of each prompt the seed `seed + k`,
-as the SGLang API does; without it the gateway derives seeds from its run seed.
+as the SGLang API does; without it the gateway derives seeds from its run seed (and a step
+that mixes seeded and unseeded samples uses derived seeds for all: `Step.seeds`).
 
 Stop strings (`stop`) are applied after sampling: a choice is sampled with the stop token
 ids as given, then its text is decoded token by token and cut at the first stop string;
