@@ -28,7 +28,9 @@ sampled exactly as they would have been by a sampler that stopped there, and non
 is returned (a string stop only costs the compute of the tokens sampled past it).
 
 finish_reason: "stop" (a stop token, EOS or a stop string), "length", or "abort" (the
-request was aborted, as vLLM reports it). With `stream: true` the answer is OpenAI's
+request was aborted, as vLLM reports it). Each choice also carries `bubblespec`: the step
+that ran it, the weight version that sampled it and its speculation counters (clients
+ignore unknown keys; an RL framework can read the policy version of each sample). With `stream: true` the answer is OpenAI's
 Server-Sent Events chunks ending with `data: [DONE]`; a choice is known only when its
 rollout step ends, so the chunks are sent then (each choice in one content chunk), not
 token by token.
@@ -147,6 +149,8 @@ class Choice:
     finish_reason: str
     stop_reason: int | str | None = None
     step: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    """bubblespec's figures of the sample (step, weight version, speculation counters)."""
 
 
 @dataclass
@@ -313,15 +317,20 @@ class OpenAiFront:
             text_ids = ids[:-1]  # the stop token's text is not returned (vLLM)
         prompt_ids = list(ans.input_ids) or (list(ask.prompt)
                                              if not isinstance(ask.prompt, str) else [])
+        meta: dict[str, Any] = {"step": ans.step}
+        if s is not None:
+            meta.update(weight_version=s.weight_version, decode_steps=s.decode_steps,
+                        num_accepted_tokens=s.num_accepted_tokens,
+                        num_accepted_pregen_tokens=s.num_accepted_pregen_tokens)
         cut = self.cut_at_stop(text_ids, body.stops(), body.skip_special_tokens,
                                body.include_stop_str_in_output)
         if cut is not None:
             last, text, stop = cut
             return Choice(index, prompt_ids, ids[:last + 1], lps[:last + 1], text, "stop", stop,
-                          ans.step)
+                          ans.step, meta)
         return Choice(index, prompt_ids, ids, lps,
                       self.decode(text_ids, body.skip_special_tokens), reason, stop_reason,
-                      ans.step)
+                      ans.step, meta)
 
     def cut_at_stop(self, ids: list[int], stops: list[str], skip_special_tokens: bool,
                     include: bool) -> tuple[int, str, str] | None:
@@ -376,7 +385,7 @@ def completion_choice(f: OpenAiFront, body: CompletionIn, ch: Choice) -> Complet
         stop_reason=ch.stop_reason,
         logprobs=completion_logprobs(f, ch) if body.logprobs is not None else None,
         token_ids=ch.ids if body.return_token_ids else None,
-        prompt_token_ids=ch.prompt_ids if body.return_token_ids else None)
+        prompt_token_ids=ch.prompt_ids if body.return_token_ids else None, bubblespec=ch.meta)
 
 
 def chat_choice(f: OpenAiFront, body: ChatCompletionIn, ch: Choice) -> ChatChoice:
@@ -384,7 +393,7 @@ def chat_choice(f: OpenAiFront, body: ChatCompletionIn, ch: Choice) -> ChatChoic
         index=ch.index, message=ChatMessageOut(content=ch.text),
         finish_reason=ch.finish_reason, stop_reason=ch.stop_reason,
         logprobs=chat_logprobs(f, ch) if body.logprobs else None,
-        token_ids=ch.ids if body.return_token_ids else None)
+        token_ids=ch.ids if body.return_token_ids else None, bubblespec=ch.meta)
 
 
 def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
@@ -426,6 +435,8 @@ def chat_stream(out: ChatCompletionOut, body: ChatCompletionIn) -> StreamingResp
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
         if c.token_ids is not None:
             last["token_ids"] = c.token_ids
+        if c.bubblespec is not None:
+            last["bubblespec"] = c.bubblespec
         chunks += [first, {**head, "choices": [last]}]
     if body.include_usage and out.usage is not None:
         chunks.append({**head, "choices": [], "usage": out.usage.model_dump()})

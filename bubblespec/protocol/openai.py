@@ -380,6 +380,8 @@ class CompletionChoice(_Reply):
                           "(None for EOS, length, abort).")
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    bubblespec: dict[str, Any] | None = Field(
+        None, description="bubblespec: step, weight_version and speculation counters.")
 
 
 class CompletionOut(_Reply):
@@ -415,6 +417,8 @@ class ChatChoice(_Reply):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+    bubblespec: dict[str, Any] | None = Field(
+        None, description="bubblespec: step, weight_version and speculation counters.")
 
 
 class ChatCompletionOut(_Reply):

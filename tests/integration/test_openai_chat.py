@@ -116,6 +116,9 @@ def test_chat_stream_and_stop_string(client: Any) -> None:
         model="m", messages=msgs, max_tokens=48, temperature=0, stream=True,
         stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
+    step = full.choices[0].bubblespec["step"]
+    assert [ch.choices[0].bubblespec["step"] for ch in chunks
+            if ch.choices and ch.choices[0].finish_reason] == [step + 1]
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == \

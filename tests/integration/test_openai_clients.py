@@ -216,12 +216,16 @@ def test_grpo_rollout_loop_with_a_weight_update(cluster: LocalCluster, task: Any
         for p, ch in first:
             ids = check_choice(ch, list(p.input_ids), task)
             assert 0.0 <= task.reward(p, ids) <= 1.0
+            assert ch.bubblespec["weight_version"] == v0
+        assert len({ch.bubblespec["step"] for _, ch in first}) == 1
         bs.update_weights(str(engine_model_dir()), version=v0 + 1)
         assert http.get("/get_weight_version").json()["weight_version"] == str(v0 + 1)
         second = asyncio.run(rollout(batches[1], None))
         for p, ch in second:
             check_choice(ch, list(p.input_ids), task)
+            assert ch.bubblespec["weight_version"] == v0 + 1
         step = http.get("/get_server_info").json()["last_step"]
+        assert {ch.bubblespec["step"] for _, ch in second} == {step}
         summary = http.get(f"/v1/steps/{step}").json()["rollout"]
         print("OpenAI route, step after the weight update:", summary["counters"])
         assert summary["counters"]["drafts_fetched_tokens"] > 0, summary
@@ -255,4 +259,5 @@ def test_openai_and_sglang_requests_share_a_step(cluster: LocalCluster, task: An
     assert sgl.status_code == 200, sgl.text
     assert info["steps_run"] == before + 1
     assert {o["meta_info"]["bubblespec"]["step"] for o in sgl.json()} == {info["last_step"]}
+    assert {c.bubblespec["step"] for c in oai.choices} == {info["last_step"]}
     assert len(oai.choices) == 2 and all(c.token_ids for c in oai.choices)
