@@ -23,8 +23,8 @@ never ignored:
 - any other unknown key (a typo must not silently sample differently).
 
 Accepted and without effect on sampling: `model` (echoed back; the gateway serves one
-model), `user`, `stream_options`, `seed` (per-sample seeds `seed + k`). The bubblespec
-extensions: `seed_mode` (keyed sampling, `protocol/sampling.py`) and `next_prompts` (the next
+model), `user`, `stream_options`. `seed` gives choice k of a prompt the seed `seed + k`
+(as the SGLang API's `sampling_seed`). The bubblespec extensions: `seed_mode` (keyed sampling, `protocol/sampling.py`) and `next_prompts` (the next
 step's prompts, token ids or text, pre-generated in the bubble of the step this request
 joins).
 """
