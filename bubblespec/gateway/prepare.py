@@ -50,12 +50,14 @@ class PromptTokenizer:
         assert self._vocab is not None
         return self._vocab
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; `add_special_tokens=False` for text that writes its own
+        (a rendered chat template)."""
         self._load()
         if self._tok is not None:
-            return list(self._tok.encode(text).ids)
+            return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
         assert self._task is not None
-        return self._task.encode(text, add_bos=True)
+        return self._task.encode(text, add_bos=add_special_tokens)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of token ids (the SGLang-compatible routes answer with it)."""

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from bubblespec.gateway import routes
 from bubblespec.gateway.config import ENV_PREFIX, GatewayConfig
+from bubblespec.gateway.openai import install_openai
 from bubblespec.gateway.prepare import Preparer
 from bubblespec.gateway.service import GatewayService
 from bubblespec.gateway.sglang import install_sglang
@@ -28,6 +29,7 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
                     token=config.token.get_secret_value() if config.token else None,
                     max_body_bytes=config.max_body_bytes, on_request=service.observe_request)
     install_sglang(app, service)  # SGLang's native API: /generate, /update_weights_from_disk, ...
+    install_openai(app, service)  # OpenAI's: /v1/completions, /v1/chat/completions, /v1/models
     install_status_page(app)  # GET / : ranks and the last steps' timelines, from the routes
     return app
 

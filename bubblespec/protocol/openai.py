@@ -1,0 +1,459 @@
+"""HTTP bodies of the gateway's OpenAI-compatible routes (`bubblespec.gateway.openai`).
+
+Agentic RL frameworks (SkyRL, ART, rLLM, prime-rl) drive vLLM through its OpenAI API:
+`POST /v1/completions` and `POST /v1/chat/completions`, reading token ids and log-probs back
+(vLLM's `return_token_ids`). These models spell the request fields as OpenAI and vLLM do
+(vLLM's extensions: `top_k`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`,
+`return_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`,
+`add_generation_prompt`, `chat_template_kwargs`), so that a client switches by address.
+
+What bubblespec cannot serve exactly is refused by name (a 400 whose `param` is the field),
+never ignored:
+
+- `presence_penalty` / `frequency_penalty` other than 0, `min_p` other than 0, `logit_bias`,
+  `min_tokens`: the sampling parameters bubblespec carries to its ranks have none of them
+  (see `protocol/sglang.py` for why min_p is not applied under speculation);
+- `best_of` other than n, `use_beam_search`, `suffix`: other sampling procedures;
+- `echo`, `prompt_logprobs`: prompt scoring (a later part of the API);
+- `logprobs` > 0 (completions) / `top_logprobs` > 0 (chat): the ranks return the sampled
+  token's log-prob only, not the top alternatives (`logprobs: 0` / `logprobs: true` are
+  served);
+- tools, tool choice other than "none", response formats other than text, non-text message
+  content: not built;
+- any other unknown key (a typo must not silently sample differently).
+
+Accepted and without effect on sampling: `model` (echoed back; the gateway serves one
+model), `user`, `stream_options`. `seed` gives choice k of a prompt the seed `seed + k`
+(as the SGLang API's `sampling_seed`). The bubblespec extensions: `seed_mode` (keyed sampling, `protocol/sampling.py`) and `next_prompts` (the next
+step's prompts, token ids or text, pre-generated in the bubble of the step this request
+joins).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from bubblespec.protocol import limits as L
+from bubblespec.protocol.limits import Seed, TokenIds
+from bubblespec.protocol.sampling import SamplingParams, SeedMode
+
+MAX_STOP_STRINGS = 64
+"""Most stop strings of one request."""
+MAX_STOP_CHARS = 1024
+"""Longest stop string."""
+MAX_TEXT = 16 * L.MAX_PROMPT_TOKENS
+"""Longest prompt text or message content, characters (the config's token limit is tighter)."""
+TOP_LOGPROBS_REFUSED = ("{name} > 0 is not supported: the ranks return the sampled token's "
+                        "log-prob, not the top alternatives; send 0")
+DEFAULT_COMPLETION_TOKENS = 16
+"""OpenAI's default `max_tokens` of /v1/completions."""
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
+NextPrompt = TokenIds | Text
+NextPrompts = Annotated[list[NextPrompt], Field(max_length=L.MAX_LIST)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _zero(value: float | None, name: str, why: str) -> float | None:
+    if value:
+        raise ValueError(f"{name} = {value} is not supported: {why}; send 0 or leave it out")
+    return value
+
+
+def _unset(value: Any, name: str, why: str) -> Any:
+    if value not in (None, False) and value != [] and value != {}:
+        raise ValueError(f"{name} is not supported by bubblespec: {why}")
+    return value
+
+
+class StreamOptions(_Body):
+    """`stream_options`: `include_usage` adds a last chunk with the usage."""
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(_Body):
+    """The sampling fields both routes share (OpenAI's and vLLM's names)."""
+
+    model: str | None = Field(None, max_length=4096, description="Echoed back.")
+    n: int = Field(1, ge=1, le=L.MAX_N, description="Choices per prompt.")
+    temperature: float | None = Field(None, ge=0, le=L.MAX_TEMPERATURE, allow_inf_nan=False,
+                                      description="Default 1.")
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=-1, le=L.MAX_TOP_K, description="-1 or 0: off.")
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(
+        None, ge=L.MIN_REPETITION_PENALTY, le=L.MAX_REPETITION_PENALTY, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = Field(0, ge=0)
+    stop: StopString | StopStrings | None = Field(
+        None, description="Strings that end a choice (cut after sampling, as vLLM does).")
+    stop_token_ids: list[L.TokenId] | None = Field(None, max_length=L.MAX_STOP_TOKEN_IDS)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: Seed | None = Field(None, description="Choice k of a prompt samples with seed + k.")
+    seed_mode: SeedMode | None = Field(None, description="bubblespec: keyed sampling.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool = Field(False, description="vLLM: choices carry token_ids and "
+                                                      "the prompt's token ids.")
+    user: str | None = Field(None, max_length=4096)
+    next_prompts: NextPrompts | None = Field(
+        None, description="bubblespec: the next step's prompts (token ids or text), "
+                          "pre-generated in the bubble of the step this request joins.")
+
+    @field_validator("min_p")
+    @classmethod
+    def _min_p(cls, v: float | None) -> float | None:
+        return _zero(v, "min_p", "vLLM does not apply it when verifying speculative drafts")
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalties(cls, v: float | None, info: ValidationInfo) -> float | None:
+        return _zero(v, str(info.field_name), "bubblespec carries only repetition_penalty")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return _unset(v, "logit_bias", "its ranks do not bias logits")
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens(cls, v: int) -> int:
+        if v:
+            raise ValueError("min_tokens is not supported by bubblespec; send 0")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_room(cls, v: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if v is not None and v + n - 1 > L.MAX_SEED:
+            raise ValueError(f"seed + n - 1 must be at most {L.MAX_SEED}")
+        return v
+
+    @field_validator("next_prompts")
+    @classmethod
+    def _next_not_empty(cls, v: list[Any] | None) -> list[Any] | None:
+        if v is not None and any(not p for p in v):
+            raise ValueError("a next prompt is empty")
+        return v
+
+    def stops(self) -> list[str]:
+        """The stop strings (none: [])."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def to_sampling(self, max_new_tokens: int) -> SamplingParams:
+        """bubblespec's sampling parameters of every choice of this request (`seed_mode` only
+        when given, so the gateway's hand-off default applies otherwise)."""
+        kw: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": -1 if self.top_k is None else self.top_k,
+            "repetition_penalty": 1.0 if self.repetition_penalty is None
+            else self.repetition_penalty,
+            "stop_token_ids": tuple(self.stop_token_ids or ()), "ignore_eos": self.ignore_eos}
+        if self.seed_mode is not None:
+            kw["seed_mode"] = self.seed_mode
+        return SamplingParams(**kw)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionIn(SamplingFields):
+    """POST /v1/completions: `prompt` is text, token ids, or a list of either."""
+
+    prompt: TokenIds | Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)] | Text | \
+        Annotated[list[Text], Field(max_length=L.MAX_LIST)]
+    max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=1, le=L.MAX_NEW_TOKENS,
+                                   description="null: what the context leaves.")
+    logprobs: int | None = Field(None, ge=0, description="0: the sampled token's log-prob "
+                                 "(top alternatives are not returned: > 0 is refused).")
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1, le=L.MAX_N)
+    suffix: str | None = None
+    use_beam_search: bool = False
+    prompt_logprobs: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, v: Any) -> Any:
+        if not v or (isinstance(v, list) and any(isinstance(p, (list, str)) and not p
+                                                 for p in v)):
+            raise ValueError("empty prompt (or empty list of prompts)")
+        if isinstance(v, str) and not v.strip() or isinstance(v, list) and any(
+                isinstance(p, str) and not p.strip() for p in v):
+            raise ValueError("a text prompt is blank")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _sampled_only(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError(TOP_LOGPROBS_REFUSED.format(name="logprobs"))
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported yet (prompt scoring is a later part of "
+                             "bubblespec's OpenAI API)")
+        return v
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs(cls, v: int | None) -> int | None:
+        return _unset(v, "prompt_logprobs", "prompt scoring is not built yet")
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and v != info.data.get("n", 1):
+            raise ValueError("best_of other than n is not supported (every sample is returned)")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        return _unset(v, "suffix", "insertion is not a left-to-right rollout")
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam(cls, v: bool) -> bool:
+        return _unset(v, "use_beam_search", "rollouts sample")
+
+    def prompts(self) -> list[list[int] | str]:
+        """The prompts, each token ids or text."""
+        p: Any = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]
+        return list(p)
+
+
+class TextPart(_Body):
+    """A text part of a message's content (other part types are refused)."""
+
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation. Keys besides role/content/name (a template may read
+    them, e.g. `reasoning_content`) are passed to the chat template as they are; tool calls
+    are refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | Annotated[list[TextPart], Field(max_length=L.MAX_LIST)] | None = None
+    name: str | None = Field(None, max_length=4096)
+    tool_calls: Any = None
+    tool_call_id: str | None = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, v: Any) -> Any:
+        return _unset(v, "tool_calls", "tool calling is not built yet")
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template sees it: text parts joined by newlines (as vLLM
+        does for string-content templates), unset keys left out."""
+        d = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            d["content"] = "\n".join(p.text for p in self.content)
+        elif self.content is None:
+            d["content"] = ""
+        return d
+
+
+class ChatCompletionIn(SamplingFields):
+    """POST /v1/chat/completions: `messages` rendered with the model's chat template."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=L.MAX_LIST)]
+    max_tokens: int | None = Field(None, ge=1, le=L.MAX_NEW_TOKENS)
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=L.MAX_NEW_TOKENS, description="Wins over max_tokens; neither: what "
+                                                     "the context leaves.")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, description="Only 0 or null: the ranks "
+                                     "return the sampled token's log-prob only.")
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables of the chat template (e.g. enable_thinking).")
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _sampled_only(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError(TOP_LOGPROBS_REFUSED.format(name="top_logprobs"))
+        return v
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _no_continue(cls, v: bool) -> bool:
+        return _unset(v, "continue_final_message", "not built yet")
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
+        return _unset(v, "tools", "tool calling is not built yet")
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, v: Any) -> Any:
+        if v in (None, "none"):
+            return v
+        raise ValueError("only tool_choice 'none' is supported (tool calling is not built yet)")
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type") != "text":
+            raise ValueError("only response_format {'type': 'text'} is supported "
+                             "(constrained decoding is not built)")
+        return v
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that set the budget (named when it is refused)."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None \
+            else "max_tokens"
+
+    @property
+    def budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+# ---------------------------------------------------------------------- answers
+
+class Usage(_Reply):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(_Reply):
+    """OpenAI's completion log-probs; `top_logprobs` holds the sampled token only."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(_Reply):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = Field(None, description="stop, length or abort.")
+    stop_reason: int | str | None = Field(
+        None, description="vLLM: the stop token id or stop string that ended the choice "
+                          "(None for EOS, length, abort).")
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    bubblespec: dict[str, Any] | None = Field(
+        None, description="bubblespec: step, weight_version and speculation counters.")
+
+
+class CompletionOut(_Reply):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ChatTokenLogprob(_Reply):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Reply):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatMessageOut(_Reply):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(_Reply):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    bubblespec: dict[str, Any] | None = Field(
+        None, description="bubblespec: step, weight_version and speculation counters.")
+
+
+class ChatCompletionOut(_Reply):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(_Reply):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "bubblespec"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Reply):
+    object: str = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(_Reply):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorOut(_Reply):
+    """OpenAI's error body."""
+
+    error: ErrorDetail

@@ -1,0 +1,182 @@
+"""The OpenAI-compatible bodies: what the `openai` client and the agentic RL frameworks send
+is accepted and maps to bubblespec's sampling parameters; what bubblespec cannot serve
+exactly is refused naming the field; the answers parse as the `openai` package's own types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from bubblespec.http.errors import error_field
+from bubblespec.protocol import limits as L
+from bubblespec.protocol.openai import (
+    ChatChoice,
+    ChatCompletionIn,
+    ChatCompletionOut,
+    ChatLogprobs,
+    ChatMessageOut,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionIn,
+    CompletionLogprobs,
+    CompletionOut,
+    ErrorDetail,
+    ErrorOut,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from bubblespec.protocol.sampling import SeedMode
+
+openai = pytest.importorskip("openai")
+
+CHAT = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "2 + 2?"}]}
+
+
+def field_of(model: Any, body: dict[str, Any]) -> str:
+    """The field the gateway names for the first problem (union member tags left out)."""
+    with pytest.raises(ValidationError) as e:
+        model.model_validate(body)
+    err = e.value.errors()[0]
+    return error_field({**err, "loc": ("body", *err["loc"])}, body)
+
+
+def test_prompt_shapes_and_defaults() -> None:
+    assert CompletionIn.model_validate({"prompt": [1, 2, 3]}).prompts() == [[1, 2, 3]]
+    assert CompletionIn.model_validate({"prompt": [[1, 2], [3]]}).prompts() == [[1, 2], [3]]
+    assert CompletionIn.model_validate({"prompt": "a b"}).prompts() == ["a b"]
+    assert CompletionIn.model_validate({"prompt": ["a", "b c"]}).prompts() == ["a", "b c"]
+    body = CompletionIn.model_validate({"prompt": "x"})
+    assert body.max_tokens == 16 and body.n == 1 and body.stops() == []
+    sp = body.to_sampling(16)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.repetition_penalty) == (1.0, 1.0, -1, 1.0)
+    assert "seed_mode" not in sp.model_fields_set  # the gateway's hand-off default applies
+
+
+def test_vllm_extensions_map_to_the_sampling_params() -> None:
+    body = CompletionIn.model_validate({
+        "model": "policy", "prompt": [5, 6], "n": 4, "max_tokens": 64, "temperature": 0.7,
+        "top_p": 0.9, "top_k": 0, "repetition_penalty": 1.1, "stop": "###",
+        "stop_token_ids": [2], "ignore_eos": True, "seed": 7, "logprobs": 0,
+        "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 4,
+        "return_token_ids": True, "seed_mode": "keyed", "user": "u",
+        "stream": True, "stream_options": {"include_usage": True},
+        "next_prompts": [[1, 2], "some text"]})
+    sp = body.to_sampling(64)
+    assert (sp.max_new_tokens, sp.temperature, sp.top_p, sp.top_k) == (64, 0.7, 0.9, -1)
+    assert sp.repetition_penalty == 1.1 and sp.stop_token_ids == (2,) and sp.ignore_eos
+    assert sp.seed_mode is SeedMode.KEYED and body.stops() == ["###"] and body.include_usage
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[1], []]}, "prompt"),
+    ({"prompt": "  "}, "prompt"),
+    ({"prompt": [1, -1]}, "prompt[1]"),
+    ({"prompt": [1], "presence_penalty": 0.1}, "presence_penalty"),
+    ({"prompt": [1], "frequency_penalty": -0.5}, "frequency_penalty"),
+    ({"prompt": [1], "logit_bias": {"3": 5}}, "logit_bias"),
+    ({"prompt": [1], "min_p": 0.05}, "min_p"),
+    ({"prompt": [1], "min_tokens": 3}, "min_tokens"),
+    ({"prompt": [1], "best_of": 3}, "best_of"),
+    ({"prompt": [1], "n": 2, "best_of": 3}, "best_of"),
+    ({"prompt": [1], "suffix": "end"}, "suffix"),
+    ({"prompt": [1], "echo": True}, "echo"),
+    ({"prompt": [1], "logprobs": 1}, "logprobs"),
+    ({"prompt": [1], "logprobs": -1}, "logprobs"),
+    ({"prompt": [1], "prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"prompt": [1], "use_beam_search": True}, "use_beam_search"),
+    ({"prompt": [1], "max_tokens": 0}, "max_tokens"),
+    ({"prompt": [1], "n": 0}, "n"),
+    ({"prompt": [1], "n": L.MAX_N + 1}, "n"),
+    ({"prompt": [1], "temperature": 2.5}, "temperature"),
+    ({"prompt": [1], "top_p": 0}, "top_p"),
+    ({"prompt": [1], "top_k": -2}, "top_k"),
+    ({"prompt": [1], "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": [1], "stop": ""}, "stop"),
+    ({"prompt": [1], "stop": ["a"] * 65}, "stop"),
+    ({"prompt": [1], "stop_token_ids": [-1]}, "stop_token_ids[0]"),
+    ({"prompt": [1], "seed": -1}, "seed"),
+    ({"prompt": [1], "n": 2, "seed": L.MAX_SEED}, "seed"),
+    ({"prompt": [1], "seed_mode": "lucky"}, "seed_mode"),
+    ({"prompt": [1], "next_prompts": [[]]}, "next_prompts"),
+    ({"prompt": [1], "stream_options": {"x": 1}}, "stream_options.x"),
+    ({"prompt": [1], "guided_json": {}}, "guided_json"),
+    ({"prompt": [1], "allowed_token_ids": [1]}, "allowed_token_ids"),
+])
+def test_completion_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
+    assert field_of(CompletionIn, body) == field
+
+
+def test_chat_body_and_messages_for_the_template() -> None:
+    body = ChatCompletionIn.model_validate({
+        **CHAT, "max_completion_tokens": 32, "max_tokens": 8, "logprobs": True,
+        "top_logprobs": 0, "tool_choice": "none", "response_format": {"type": "text"},
+        "chat_template_kwargs": {"enable_thinking": False}, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"},
+                                         {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": None, "tool_calls": [],
+             "reasoning_content": "hm"}]})
+    assert body.budget == 32 and body.max_tokens_field == "max_completion_tokens"
+    assert [m.template_dict() for m in body.messages] == [
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": "", "tool_calls": [], "reasoning_content": "hm"}]
+    plain = ChatCompletionIn.model_validate(CHAT)
+    assert plain.budget is None and plain.max_tokens_field == "max_tokens"
+    assert plain.add_generation_prompt and not plain.logprobs
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"model": "m"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content"),
+    ({**CHAT, "top_logprobs": 2, "logprobs": True}, "top_logprobs"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({**CHAT, "tool_choice": "auto"}, "tool_choice"),
+    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**CHAT, "continue_final_message": True}, "continue_final_message"),
+    ({**CHAT, "presence_penalty": 1}, "presence_penalty"),
+    ({**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({**CHAT, "messages": [{"role": "assistant", "content": "x",
+                            "tool_calls": [{"id": "1"}]}]}, "messages[0].tool_calls"),
+    ({**CHAT, "echo": True}, "echo"),
+])
+def test_chat_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
+    assert field_of(ChatCompletionIn, body) == field
+
+
+def test_answers_parse_as_the_openai_types() -> None:
+    """What the gateway answers is what the `openai` client parses (its own pydantic types,
+    validated strictly here, not constructed leniently as the client does)."""
+    from openai.types import Completion
+    from openai.types import Model as OaiModel
+    from openai.types.chat import ChatCompletion
+
+    usage = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+    lp = CompletionLogprobs(text_offset=[0, 1], token_logprobs=[-0.5, -1.0],
+                            tokens=["a", "b"], top_logprobs=[{"a": -0.5}, {"b": -1.0}])
+    comp = CompletionOut(id="cmpl-1", created=1, model="m", usage=usage, choices=[
+        CompletionChoice(index=0, text="ab", logprobs=lp, finish_reason="stop",
+                         token_ids=[5, 6], prompt_token_ids=[1, 2, 3])])
+    parsed = Completion.model_validate(comp.model_dump())
+    assert parsed.choices[0].logprobs.token_logprobs == [-0.5, -1.0]
+    assert parsed.choices[0].token_ids == [5, 6]  # vLLM's extension, kept as an extra
+    chat = ChatCompletionOut(id="chatcmpl-1", created=1, model="m", usage=usage,
+                             prompt_token_ids=[1, 2, 3], choices=[ChatChoice(
+                                 index=0, message=ChatMessageOut(content="ab"),
+                                 finish_reason="length", logprobs=ChatLogprobs(content=[
+                                     ChatTokenLogprob(token="a", logprob=-0.5, bytes=[97])]),
+                                 token_ids=[5, 6])])
+    c = ChatCompletion.model_validate(chat.model_dump())
+    assert c.choices[0].message.content == "ab" and c.choices[0].message.role == "assistant"
+    assert c.choices[0].logprobs.content[0].top_logprobs == []
+    OaiModel.model_validate(ModelList(data=[ModelCard(id="m", created=1)]).data[0].model_dump())
+    err = ErrorOut(error=ErrorDetail(message="bad", type="BadRequestError", param="n", code=400))
+    assert err.model_dump()["error"]["param"] == "n"
