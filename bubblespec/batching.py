@@ -11,8 +11,9 @@ the two; the adapters keep only their own quirks (their wire formats, how a step
   hook), or after a quiet period without a new call: `idle_s` for an announced batch (a
   trajectory that failed before generating), `quiet_s` otherwise, and at most `max_wait_s`
   after its first call when that is set.
-- A closed batch is planned (`plan`): calls grouped by sampling parameters (one step each,
-  largest first), and within a group by prompt, each prompt's calls becoming its samples
+- A closed batch is planned (`plan`): calls grouped by sampling parameters, seeded calls
+  apart from unseeded ones (one step each, largest first: a step runs on the callers' seeds
+  or on seeds the gateway derives, never on a mix that would drop a caller's seed), and within a group by prompt, each prompt's calls becoming its samples
   in their `order` (a stable sort: arrival order where no order is given). How many samples
   a prompt gets per step (`n`) is the adapter's rule (`NRule`): `equal_counts` (SGLang:
   n = c when every prompt was asked c times, else n = 1 with each call its own prompt)
@@ -133,11 +134,12 @@ def gcd_of_counts(counts: Sequence[int]) -> int:
 
 def plan(asks: Sequence[Ask], n_rule: NRule) -> list[Step]:
     """The rollout steps of a closed batch (module docstring), largest first."""
-    by_sampling: dict[SamplingParams, dict[tuple[int, ...] | str, list[Ask]]] = {}
-    for a in asks:
-        by_sampling.setdefault(a.sampling, {}).setdefault(a.key, []).append(a)
+    by_sampling: dict[tuple[SamplingParams, bool], dict[tuple[int, ...] | str, list[Ask]]] = {}
+    for a in asks:  # seeded calls apart: a step takes the callers' seeds only if all have one
+        by_sampling.setdefault((a.sampling, a.seed is not None), {}).setdefault(
+            a.key, []).append(a)
     steps = []
-    for sp, by_prompt in by_sampling.items():
+    for (sp, _), by_prompt in by_sampling.items():
         n = n_rule([len(g) for g in by_prompt.values()])
         step = Step(sampling=sp, n=n)
         for group in by_prompt.values():
