@@ -224,11 +224,12 @@ class RankEntry(_Reply):
 
 
 class RankBubble(_Reply):
-    """One rank's share of a step (see `bubblespec.gateway.bubbles`)."""
+    """One rank's share of a step (computed by `bubblespec.gateway.bubbles`)."""
 
     rank_id: str
     num_requests: int = 0
-    done_s: float | None = None
+    done_s: float | None = Field(
+        None, description="Seconds from open to the rank's done report (null: not reported).")
     busy_s: float = 0.0
     bubble_s: float = 0.0
     pregen_s: float = 0.0
@@ -238,7 +239,9 @@ class RankBubble(_Reply):
     pregen_tokens: int = 0
     decode_tokens: int = 0
     spans: int = 0
-    stop_lag_s: float | None = None
+    stop_lag_s: float | None = Field(
+        None, description="Stop signal -> end of the rank's last bubble pre-generation span "
+                          "(null: no pre-generation).")
     window_pregen_s: float = 0.0
     window_pregen_tokens: int = 0
 
