@@ -52,7 +52,7 @@ from bubblespec.protocol.gateway import (
     RolloutResponse,
     RolloutSample,
 )
-from bubblespec.protocol.rank import WeightUpdate
+from bubblespec.protocol.rank import ShardRequest, StepShard, WeightUpdate
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError, SyncUnavailable
@@ -301,12 +301,13 @@ class Rollouts:
 
         async def call(rank_id: str, its: list[WorkItem], rerun: bool, timeout_s: float
                        ) -> dict[str, Any]:
-            body = {"step": step, "pregen": pregen, "rerun": rerun, "requests": [
-                {"index": it.index, "input_ids": list(it.input_ids), "n": it.n,
-                 "sample_offset": it.sample_offset, "prompt_key": it.key,
-                 "seeds": None if it.seeds is None else list(it.seeds),
-                 "sampling_params": sp.model_dump()} for it in its]}
-            return await self.pool.post(by_id[rank_id], "/v1/step_shard", body, timeout_s)
+            body = StepShard(step=step, pregen=pregen, rerun=rerun, requests=[
+                ShardRequest(index=it.index, input_ids=list(it.input_ids), n=it.n,
+                             sample_offset=it.sample_offset, prompt_key=it.key,
+                             seeds=None if it.seeds is None else list(it.seeds),
+                             sampling_params=sp) for it in its])
+            return await self.pool.post(by_id[rank_id], "/v1/step_shard",
+                                        body.model_dump(mode="json"), timeout_s)
 
         async def on_failure(rank_id: str, reason: str) -> None:
             self.metrics.rank_failures.labels(rank_id).inc()
