@@ -59,12 +59,6 @@ from bubblespec.synchronizer.errors import SyncError, SyncUnavailable
 
 log = logging.getLogger("bubblespec.gateway.rollout")
 
-_META = ("finish_reason", "weight_version", "completion_tokens", "decode_steps", "num_drafts",
-         "num_draft_tokens", "num_accepted_tokens", "num_accepted_pregen_tokens",
-         "first_divergence", "draft_ran_out", "num_accepted_after_divergence",
-         "num_recouplings")
-
-
 def trainer_field(rank_field: str) -> str:
     """A field a rank refused in its step shard (`requests[2].sampling_params.top_k`) as the
     trainer's rollout request spells it (`sampling_params.top_k`); the shard's request index
@@ -73,12 +67,9 @@ def trainer_field(rank_field: str) -> str:
 
 
 def _sample(d: dict[str, Any], with_logprobs: bool) -> RolloutSample:
-    meta = d.get("meta_info") or {}
-    fields = {k: meta[k] for k in _META if meta.get(k) is not None}
-    fields.setdefault("completion_tokens", len(d["output_ids"]))
-    return RolloutSample(sample_index=d["sample_index"], output_ids=d["output_ids"],
-                         output_logprobs=d["output_logprobs"] if with_logprobs else None,
-                         **fields)
+    """An accepted sample of a rank's reply (`dispatch.check_reply`) with the rank's record."""
+    return RolloutSample.of(d["meta_info"], d["sample_index"], d["output_ids"],
+                            d["output_logprobs"] if with_logprobs else None)
 
 
 class Rollouts:
