@@ -30,6 +30,7 @@ from bubblespec.engine.validate import bad_token, validate_request
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.keys import group_token, make_request_id
 from bubblespec.protocol.limits import MAX_WEIGHT_VERSION
+from bubblespec.protocol.sample import SampleMeta
 
 log = logging.getLogger(__name__)
 
@@ -285,19 +286,27 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ generate
     def validate(self, req: GenRequest) -> None:
+        """InvalidRequest naming the first field of `req` this engine cannot run
+        (`validate.validate_request`: vocabulary, model length, one seed per sample)."""
         validate_request(req, self.vocab_size, self.max_model_len)
 
     async def generate(self, requests: list[GenRequest], should_stop: StopHook | None = None,
                        poll_every: int = 8, counters: bool = True,
-                       observe: Observer | None = None) -> list[GenResult]:
+                       observe: Observer | None = None,
+                       validated: bool = False) -> list[GenResult]:
         """Run a batch; with `should_stop`, poll it every `poll_every` decode steps and abort
         the unfinished samples when it says so (their partial outputs are returned).
         `counters=False` skips fetching the per-request draft counters (one engine RPC per
         call; pre-generation runs each task as its own call and does not use them).
         `observe(sample index, ids so far, top log-probs so far or None)` is called as each
-        sample's tokens arrive (pre-generation streams its margin branches from it)."""
-        for req in requests:
-            self.validate(req)
+        sample's tokens arrive (pre-generation streams its margin branches from it).
+
+        Each request is checked with `validate` (InvalidRequest) before anything runs, unless
+        `validated`: the caller checked them at the edge they came in by (the rank's HTTP
+        handlers do, to name the field as the request spells it)."""
+        if not validated:
+            for req in requests:
+                self.validate(req)
         async with self._weights_lock:
             self._gen_count += 1
             self._idle.clear()
@@ -393,16 +402,19 @@ class RolloutEngine:
             n_out = len(sub.ids)
             st = stats.get(sub.rid) or (n_out, 0, 0, 0, 0, 0, -1, 0, 0)
             steps, drafts, dtoks, _acc, acc_pregen, acc_after, diverged, recouple, ran_out = st
-            results[sub.req_index].samples.append(SampleResult(
-                output_ids=sub.ids, output_logprobs=sub.logprobs[:n_out],
-                finish_reason=sub.finish, sample_index=sub.sample_index,
-                weight_version=version, decode_steps=steps, num_drafts=drafts,
-                num_draft_tokens=dtoks, num_accepted_tokens=max(0, n_out - steps),
-                num_accepted_pregen_tokens=min(acc_pregen, max(0, n_out - steps)),
+            accepted = max(0, n_out - steps)
+            meta = SampleMeta(
+                finish_reason=sub.finish, weight_version=version, completion_tokens=n_out,
+                decode_steps=steps, num_drafts=drafts, num_draft_tokens=dtoks,
+                num_accepted_tokens=accepted,
+                num_accepted_pregen_tokens=min(acc_pregen, accepted),
                 first_divergence=diverged if 0 <= diverged < n_out else None,
                 draft_ran_out=bool(ran_out) if 0 <= diverged < n_out else None,
-                num_accepted_after_divergence=min(acc_after, max(0, n_out - steps)),
-                num_recouplings=recouple,
+                num_accepted_after_divergence=min(acc_after, accepted),
+                num_recouplings=recouple)
+            results[sub.req_index].samples.append(SampleResult(
+                output_ids=sub.ids, output_logprobs=sub.logprobs[:n_out],
+                sample_index=sub.sample_index, meta=meta,
                 top_logprobs=None if sub.top is None else sub.top[:n_out]))
         return results
 

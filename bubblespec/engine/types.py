@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from bubblespec.protocol.keys import prompt_key
+from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import SamplingParams
 
 
@@ -67,35 +69,22 @@ class GenRequest:
 
 @dataclass
 class SampleResult:
-    """One sampled response with its counters."""
+    """One sampled response: its tokens and the record of it (`SampleMeta`: finish reason,
+    weight version, counters), filled once by the engine and carried as it is by the rank
+    and the gateway. The record's fields read as attributes too (`s.decode_steps`)."""
 
     output_ids: list[int]
     output_logprobs: list[float]
-    finish_reason: str
     sample_index: int
-    weight_version: int
-    decode_steps: int = 0
-    """Target forward passes that produced tokens for this request (prefill included)."""
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_pregen_tokens: int = 0
-    """Accepted draft tokens that came from the aligned pre-generated response (same prompt,
-    sample index and seed); pre-generated tokens drafted through the suffix index are not
-    told apart from other index drafts, so this is a lower bound of pre-gen's share."""
-    first_divergence: int | None = None
-    """Output position where the response first left its aligned pre-generated response (a
-    different token, or past its end); None: it had none, or never left it."""
-    draft_ran_out: bool | None = None
-    """At `first_divergence`: True when the aligned response had ended there (pre-generation
-    was stopped before finishing it), False when the output took another token (a flip)."""
-    num_accepted_after_divergence: int = 0
-    """Accepted draft tokens (any source) at or after `first_divergence`."""
-    num_recouplings: int = 0
-    """Times the output re-joined the aligned response after leaving it (drafting resumed)."""
+    meta: SampleMeta
     top_logprobs: list[dict[int, float]] | None = None
     """Per output token, {token id: raw log-probability} of the most likely tokens (and the
     sampled one), when the request asked for `top_logprobs`."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in SampleMeta.model_fields:  # only reached for names that are not fields
+            return getattr(self.meta, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass

@@ -18,30 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from bubblespec.protocol.domain import Span, SpanKind, StepTimeline
-
-
-@dataclass
-class RankBubble:
-    rank_id: str
-    num_requests: int
-    done_s: float | None
-    """Seconds from open to the rank's done report (None: not reported)."""
-    busy_s: float
-    bubble_s: float
-    pregen_s: float
-    idle_s: float
-    bubble_fraction: float
-    pregen_share: float
-    pregen_tokens: int
-    decode_tokens: int
-    spans: int
-    stop_lag_s: float | None = None
-    """Stop signal -> end of the rank's last bubble pre-generation span (None: no pre-gen)."""
-    window_pregen_s: float = 0.0
-    window_pregen_tokens: int = 0
+from bubblespec.protocol.gateway import RankBubble
 
 
 @dataclass
@@ -66,7 +46,8 @@ class StepBubbles:
     """Pre-generation in the training window, after the stop signal (all ranks)."""
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "ranks"},
+                "ranks": [r.model_dump() for r in self.ranks]}
 
 
 def _clipped(spans: Sequence[Span], kind: SpanKind, lo: float, hi: float) -> tuple[float, int]:

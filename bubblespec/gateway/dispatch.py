@@ -71,7 +71,8 @@ class ShardRun:
 @dataclass
 class DispatchResult:
     samples: dict[int, list[dict[str, Any]]]
-    """Per prompt index, accepted sample dicts (`rank_id` added)."""
+    """Per prompt index, accepted samples: a `SampleOut`'s fields (its `meta_info` the
+    rank's `SampleMeta`), `rank_id` and `prompt_key` added."""
     runs: list[ShardRun]
     reruns: list[tuple[str, str, list[int], str]] = field(default_factory=list)
     """(from rank, to rank, prompt indices, reason) per re-run shard."""
@@ -105,7 +106,7 @@ def check_reply(rank_id: str, items: Sequence[WorkItem], body: Mapping[str, Any]
                 raise ValueError(f"prompt {prompt.index} sample {s.sample_index}: "
                                  f"{len(s.output_logprobs)} logprobs for "
                                  f"{len(s.output_ids)} tokens")
-            d = s.model_dump()
+            d = dict(s)  # meta_info stays the rank's typed record (`SampleMeta`)
             d["rank_id"] = rank_id
             d["prompt_key"] = prompt.prompt_key
             got.setdefault(prompt.index, []).append(d)

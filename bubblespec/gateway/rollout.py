@@ -52,18 +52,12 @@ from bubblespec.protocol.gateway import (
     RolloutResponse,
     RolloutSample,
 )
-from bubblespec.protocol.rank import WeightUpdate
+from bubblespec.protocol.rank import ShardRequest, StepShard, WeightUpdate
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError, SyncUnavailable
 
 log = logging.getLogger("bubblespec.gateway.rollout")
-
-_META = ("finish_reason", "weight_version", "completion_tokens", "decode_steps", "num_drafts",
-         "num_draft_tokens", "num_accepted_tokens", "num_accepted_pregen_tokens",
-         "first_divergence", "draft_ran_out", "num_accepted_after_divergence",
-         "num_recouplings")
-
 
 def trainer_field(rank_field: str) -> str:
     """A field a rank refused in its step shard (`requests[2].sampling_params.top_k`) as the
@@ -73,12 +67,9 @@ def trainer_field(rank_field: str) -> str:
 
 
 def _sample(d: dict[str, Any], with_logprobs: bool) -> RolloutSample:
-    meta = d.get("meta_info") or {}
-    fields = {k: meta[k] for k in _META if meta.get(k) is not None}
-    fields.setdefault("completion_tokens", len(d["output_ids"]))
-    return RolloutSample(sample_index=d["sample_index"], output_ids=d["output_ids"],
-                         output_logprobs=d["output_logprobs"] if with_logprobs else None,
-                         **fields)
+    """An accepted sample of a rank's reply (`dispatch.check_reply`) with the rank's record."""
+    return RolloutSample.of(d["meta_info"], d["sample_index"], d["output_ids"],
+                            d["output_logprobs"] if with_logprobs else None)
 
 
 class Rollouts:
@@ -301,12 +292,13 @@ class Rollouts:
 
         async def call(rank_id: str, its: list[WorkItem], rerun: bool, timeout_s: float
                        ) -> dict[str, Any]:
-            body = {"step": step, "pregen": pregen, "rerun": rerun, "requests": [
-                {"index": it.index, "input_ids": list(it.input_ids), "n": it.n,
-                 "sample_offset": it.sample_offset, "prompt_key": it.key,
-                 "seeds": None if it.seeds is None else list(it.seeds),
-                 "sampling_params": sp.model_dump()} for it in its]}
-            return await self.pool.post(by_id[rank_id], "/v1/step_shard", body, timeout_s)
+            body = StepShard(step=step, pregen=pregen, rerun=rerun, requests=[
+                ShardRequest(index=it.index, input_ids=list(it.input_ids), n=it.n,
+                             sample_offset=it.sample_offset, prompt_key=it.key,
+                             seeds=None if it.seeds is None else list(it.seeds),
+                             sampling_params=sp) for it in its])
+            return await self.pool.post(by_id[rank_id], "/v1/step_shard",
+                                        body.model_dump(mode="json"), timeout_s)
 
         async def on_failure(rank_id: str, reason: str) -> None:
             self.metrics.rank_failures.labels(rank_id).inc()

@@ -50,9 +50,12 @@ from bubblespec.protocol.rank import WeightUpdate
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.protocol.sglang import (
     AbortIn,
+    FinishReason,
     GenerateIn,
     NextPromptsIn,
     PauseIn,
+    SglMetaInfo,
+    SglSampleMeta,
     WeightsFromDiskIn,
 )
 
@@ -149,24 +152,20 @@ class SglangFront:
             finish["length"] = len(ids)
         else:
             finish["message"] = ans.message or "aborted"
-        meta: dict[str, Any] = {
-            "id": ask.rid, "finish_reason": finish,
-            "prompt_tokens": len(ans.input_ids), "completion_tokens": len(ids),
-            "cached_tokens": 0, "weight_version": str(0 if s is None else s.weight_version),
-            "e2e_latency": time.monotonic() - t0}
+        meta = SglMetaInfo(
+            id=ask.rid, finish_reason=FinishReason(**finish), prompt_tokens=len(ans.input_ids),
+            completion_tokens=len(ids), cached_tokens=0,
+            weight_version=str(0 if s is None else s.weight_version),
+            e2e_latency=time.monotonic() - t0)
         if body.return_logprob:
             lps = (s.output_logprobs or []) if s is not None else []
-            meta["output_token_logprobs"] = [
-                [lp, t, self.decode([t], False) if body.return_text_in_logprobs else None]
+            meta.output_token_logprobs = [
+                (lp, t, self.decode([t], False) if body.return_text_in_logprobs else None)
                 for lp, t in zip(lps, ids)]
         if s is not None:
-            meta["bubblespec"] = {
-                "step": ans.step, "decode_steps": s.decode_steps, "num_drafts": s.num_drafts,
-                "num_draft_tokens": s.num_draft_tokens,
-                "num_accepted_tokens": s.num_accepted_tokens,
-                "num_accepted_pregen_tokens": s.num_accepted_pregen_tokens}
+            meta.bubblespec = SglSampleMeta(step=ans.step, **dict(s.meta))
         return {"text": self.decode(text_ids, sp.skip_special_tokens), "output_ids": ids,
-                "meta_info": meta}
+                "meta_info": meta.model_dump(mode="json", exclude_unset=True)}
 
     async def generate(self, body: GenerateIn) -> Any:
         t0 = time.monotonic()

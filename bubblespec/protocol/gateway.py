@@ -9,12 +9,14 @@ keys, so that a client keeps working against a newer gateway.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seeds, Step, TokenIds
+from bubblespec.protocol.sample import SampleMeta, SampleTotals
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams, SeedMode
 
 SeedLists = Annotated[list[Seeds], Field(max_length=L.MAX_LIST)]
@@ -70,34 +72,25 @@ class RolloutRequest(_Body):
         "for rollout ranks that idle while the trainer trains). Default: the gateway's.")
 
 
-class RolloutSample(_Reply):
-    """One sampled response of a prompt, with its counters."""
+class RolloutSample(SampleMeta):
+    """One sampled response of a prompt: its tokens and the record the engine filled for it
+    (`SampleMeta`'s fields, carried from the rank as they are). Unknown keys are ignored."""
 
     sample_index: int
     output_ids: list[int]
     output_logprobs: list[float] | None = None
-    finish_reason: str = ""
-    weight_version: int = 0
-    completion_tokens: int = 0
-    decode_steps: int = Field(0, description="Target forward passes that produced its tokens.")
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_pregen_tokens: int | None = Field(
-        None, description="Accepted draft tokens that came from pre-generation (when the "
-                          "rank reports it).")
-    first_divergence: int | None = Field(
-        None, description="Output position where the response first left its aligned "
-                          "pre-generated response (None: none, or never left it).")
-    draft_ran_out: bool | None = Field(
-        None, description="At first_divergence: true when the pre-generated response ended "
-                          "there (stopped before it was finished), false when the output took "
-                          "another token (a flip).")
-    num_accepted_after_divergence: int | None = Field(
-        None, description="Accepted draft tokens (any source) at or after first_divergence.")
-    num_recouplings: int | None = Field(
-        None, description="Times the output re-joined its pre-generated response after "
-                          "leaving it.")
+
+    @classmethod
+    def of(cls, meta: SampleMeta, sample_index: int, output_ids: list[int],
+           output_logprobs: list[float] | None) -> RolloutSample:
+        """The sample with the engine's record `meta`."""
+        return cls(sample_index=sample_index, output_ids=output_ids,
+                   output_logprobs=output_logprobs, **dict(meta))
+
+    @property
+    def meta(self) -> SampleMeta:
+        """The engine's record of this sample."""
+        return SampleMeta(**{k: getattr(self, k) for k in SampleMeta.model_fields})
 
 
 class PromptResult(_Reply):
@@ -133,48 +126,22 @@ class Rerun(_Reply):
     reason: str
 
 
-class RolloutCounters(_Reply):
-    """Counters of a rollout, summed over its samples and ranks."""
+class RolloutCounters(SampleTotals, _Reply):
+    """Counters of a rollout: its samples' sums (`SampleTotals`) and its ranks' figures."""
 
-    completion_tokens: int = 0
     decode_steps_critical: int = Field(0, description="Forward passes of the slowest rank.")
     decode_steps_total: int = Field(0, description="Forward passes summed over ranks.")
-    request_decode_steps: int = Field(0, description="Sum of per-request forward passes.")
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_pregen_tokens: int = 0
     drafts_fetched_tokens: int = 0
     tokens_per_forward: float = Field(0.0, description="completion / request_decode_steps.")
-    responses_diverged: int = Field(
-        0, description="Samples that left their aligned pre-generated response.")
-    responses_draft_ran_out: int = Field(
-        0, description="Of those, samples whose pre-generated response ended where they left "
-                       "it (pre-generation stopped before finishing it; the rest flipped).")
-    num_accepted_after_divergence: int = Field(
-        0, description="Accepted draft tokens at or after each sample's first divergence.")
-    num_recouplings: int = Field(
-        0, description="Times samples re-joined their pre-generated response after leaving.")
 
     @classmethod
-    def of(cls, samples: list[RolloutSample], ranks: list[RankShard]) -> RolloutCounters:
+    def of(cls, samples: Sequence[SampleMeta], ranks: list[RankShard]) -> RolloutCounters:
         """The step's counters: sums over its samples, the slowest rank's forward passes
         and the sum over ranks."""
-        k = cls(
-            completion_tokens=sum(s.completion_tokens for s in samples),
-            decode_steps_critical=max((r.decode_steps for r in ranks), default=0),
-            decode_steps_total=sum(r.decode_steps for r in ranks),
-            request_decode_steps=sum(s.decode_steps for s in samples),
-            num_drafts=sum(s.num_drafts for s in samples),
-            num_draft_tokens=sum(s.num_draft_tokens for s in samples),
-            num_accepted_tokens=sum(s.num_accepted_tokens for s in samples),
-            num_accepted_pregen_tokens=sum(s.num_accepted_pregen_tokens or 0 for s in samples),
-            drafts_fetched_tokens=sum(r.drafts_fetched_tokens for r in ranks),
-            responses_diverged=sum(s.first_divergence is not None for s in samples),
-            responses_draft_ran_out=sum(bool(s.draft_ran_out) for s in samples),
-            num_accepted_after_divergence=sum(s.num_accepted_after_divergence or 0
-                                              for s in samples),
-            num_recouplings=sum(s.num_recouplings or 0 for s in samples))
+        k = cls(**SampleTotals.sums(samples),
+                decode_steps_critical=max((r.decode_steps for r in ranks), default=0),
+                decode_steps_total=sum(r.decode_steps for r in ranks),
+                drafts_fetched_tokens=sum(r.drafts_fetched_tokens for r in ranks))
         if k.request_decode_steps:
             k.tokens_per_forward = k.completion_tokens / k.request_decode_steps
         return k
@@ -224,11 +191,12 @@ class RankEntry(_Reply):
 
 
 class RankBubble(_Reply):
-    """One rank's share of a step (see `bubblespec.gateway.bubbles`)."""
+    """One rank's share of a step (computed by `bubblespec.gateway.bubbles`)."""
 
     rank_id: str
     num_requests: int = 0
-    done_s: float | None = None
+    done_s: float | None = Field(
+        None, description="Seconds from open to the rank's done report (null: not reported).")
     busy_s: float = 0.0
     bubble_s: float = 0.0
     pregen_s: float = 0.0
@@ -238,7 +206,9 @@ class RankBubble(_Reply):
     pregen_tokens: int = 0
     decode_tokens: int = 0
     spans: int = 0
-    stop_lag_s: float | None = None
+    stop_lag_s: float | None = Field(
+        None, description="Stop signal -> end of the rank's last bubble pre-generation span "
+                          "(null: no pre-generation).")
     window_pregen_s: float = 0.0
     window_pregen_tokens: int = 0
 

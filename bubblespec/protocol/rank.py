@@ -1,7 +1,9 @@
 """HTTP bodies of a rank server, sent by the gateway (and SGLang-style callers).
 
 Token-in/token-out with SGLang-style names (`input_ids`, `sampling_params`,
-`max_new_tokens`, `output_ids`, `meta_info`). Requests forbid unknown keys.
+`max_new_tokens`, `output_ids`, `meta_info`). Requests forbid unknown keys. A sample's
+`meta_info` is the engine's record of it (`SampleMeta`, `protocol/sample.py`), which ignores
+keys it does not know, so that a gateway reads the samples of a newer rank.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import PromptKey, Seeds, Step, TokenIds
+from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import SamplingParams
 
 ENGINE_DIED_HEADER = "x-bubblespec-engine-died"
@@ -45,7 +48,8 @@ class ShardRequest(_Body):
 
 
 class StepShard(_Body):
-    """POST /v1/step_shard: run this rank's share of a step, then pre-generate."""
+    """POST /v1/step_shard: run this rank's share of a step, then pre-generate (the gateway
+    builds this very model; the rank answers a `StepShardResult`)."""
 
     step: Step
     requests: list[ShardRequest] = Field(default_factory=list, max_length=L.MAX_LIST)
@@ -54,21 +58,25 @@ class StepShard(_Body):
 
 
 class SampleOut(_Body):
-    """One sampled response."""
+    """One sampled response: a sample of a step shard, or an answer of POST /generate."""
 
-    sample_index: int
-    output_ids: list[int]
-    output_logprobs: list[float]
-    meta_info: dict = Field(default_factory=dict, description=(
-        "finish_reason, weight_version, decode_steps, num_drafts, num_draft_tokens, "
-        "num_accepted_tokens, completion_tokens"))
+    sample_index: int = Field(..., description="Index of the sample among its prompt's.")
+    output_ids: list[int] = Field(..., description="Output token ids.")
+    output_logprobs: list[float] = Field(..., description=(
+        "The target model's log-probability of each output token."))
+    meta_info: SampleMeta = Field(default_factory=SampleMeta, description=(
+        "The engine's record of the sample, as the engine filled it: finish_reason, "
+        "weight_version, completion_tokens, the speculation counters (decode_steps, "
+        "num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_pregen_tokens) and "
+        "the divergence counters (first_divergence, draft_ran_out, "
+        "num_accepted_after_divergence, num_recouplings); see `protocol/sample.py`."))
 
 
 class PromptOut(_Body):
     """All samples of one prompt of a shard."""
 
-    index: int
-    prompt_key: str
+    index: int = Field(..., description="Position of the prompt in the trainer's batch.")
+    prompt_key: str = Field(..., description="Prompt-group key the samples were drafted under.")
     samples: list[SampleOut]
 
 
@@ -77,13 +85,16 @@ class StepShardResult(_Body):
 
     step: int
     rank_id: str
-    results: list[PromptOut]
-    decode_seconds: float = 0.0
-    drafts_fetched_tokens: int = 0
+    results: list[PromptOut] = Field(..., description="One entry per request of the shard.")
+    decode_seconds: float = Field(0.0, description="Wall time the shard took on the rank.")
+    drafts_fetched_tokens: int = Field(0, description=(
+        "Pre-generated draft tokens the rank fetched from the synchronizer for the shard."))
 
 
 class GenerateRequest(_Body):
-    """POST /generate: SGLang-style single or batched token-in generation."""
+    """POST /generate: SGLang-style single or batched token-in generation. The answer is
+    one `SampleOut`, or a list of them (per prompt, its `n` samples) when `input_ids` is a
+    batch or n > 1."""
 
     input_ids: TokenIds | Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)]
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
+from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import SamplingParams, SeedMode
 
 BatchIds = Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)]
@@ -246,8 +247,17 @@ class FinishReason(BaseModel):
     message: str | None = None
 
 
+class SglSampleMeta(SampleMeta):
+    """`meta_info.bubblespec`: the engine's record of the sample (`SampleMeta`, as the rank
+    reported it) and the rollout step it ran in."""
+
+    step: int | None = None
+
+
 class SglMetaInfo(BaseModel):
-    """`meta_info` of one answer; `bubblespec` holds the speculation counters."""
+    """`meta_info` of one answer: SGLang's keys, and bubblespec's record of the sample under
+    `bubblespec` (absent for a request aborted before it ran). Keys left unset are not sent
+    (`output_token_logprobs` unless asked for, the finish reason's other variants)."""
 
     id: str
     finish_reason: FinishReason
@@ -257,12 +267,4 @@ class SglMetaInfo(BaseModel):
     weight_version: str = "0"
     e2e_latency: float = 0.0
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
-    bubblespec: dict[str, Any] = Field(default_factory=dict)
-
-
-class GenerateOut(BaseModel):
-    """One answer of /generate (a list of them for a batch or n > 1)."""
-
-    text: str
-    output_ids: list[int]
-    meta_info: SglMetaInfo
+    bubblespec: SglSampleMeta | None = None

@@ -45,7 +45,7 @@ from bubblespec.protocol.rank import (
     WeightUpdate,
 )
 from bubblespec.rank.config import RankConfig
-from bubblespec.rank.worker import RankWorker, to_gen_request
+from bubblespec.rank.worker import RankWorker, to_gen_request, to_sample_out
 
 log = logging.getLogger("bubblespec.rank")
 
@@ -210,11 +210,14 @@ class RankService:
                            "engine")
         return self.worker
 
-    def _validate(self, reqs: list[GenRequest], field: Callable[[int, str], str]) -> None:
-        """Engine-side checks of each request; errors name `field(index, engine's field)`."""
+    def _validate(self, engine: Any, reqs: list[GenRequest],
+                  field: Callable[[int, str], str]) -> None:
+        """The engine's checks of each request (`RolloutEngine.validate`), here where the
+        request came in, so that errors name `field(index, the engine's field)` as the
+        request spells it; the engine then runs them without checking again."""
         for i, r in enumerate(reqs):
             try:
-                self._ready().engine.validate(r)
+                engine.validate(r)
             except InvalidRequest as e:
                 where = field(i, e.field)
                 raise ApiError(400, f"{where}: {str(e).removeprefix(f'{e.field}: ')}",
@@ -243,10 +246,10 @@ class RankService:
         """Decode this rank's share of a step (then pre-generate, in the background)."""
         t = time.monotonic()
         worker = self._ready()
-        self._validate([to_gen_request(r) for r in body.requests],
-                       lambda i, f: f"requests[{i}].{f}")
+        reqs = [to_gen_request(r) for r in body.requests]
+        self._validate(worker.engine, reqs, lambda i, f: f"requests[{i}].{f}")
         async with self._engine_death("shard"):
-            out = await worker.run_shard(body)
+            out = await worker.run_shard(body, reqs)
         self.metrics.request_latency.labels(self.rank_id, "step_shard").observe(
             time.monotonic() - t)
         return out.model_dump()
@@ -261,19 +264,14 @@ class RankService:
                                             seeds=body.seeds, prompt_key=prompt_key(p),
                                             sampling_params=body.sampling_params))
                 for i, p in enumerate(prompts)]
-        if batched:  # the engine names input_ids[j]; the request spells it input_ids[i][j]
-            self._validate(reqs, lambda i, f: f.replace("input_ids", f"input_ids[{i}]", 1)
-                           if f.startswith("input_ids") else f)
+        # the engine names input_ids[j]; a batched request spells it input_ids[i][j]
+        self._validate(worker.engine, reqs,
+                       lambda i, f: f.replace("input_ids", f"input_ids[{i}]", 1)
+                       if batched and f.startswith("input_ids") else f)
         async with self._engine_death("request"):
-            res = await worker.engine.generate(reqs)
+            res = await worker.engine.generate(reqs, validated=True)
             await worker.engine.release_groups([r.group_key() for r in reqs])
-        outs = [{"output_ids": s.output_ids, "output_logprobs": s.output_logprobs,
-                 "meta_info": {"finish_reason": s.finish_reason,
-                               "weight_version": s.weight_version,
-                               "decode_steps": s.decode_steps,
-                               "num_accepted_tokens": s.num_accepted_tokens,
-                               "completion_tokens": len(s.output_ids)}}
-                for g in res for s in g.samples]
+        outs = [to_sample_out(s).model_dump() for g in res for s in g.samples]
         self.metrics.request_latency.labels(self.rank_id, "generate").observe(
             time.monotonic() - t)
         return outs if batched or body.n > 1 else outs[0]

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from bubblespec.engine.types import GenRequest, GenResult
+from bubblespec.engine.types import GenRequest, GenResult, SampleResult
 from bubblespec.metrics.rank import RankMetrics, set_state
 from bubblespec.protocol.domain import Flip, RankState, RankStatus, Span, SpanKind
 from bubblespec.protocol.keys import prompt_key
@@ -30,19 +30,15 @@ def to_gen_request(r: ShardRequest) -> GenRequest:
                       group=r.prompt_key or prompt_key(r.input_ids), sampling=r.sampling_params)
 
 
+def to_sample_out(s: SampleResult) -> SampleOut:
+    """A sample as the rank answers it, with the engine's record as its `meta_info`."""
+    return SampleOut(sample_index=s.sample_index, output_ids=s.output_ids,
+                     output_logprobs=s.output_logprobs, meta_info=s.meta)
+
+
 def to_prompt_out(index: int, res: GenResult) -> PromptOut:
-    return PromptOut(index=index, prompt_key=res.group, samples=[SampleOut(
-        sample_index=s.sample_index, output_ids=s.output_ids, output_logprobs=s.output_logprobs,
-        meta_info={"finish_reason": s.finish_reason, "weight_version": s.weight_version,
-                   "decode_steps": s.decode_steps, "num_drafts": s.num_drafts,
-                   "num_draft_tokens": s.num_draft_tokens,
-                   "num_accepted_tokens": s.num_accepted_tokens,
-                   "num_accepted_pregen_tokens": s.num_accepted_pregen_tokens,
-                   "first_divergence": s.first_divergence,
-                   "draft_ran_out": s.draft_ran_out,
-                   "num_accepted_after_divergence": s.num_accepted_after_divergence,
-                   "num_recouplings": s.num_recouplings,
-                   "completion_tokens": len(s.output_ids)}) for s in res.samples])
+    return PromptOut(index=index, prompt_key=res.group,
+                     samples=[to_sample_out(s) for s in res.samples])
 
 
 def flips_of(results: list[GenResult]) -> list[Flip]:
@@ -102,11 +98,10 @@ class RankWorker:
         return self.state == "decoding" and self.step == step
 
     # ------------------------------------------------------------------ shard
-    async def run_shard(self, shard: StepShard) -> StepShardResult:
-        """Decode this rank's share of `shard.step`, then start pre-generation."""
-        reqs = [to_gen_request(r) for r in shard.requests]
-        for r in reqs:
-            self.engine.validate(r)
+    async def run_shard(self, shard: StepShard, reqs: list[GenRequest]) -> StepShardResult:
+        """Decode this rank's share of `shard.step`, then start pre-generation. `reqs` are
+        its requests as the engine runs them, checked by the caller (`RankService`, where
+        the shard came in: `engine.validate` with the shard's field names)."""
         if not shard.rerun:
             await self.stop_pregen()
         t0 = time.time()
@@ -119,7 +114,8 @@ class RankWorker:
 
         try:
             results = await self.engine.generate(reqs, should_stop=aborted,
-                                                 poll_every=self.cfg.poll_every)
+                                                 poll_every=self.cfg.poll_every,
+                                                 validated=True)
         finally:
             await self.engine.release_groups([r.group_key() for r in reqs])
         t1 = time.time()

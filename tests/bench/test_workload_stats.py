@@ -124,9 +124,11 @@ def test_engine_bench_document_feeds_the_stats(tmp_path: Path) -> None:
     """The engine bench's own writers (`responses`, `save`) give a document the stats read."""
     from bubblespec.bench.engine import responses, save
     from bubblespec.engine.types import GenResult, SampleResult
+    from bubblespec.protocol.sample import SampleMeta
 
     def sample(i: int, ids: list[int]) -> SampleResult:
-        return SampleResult(ids, [-0.5] * len(ids), "stop", i, 0, decode_steps=len(ids))
+        return SampleResult(ids, [-0.5] * len(ids), i, SampleMeta(
+            finish_reason="stop", completion_tokens=len(ids), decode_steps=len(ids)))
 
     results = [GenResult(f"g{g}", [sample(i, [g, 5, 6, 7, 8, 9, 2]) for i in range(3)])
                for g in range(2)]

@@ -3,10 +3,13 @@ missing) scrapes a `bubblespec up` cluster (LocalCluster: a synchronizer, two vL
 the embedded model, the gateway) on loopback while rollout steps run. Through Prometheus'
 HTTP API: every target is up, the bubble, pre-generation and draft-acceptance series exist
 with plausible values, the shipped alert/recording rules load and evaluate, and the Grafana
-dashboard's queries run (the key panels with data)."""
+dashboard's queries run (the key panels with data). One step runs through the SGLang API:
+each sample's record (`SampleMeta`), counted once by the engine, reaches the rollout and
+SGLang answers, the step's counters and the gateway's and ranks' series unchanged."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import time
@@ -20,6 +23,7 @@ import yaml
 
 from bubblespec.client import BubbleSpecClient
 from bubblespec.cluster import LocalCluster, free_ports
+from bubblespec.protocol.sample import SampleMeta, SampleTotals
 from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import DEPLOY, ensure_tool
 
@@ -127,20 +131,67 @@ def wait_until(what: str, check: Any, timeout_s: float = 30.0) -> Any:
         time.sleep(0.5)
 
 
-def run_steps(cluster: LocalCluster, steps: int = 4) -> list[Any]:
-    """Rollout steps with one long and one short prompt (so one rank has a bubble), each
-    pre-generating the next step's prompts in that bubble."""
+def make_batches(steps: int) -> list[list[Any]]:
+    """The prompts of `steps` steps and of the one after: one long and one short prompt (so
+    one rank has a bubble) and one in between."""
     from bubblespec.tasks import default_task
 
     task = default_task()
-    batches = [[task.make_prompt(3 + i, 7, 120 - 10 * i), task.make_prompt(5 + i, 3, 2),
-                task.make_prompt(11 + i, 4, 20)] for i in range(steps + 1)]
+    return [[task.make_prompt(3 + i, 7, 120 - 10 * i), task.make_prompt(5 + i, 3, 2),
+             task.make_prompt(11 + i, 4, 20)] for i in range(steps + 1)]
+
+
+def run_steps(cluster: LocalCluster, steps: int = 4) -> list[Any]:
+    """Rollout steps, each pre-generating the next step's prompts in its bubble."""
+    batches = make_batches(steps)
     out = []
     with BubbleSpecClient(cluster.gateway_url, timeout_s=600) as client:
         for i in range(steps):
             out.append(client.rollout(batches[i], n=2, sampling_params=SAMPLING,
                                       next_prompts=batches[i + 1]))
     return out
+
+
+def sglang_step(cluster: LocalCluster, prompts: list[Any], n: int = 2) -> list[dict[str, Any]]:
+    """One step through the SGLang API, as slime sends it: one /generate per sample, all at
+    once (so they run as one step), with the rollout steps' sampling."""
+    sp = {"temperature": SAMPLING["temperature"], "max_new_tokens": SAMPLING["max_new_tokens"],
+          "seed_mode": SAMPLING["seed_mode"]}
+
+    async def run() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=cluster.gateway_url, timeout=600) as http:
+            async def one(ids: list[int]) -> dict[str, Any]:
+                r = await http.post("/generate", json={"input_ids": ids, "sampling_params": sp})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            return list(await asyncio.gather(*(one(list(p.input_ids)) for p in prompts
+                                               for _ in range(n))))
+
+    return asyncio.run(run())
+
+
+#: Per-step sums of the samples' records (`SampleTotals`) and the gateway metric of each.
+EXPORTED = {
+    "completion_tokens": "bubblespec_gateway_completion_tokens_total",
+    "num_drafts": "bubblespec_gateway_spec_decode_num_drafts_total",
+    "num_draft_tokens": "bubblespec_gateway_spec_decode_num_draft_tokens_total",
+    "num_accepted_tokens": "bubblespec_gateway_spec_decode_num_accepted_tokens_total",
+    "num_accepted_pregen_tokens": "bubblespec_gateway_pregen_accepted_tokens_total",
+    "responses_diverged": "bubblespec_gateway_pregen_diverged_responses_total",
+    "responses_draft_ran_out": "bubblespec_gateway_pregen_draft_ran_out_responses_total",
+    "num_accepted_after_divergence":
+        "bubblespec_gateway_pregen_accepted_after_divergence_tokens_total",
+    "num_recouplings": "bubblespec_gateway_pregen_recouplings_total",
+}
+#: The same sums as the ranks count them, from the engine's results directly.
+RANK_COUNTED = {
+    "completion_tokens": "bubblespec_generation_tokens_total",
+    "request_decode_steps": "bubblespec_decode_steps_total",
+    "num_drafts": "bubblespec_spec_decode_num_drafts_total",
+    "num_draft_tokens": "bubblespec_spec_decode_num_draft_tokens_total",
+    "num_accepted_tokens": "bubblespec_spec_decode_num_accepted_tokens_total",
+}
 
 
 def test_prometheus_sees_bubbles_pregen_and_acceptance(
@@ -151,6 +202,11 @@ def test_prometheus_sees_bubbles_pregen_and_acceptance(
             and len(query(prom, 'up{job=~"bubblespec-.*"}')) == 4)
         results = run_steps(cluster, steps=4)
         assert [r.step for r in results] == list(range(results[0].step, results[0].step + 4))
+        # the step after: the prompts the last rollout pre-generated, through the SGLang API
+        answers = sglang_step(cluster, make_batches(4)[4])
+        num_samples = sum(len(p.samples) for r in results for p in r.prompts) + len(answers)
+        wait_until("every sample counted", lambda: values(
+            prom, "bubblespec_gateway_rollout_samples_total") == {"": num_samples})
         # the gateway observes a step's bubble figures once the next step has started
         wait_until("bubble histograms for both ranks", lambda: len(values(
             prom, "bubblespec_step_bubble_seconds_count >= 3", by="rank")) == 2)
@@ -190,6 +246,25 @@ def test_prometheus_sees_bubbles_pregen_and_acceptance(
         assert (scalar(prom, "sum(bubblespec_gateway_pregen_accepted_after_divergence_tokens"
                              "_total)")
                 <= scalar(prom, "sum(bubblespec_gateway_spec_decode_num_accepted_tokens_total)"))
+
+        # ---- one record per sample: what the engine counted for each sample reaches the
+        # rollout answers, the step's counters, the SGLang answers and Prometheus unchanged
+        for r in results:
+            samples = [s for p in r.prompts for s in p.samples]
+            assert r.counters.model_dump(include=set(SampleTotals.model_fields)) == \
+                SampleTotals.sums(samples)
+            assert all(s.completion_tokens == len(s.output_ids) for s in samples)
+        records = [s.meta for r in results for p in r.prompts for s in p.samples]
+        for a in answers:
+            assert set(a["meta_info"]["bubblespec"]) == {"step", *SampleMeta.model_fields}
+            records.append(SampleMeta.model_validate(a["meta_info"]["bubblespec"]))
+            assert records[-1].completion_tokens == len(a["output_ids"])
+        totals = SampleTotals.sums(records)
+        assert totals["responses_diverged"] > 0, totals
+        assert {k: scalar(prom, f"sum({m})") for k, m in EXPORTED.items()} == \
+            {k: totals[k] for k in EXPORTED}
+        assert {k: scalar(prom, f"sum({m})") for k, m in RANK_COUNTED.items()} == \
+            {k: totals[k] for k in RANK_COUNTED}
 
         # ---- speculative decoding: vLLM's formulas, in range
         drafted = scalar(prom, "sum(bubblespec_spec_decode_num_draft_tokens_total)")

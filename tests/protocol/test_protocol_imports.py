@@ -21,7 +21,8 @@ SCRIPT = textwrap.dedent(f"""
             return None
 
     sys.meta_path.insert(0, Block())
-    from bubblespec.protocol import domain, errors, gateway, keys, rank, sampling  # noqa
+    from bubblespec.protocol import (domain, errors, gateway, keys, rank, sample,  # noqa
+                                     sampling, sglang)
 
     ours = sorted(m for m in sys.modules if m.startswith("bubblespec.")
                   and m != "bubblespec.protocol" and not m.startswith("bubblespec.protocol."))

@@ -10,6 +10,7 @@ from bubblespec.core.branch_margin import running_minima
 from bubblespec.core.keyed_noise import keyed_top2, position_key
 from bubblespec.engine.types import GenResult, SampleResult
 from bubblespec.protocol.domain import PregenTask
+from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.rank.branches import (
     MarginWatch,
@@ -46,7 +47,8 @@ def _draft(seed: int, n: int, vocab: int = 12, rng_seed: int = 0
 
 def _result(tokens: list[int], top: list[dict[int, float]] | None, finish: str = "stop"
             ) -> GenResult:
-    return GenResult("p", [SampleResult(tokens, [0.0] * len(tokens), finish, 0, 1,
+    meta = SampleMeta(finish_reason=finish, weight_version=1, completion_tokens=len(tokens))
+    return GenResult("p", [SampleResult(tokens, [0.0] * len(tokens), 0, meta,
                                         top_logprobs=top)])
 
 

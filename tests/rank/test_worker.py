@@ -7,12 +7,14 @@ from __future__ import annotations
 from bubblespec.engine.types import GenResult, SampleResult
 from bubblespec.protocol.domain import Flip
 from bubblespec.protocol.limits import MAX_FLIPS
+from bubblespec.protocol.sample import SampleMeta
 from bubblespec.rank.worker import flips_of
 
 
 def sample(index: int, diverged: int | None, ran_out: bool | None) -> SampleResult:
-    return SampleResult([1, 2, 3], [0.0] * 3, "stop", index, 1, first_divergence=diverged,
-                        draft_ran_out=ran_out)
+    return SampleResult([1, 2, 3], [0.0] * 3, index, SampleMeta(
+        finish_reason="stop", weight_version=1, completion_tokens=3,
+        first_divergence=diverged, draft_ran_out=ran_out))
 
 
 def test_only_flipped_samples_are_reported_with_their_group_and_position() -> None:

@@ -13,7 +13,8 @@ the ranks on their own bundles, a gateway) and stops it in `shutdown`.
 
 `generate` returns verl's `TokenOutput`: the sample's token ids, its log-probs when asked
 for, `stop_reason` "completed" (stop or length) or "aborted", and in `extra_fields` the
-global step of the weights plus the sample's speculative counters.
+global step of the weights, the bubblespec step, and the engine's record of the sample
+(`SampleMeta`'s keys: weight version, speculative and divergence counters).
 """
 
 from __future__ import annotations
@@ -85,9 +86,7 @@ class BubbleSpecServer:
                                      self.settings.seed_mode)
         step, s = await submit(self.batcher, prompt_ids, sp, request_id)
         extra = {"global_steps": self.global_steps, "bubblespec_step": step,
-                 "weight_version": s.weight_version, "num_draft_tokens": s.num_draft_tokens,
-                 "num_accepted_tokens": s.num_accepted_tokens,
-                 "num_accepted_pregen_tokens": s.num_accepted_pregen_tokens}
+                 **s.meta.model_dump()}
         stop = "aborted" if s.finish_reason == "abort" else "completed"
         return TokenOutput(token_ids=list(s.output_ids),
                            log_probs=list(s.output_logprobs or []) if logprobs else None,
