@@ -16,9 +16,10 @@ Inputs (docs/predict.md has the formats):
   pooled measured acceptance, measured flips and per-request spread where the record has
   them, and the replay's error per mode (`calibration_errors`).
 
-How: each of `seeds` draws replays the trace's steps in order, each simulated step drawing
-its prompts with replacement from the same trace step (siblings stay together), and runs
-every mode on the same draw (`bubblespec.sim.model.run_scenario`). The interval of a mode
+How: each of `seeds` draws replays the trace's steps in order, a simulated step taking the
+same trace step's prompts and drawing each prompt's n responses from its logged siblings
+(another run of the same prompts: its responses vary, its prompts do not), and runs every
+mode on the same draw (`bubblespec.sim.model.run_scenario`). The interval of a mode
 (`Prediction`): the 10th-90th percentile of the speed-up that a measurement of two separate
 runs would show (the mode's throughput in draw j over the baseline's in draw k, j != k:
 separate runs do not share lengths), widened by the calibration's stated error of the
@@ -585,8 +586,10 @@ def lines(p: Prediction) -> list[str]:
     t = p.trace
     out = [f"{TAG} bubblespec predict: MODELLED by the calibrated simulator, not measured",
            (f"{TAG} trace {t.path}: {len(t.steps)} steps ({t.kind}), simulated "
-            f"{len(p.steps)} in order x {p.seeds} draws (prompts drawn with replacement "
-            "from each step, siblings together)"),
+            f"{len(p.steps)} in order x {p.seeds} draws ("
+            + ("each step's own prompts, their n responses drawn from the logged siblings"
+               if t.kind == "per-sample" else "each step's lengths drawn from its fitted "
+               "log-normal") + ")"),
            (f"{TAG} run: {p.ranks} ranks, {p.prompts} prompts x n={p.n} per step, prompt "
             f"{p.cfg.prompt_len} tokens, trainer {p.cfg.train_s:.3g} s between steps; engine "
             f"{d['gpu']}: t_fixed {d['t_fixed_ms']:.2f} ms, t_kv {d['t_kv_ns']:.1f} ns/token"),
