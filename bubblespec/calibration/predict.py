@@ -96,6 +96,9 @@ class TraceStep:
     """Responses in the step (statistics: `count` when logged)."""
     prompt_len: float | None = None
     train_s: float | None = None
+    stats: dict[str, float] | None = None
+    """The logged statistics behind `dist` (refitted once the batch size is known)."""
+    budget: float | None = None
     n: int | None = None
     """Samples per prompt the run drew, when the line says ("n"; its lengths may hold more
     samples of a prompt than that, all candidates for a draw)."""
@@ -204,8 +207,9 @@ def fit_lognormal(stats: dict[str, float], where: str, budget: float | None = No
     - mean and median (slime): median = e^mu, mean = e^(mu + sigma^2/2);
     - mean, max and a clip ratio c > 0 (verl, slime): the max is the budget, P(L >= max) = c,
       and the clipped mean equals the logged mean (solved for sigma by bisection);
-    - mean and max: the max of the step's `count` responses (else 1,000) sits at the
-      1 - 1/(count + 1) quantile (the smaller sigma that fits).
+    - mean and max: the max of the step's `count` responses (`predict` passes the batch,
+      prompts x n, when the line has no count) sits at the 1 - 1/(count + 1) quantile (the
+      smaller sigma that fits).
     Lengths drawn from it are an assumption about the shape (a long right tail), not data."""
     mean = stats["mean"]
     lo = stats.get("min", 1.0)
@@ -272,7 +276,8 @@ def _stats_step(d: dict, where: str, budget: float | None) -> tuple[TraceStep, s
     if stats.get("clip_ratio", 0.0) > 1:
         raise TraceError(f"{where}: {keys['clip_ratio']}: a ratio in [0, 1]")
     step = TraceStep(0, dist=fit_lognormal(stats, where, budget),
-                     count=int(stats["count"]) if "count" in stats else None)
+                     count=int(stats["count"]) if "count" in stats else None, stats=stats,
+                     budget=budget)
     if "prompt_length/mean" in src:
         step.prompt_len = _num(src["prompt_length/mean"], f"{where}: prompt_length/mean")
     if "timing_s/step" in src and "timing_s/gen" in src:
@@ -513,6 +518,10 @@ def predict(trace: Trace, ranks: int, engine: EngineTime, cal: Calibration, *,
         raise ValueError("--prompts and --n must be >= 1")
     if prompts < ranks:
         notes.append(f"{prompts} prompts over {ranks} ranks: some ranks get no prompt")
+    for st in trace.steps:  # a logged max is the max of the step's batch: refit with it
+        if st.stats is not None and "count" not in st.stats:
+            st.dist = fit_lognormal({**st.stats, "count": prompts * n},
+                                    f"{trace.path} step {st.step}", st.budget)
     steps = choose_steps(len(trace.steps), max_steps)
     if len(steps) < 2:
         notes.append("the trace has one step: it is drawn twice (a step to pre-generate in, "

@@ -167,3 +167,16 @@ def test_prediction_document(bench_prediction):
     for r in by.values():
         assert r.low < r.run_low <= r.speedup <= r.run_high < r.high
         assert len(r.per_draw) == 8
+
+
+def test_a_verl_trace_is_refitted_to_its_batch(tmp_path, cal):
+    rows = [{"training/global_step": k, "response_length/mean": 600.0 + 50 * k,
+             "response_length/max": 4000.0, "response_length/min": 30.0,
+             "response_length/clip_ratio": 0.0} for k in range(1, 4)]
+    trace = read_trace(write_lines(tmp_path / "verl.jsonl", rows))
+    assert "1-1/1001" in trace.steps[0].dist.basis  # no batch known yet
+    p = predict(trace, 4, EngineTime.preset("h100"), cal, prompts=32, n=8, seeds=2)
+    assert "1-1/257" in trace.steps[0].dist.basis  # the max of 32 x 8 responses
+    assert [p.trace.steps[i].step for i in p.steps] == [1, 2, 3]
+    assert all(r.low < r.speedup < r.high for r in p.results)
+    assert any("verl statistics" in x for x in p.notes)
