@@ -90,3 +90,11 @@ def test_statistics_without_a_batch_size(capsys):
     assert main([str(REASONING), "--ranks", "8", "--n", "8", "--calibration",
                  str(PACED)]) == 2
     assert "give --prompts" in capsys.readouterr().err
+
+
+def test_export_of_a_missing_mode(tmp_path, capsys):
+    assert main([str(tmp_path / "t.jsonl"), "--export", f"{PACED}:nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no mode 'nope'" in err and "Traceback" not in err
+    assert main([str(tmp_path / "t.jsonl"), "--export", "nocolon"]) == 2
+    assert "want PACED_JSON:MODE" in capsys.readouterr().err
