@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-demo": ("bubblespec.cli.train_demo", "a real GRPO loop through a local cluster"),
     "bench": ("bubblespec.cli.bench", "benchmarks: service, engine, suffix, per-request, sync"),
     "simulate": ("bubblespec.cli.simulate", "model rollout steps at scale (modelled figures)"),
+    "predict": ("bubblespec.cli.predict", "will it help my run? speed-up from your trace (modelled)"),
     "train-tiny": ("bubblespec.cli.train_tiny", "train the embedded tiny model from scratch"),
     "real-model": ("bubblespec.cli.real_model", "build the real model's directory (SmolLM2-135M)"),
     "proto": ("bubblespec.cli.proto", "regenerate (or --check) the checked-in gRPC code"),
