@@ -21,6 +21,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a child's log file ("(no log)" if it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 @dataclass
 class Child:
     """One child process of the cluster."""
@@ -49,11 +58,7 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def signal(self, sig: int, group: bool = False) -> None:
         if self.proc is None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bubblespec.cluster.child import log_tail
 from bubblespec.cluster.local import CHILD_ENV, free_ports
 
 PDEATHSIG = 1  # prctl option PR_SET_PDEATHSIG
@@ -186,11 +187,7 @@ class RoleActor:
         return out
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the server (through the reaper), SIGKILL its process group after
