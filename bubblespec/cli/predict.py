@@ -24,7 +24,8 @@ from bubblespec.calibration.predict import (
     read_trace,
     write,
 )
-from bubblespec.core.engine_time import GPUS, EngineTime
+from bubblespec.cli.simulate import add_model_args
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.policy import load_accept_json
 
 PROG = "bubblespec predict"
@@ -49,11 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("trace", help="the trace JSONL (with --export: the file to write)")
     a("--ranks", type=int, help="rollout ranks (data-parallel engines) of the run")
-    a("--gpu", choices=sorted(GPUS), default="h100", help="engine-time preset (default h100)")
-    a("--params-b", type=float, default=8.03,
-      help="model parameters in billions, bf16 (default 8.03, Llama-3.1-8B)")
-    a("--kv-bytes-per-token", type=float, default=131072.0,
-      help="KV bytes per context token (default 131072, Llama-3.1-8B)")
+    add_model_args(p)
     a("--prompts", type=int, help="prompts per step (default: from the trace's prompt ids)")
     a("--n", type=int, help="samples per prompt (default: from the trace's prompt ids)")
     a("--prompt-len", type=float,

@@ -47,6 +47,16 @@ bubblespec/sim/policy.py). Without it the modes are ASSUMED defaults: ngram 0.3/
 """
 
 
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The GPU and model of the engine-time preset (`EngineTime.preset`)."""
+    a = p.add_argument
+    a("--gpu", choices=sorted(GPUS), default="h100", help="engine-time preset (default h100)")
+    a("--params-b", type=float, default=8.03,
+      help="model parameters in billions, bf16 (default 8.03, Llama-3.1-8B)")
+    a("--kv-bytes-per-token", type=float, default=131072.0,
+      help="KV bytes per context token (default 131072: 2 x 32 layers x 8 KV heads x 128 x 2 B)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bubblespec simulate", description=__doc__,
@@ -117,11 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
       "(gamma; default 0; with --calibrate: the replay's sensitivity to it, over --draws)")
     a("--draws", type=int, default=20,
       help="with --calibrate and --cover-cv: replays drawn (default 20)")
-    a("--gpu", choices=sorted(GPUS), default="h100", help="engine-time preset (default h100)")
-    a("--params-b", type=float, default=8.03,
-      help="model parameters in billions, bf16 (default 8.03, Llama-3.1-8B)")
-    a("--kv-bytes-per-token", type=float, default=131072.0,
-      help="KV bytes per context token (default 131072: 2 x 32 layers x 8 KV heads x 128 x 2 B)")
+    add_model_args(p)
     a("--t-fixed-ms", type=float, help="override t_fixed (ms per forward)")
     a("--t-token-us", type=float, help="override t_token (us per forward token)")
     a("--t-flop-us", type=float, help="override t_flop (us per token above the ridge)")
