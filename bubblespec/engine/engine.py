@@ -24,7 +24,7 @@ from typing import Any
 from bubblespec.engine import vllm_glue
 from bubblespec.engine.checkpoint import CheckpointError, read_manifest, validate_checkpoint
 from bubblespec.engine.config import EngineConfig
-from bubblespec.engine.sampling import vllm_sampling
+from bubblespec.engine.sampling import vllm_sampling, vllm_scoring
 from bubblespec.engine.types import GenRequest, GenResult, SampleResult, SpecMode
 from bubblespec.engine.validate import bad_token, validate_request
 from bubblespec.protocol.errors import ApiError
@@ -54,6 +54,17 @@ class _Sub:
     finish: str = "running"
     steps_seen: int = 0
     top: list[dict[int, float]] | None = None
+    prompt: list[float | None] | None = None
+    """A scoring request's prompt log-probs as they arrive (None: a generation request)."""
+
+
+def _prompt_logprobs(ids: list[int], start: int, lps: list[Any]) -> list[float | None]:
+    """vLLM's prompt log-probs (per position: None, or {token id: Logprob} holding at least
+    the prompt token's) as floats, position `start` on; the first prompt token's is None."""
+    out: list[float | None] = []
+    for pos, lp in enumerate(lps, start):
+        out.append(None if lp is None or pos == 0 else float(lp[ids[pos]].logprob))
+    return out
 
 
 class RolloutEngine:
@@ -329,6 +340,15 @@ class RolloutEngine:
 
         async def run(sub: _Sub, prompt: Any, sp: Any) -> None:
             async for out in self.llm.generate(prompt, sp, request_id=sub.rid):
+                if sub.prompt is not None:  # scoring: the prompt's log-probs, no output
+                    if out.prompt_logprobs:
+                        sub.prompt.extend(_prompt_logprobs(prompt["prompt_token_ids"],
+                                                           len(sub.prompt),
+                                                           out.prompt_logprobs))
+                    progress.set()
+                    if out.finished:
+                        sub.finish = "length"
+                    continue
                 comp = out.outputs[0]
                 sub.ids.extend(comp.token_ids)
                 self.tokens_generated += len(comp.token_ids)
@@ -346,10 +366,18 @@ class RolloutEngine:
                 if out.finished:
                     sub.finish = comp.finish_reason or "stop"
 
+        score_groups = []
         for ri, req in enumerate(requests):
             s = req.sampling
             prompt = TokensPrompt(prompt_token_ids=list(req.input_ids))
             uid = uuid.uuid4().hex[:12]
+            if req.score:  # a group of its own: no drafts from, nor into, any other group
+                group = f"score.{uid}"
+                score_groups.append(group)
+                sub = _Sub(ri, 0, make_request_id(group, 0, uid), [], [], prompt=[])
+                subs.append(sub)
+                tasks.append(asyncio.create_task(run(sub, prompt, vllm_scoring())))
+                continue
             for j in range(req.n):
                 sample_index = req.sample_offset + j
                 seed = req.seeds[j] if req.seeds else None
@@ -362,7 +390,10 @@ class RolloutEngine:
         stopped = False
         if should_stop is not None:
             stopped = await self._watch(subs, tasks, progress, should_stop, poll_every)
-        await asyncio.gather(*tasks, return_exceptions=stopped)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=stopped)
+        finally:
+            await self.release_groups(score_groups)
         if stopped:
             for sub in subs:
                 if sub.finish == "running":
@@ -399,6 +430,10 @@ class RolloutEngine:
             stats = res[0]
         results = [GenResult(r.group_key(), []) for r in requests]
         for sub in subs:
+            if sub.prompt is not None:
+                results[sub.req_index].samples.append(self._scored(requests[sub.req_index],
+                                                                   sub, version))
+                continue
             n_out = len(sub.ids)
             st = stats.get(sub.rid) or (n_out, 0, 0, 0, 0, 0, -1, 0, 0)
             steps, drafts, dtoks, _acc, acc_pregen, acc_after, diverged, recouple, ran_out = st
@@ -417,6 +452,22 @@ class RolloutEngine:
                 sample_index=sub.sample_index, meta=meta,
                 top_logprobs=None if sub.top is None else sub.top[:n_out]))
         return results
+
+    @staticmethod
+    def _scored(req: GenRequest, sub: _Sub, version: int) -> SampleResult:
+        """The one sample of a scoring request: its prompt log-probs and no output (the
+        token vLLM had to generate is dropped, and so are its draft counters). One aborted
+        (`should_stop`) has finish reason abort and no log-probs (None), never a short list
+        a caller could misalign."""
+        if sub.finish != "length":
+            return SampleResult(output_ids=[], output_logprobs=[], sample_index=0,
+                                meta=SampleMeta(finish_reason="abort", weight_version=version))
+        if len(sub.prompt or []) != len(req.input_ids):
+            raise RuntimeError(f"scoring request {sub.rid} ended with {len(sub.prompt or [])}"
+                               f" of {len(req.input_ids)} prompt log-probs")
+        return SampleResult(output_ids=[], output_logprobs=[], sample_index=0,
+                            meta=SampleMeta(finish_reason="length", weight_version=version),
+                            prompt_logprobs=list(sub.prompt or []))
 
     async def shutdown(self) -> None:
         """Stop the engine processes (idempotent)."""

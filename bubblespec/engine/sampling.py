@@ -40,6 +40,19 @@ def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
         extra_args=_keyed_args(sp, seed, start))
 
 
+def vllm_scoring() -> Any:
+    """The vLLM sampling parameters of a scoring request (`GenRequest.score`): the log-prob
+    of each prompt token (`prompt_logprobs=0`: the prompt token's own, raw, before any
+    temperature), and one greedy output token, because vLLM 0.32 refuses `max_tokens` < 1
+    (the engine drops that token). The prompt log-probs skip the prefix cache (vLLM sets
+    `skip_reading_prefix_cache` for them), so every prompt position is computed."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VllmSamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0,
+                              detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+
 def _keyed_args(sp: SamplingParams, seed: int | None, start: int = 0) -> dict | None:
     if not sp.keyed:
         return None

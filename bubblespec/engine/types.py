@@ -61,6 +61,12 @@ class GenRequest:
     top_logprobs: int = 0
     """Also return, per generated token, the log-probabilities of the `top_logprobs` most
     likely tokens (raw, before temperature; pre-generation reads keyed margins from them)."""
+    score: bool = False
+    """Score the prompt instead of sampling a response: the result's one sample carries
+    `prompt_logprobs` (the model's log-probability of each prompt token given the ones
+    before it) and no output. `n` must be 1 and `sampling` is not used. A scoring request
+    runs under a group of its own (never the group of a generation request with the same
+    prompt), so it neither drafts from pre-generated responses nor feeds any draft source."""
 
     def group_key(self) -> str:
         """Prompt-group key: explicit, else a stable hash of the prompt ids."""
@@ -80,6 +86,10 @@ class SampleResult:
     top_logprobs: list[dict[int, float]] | None = None
     """Per output token, {token id: raw log-probability} of the most likely tokens (and the
     sampled one), when the request asked for `top_logprobs`."""
+    prompt_logprobs: list[float | None] | None = None
+    """A scoring request's answer (`GenRequest.score`): per prompt token, its raw
+    log-probability given the tokens before it (None for the first token, which has no
+    context); None for a generation request."""
 
     def __getattr__(self, name: str) -> Any:
         if name in SampleMeta.model_fields:  # only reached for names that are not fields

@@ -41,6 +41,13 @@ def validate_request(req: GenRequest, vocab_size: int, max_model_len: int) -> No
                                             f"length), got {req.keyed_start}")
     if not 0 <= req.top_logprobs <= 20:
         raise InvalidRequest("top_logprobs", f"must be in [0, 20], got {req.top_logprobs}")
+    if req.score:
+        if req.n != 1:
+            raise InvalidRequest("n", f"a scoring request has one sample, got n={req.n}")
+        if len(ids) + 1 > max_model_len:  # vLLM runs one output position (dropped)
+            raise InvalidRequest("input_ids", f"a scored prompt has at most "
+                                              f"{max_model_len - 1} tokens, got {len(ids)}")
+        return
     s = req.sampling
     if len(ids) + s.max_new_tokens > max_model_len:
         raise InvalidRequest("sampling_params.max_new_tokens",

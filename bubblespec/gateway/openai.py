@@ -5,7 +5,8 @@ SkyRL, ART, rLLM and prime-rl drive vLLM through `POST /v1/completions` and
 in OpenAI's shapes with vLLM's extensions (bodies in `bubblespec.protocol.openai`):
 
 - POST /v1/completions  `prompt` as text, token ids, or a list of either; `n` choices per
-  prompt, indexed prompt-major (choice `i * n + k` is sample k of prompt i);
+  prompt, indexed prompt-major (choice `i * n + k` is sample k of prompt i); `echo` with
+  `max_tokens: 0` scores the prompts instead (`scored_completion`, `scoring.py`: no step);
 - POST /v1/chat/completions  `messages` rendered with the model's chat template
   (`chat_template.py`; a model without one is a 400 naming `messages`), then sampled as
   token ids;
@@ -60,6 +61,7 @@ from pydantic import ValidationError
 
 from bubblespec.batching import Answer, Ask, StepBatcher
 from bubblespec.gateway.chat_template import ChatTemplate, ChatTemplateError
+from bubblespec.gateway.scoring import Scorer
 from bubblespec.gateway.service import GatewayService
 from bubblespec.gateway.sglang import SglangFront, parse
 from bubblespec.http.edge import protected_router
@@ -236,6 +238,11 @@ class OpenAiFront:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.sglang.decode(list(ids), skip_special_tokens)
+
+    @property
+    def scorer(self) -> Scorer:
+        """The prompt scorer (the SGLang API's: one scorer for both APIs)."""
+        return self.sglang.scorer
 
     # ------------------------------------------------------------------ sampling
     def _budget(self, given: int | None, prompts: list[list[int]], names: Names) -> int:
@@ -453,11 +460,67 @@ async def completions(f: OpenAiFront, body: CompletionIn) -> CompletionOut:
     names = Names("prompt", "max_tokens", batched=len(prompts) > 1 or (
         isinstance(body.prompt, list) and bool(body.prompt)
         and not isinstance(body.prompt[0], int)))
+    if body.max_tokens == 0:
+        if not body.echo:
+            raise ApiError(400, "max_tokens 0 is served with echo (prompt scoring)",
+                           "max_tokens")
+        return await scored_completion(f, body, prompts, names)
     got = await f.sample(prompts, body, body.max_tokens, names)
     return CompletionOut(
         id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()),
         model=body.model or await f.model_id(),
         choices=[completion_choice(f, body, ch) for ch in got.choices], usage=got.usage())
+
+
+async def scored_completion(f: OpenAiFront, body: CompletionIn,
+                            prompts: list[list[int] | str], names: Names) -> CompletionOut:
+    """`echo` + `max_tokens: 0`: each choice is its prompt's text, nothing generated (finish
+    reason length), and with `logprobs: 0` the prompt tokens' log-probs in OpenAI's shape,
+    as vLLM answers it: `tokens`, `token_logprobs` (the first null: it has no context),
+    `top_logprobs` (the prompt token's own; null first) and `text_offset`. The prompts are
+    scored on a rank without a rollout step (`scoring.py`); `n` copies per prompt."""
+    ids: list[list[int]] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            try:
+                p = f.gw.rollouts.preparer.tokenizer.encode(p)
+            except Exception as e:  # noqa: BLE001 (a broken tokenizer must not be a 500)
+                where = names.of(f"prompts[{i}]")
+                raise ApiError(400, f"cannot tokenize: {e}", where) from None
+        ids.append(list(p))
+    scored = None
+    if body.logprobs is not None:
+        def field_of(rank_field: str) -> str:  # input_ids[i][j] -> prompt[i][j] / prompt[j]
+            m = re.match(r"input_ids(\[\d+\])(.*)", rank_field)
+            return names.of(f"prompts{m.group(1)}.input_ids{m.group(2)}") if m else names.prompt
+        scored = await f.scorer.score(ids, field_of)
+        meta: dict[str, Any] = {"step": None, "weight_version": scored.weight_version}
+    else:
+        meta = {"step": None, "weight_version": await f.sglang.weight_version()}
+    choices = []
+    for i, (p, pids) in enumerate(zip(prompts, ids)):
+        text = p if isinstance(p, str) else f.decode(pids, body.skip_special_tokens)
+        lps = None
+        if scored is not None:
+            tokens = [f.decode([t], False) for t in pids]
+            offsets, at = [], 0
+            for t in tokens:
+                offsets.append(at)
+                at += len(t)
+            vals = [None if x is None else _lp(x) for x in scored.logprobs[i]]
+            lps = CompletionLogprobs(
+                text_offset=offsets, token_logprobs=vals, tokens=tokens,
+                top_logprobs=[None if v is None else {t: v} for t, v in zip(tokens, vals)])
+        for k in range(body.n):
+            choices.append(CompletionChoice(
+                index=i * body.n + k, text=text, logprobs=lps, finish_reason="length",
+                token_ids=[] if body.return_token_ids else None,
+                prompt_token_ids=pids if body.return_token_ids else None, bubblespec=meta))
+    p_tokens = sum(len(x) for x in ids)  # once per prompt, as Sampled.usage counts them
+    return CompletionOut(
+        id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()),
+        model=body.model or await f.model_id(), choices=choices,
+        usage=Usage(prompt_tokens=p_tokens, completion_tokens=0, total_tokens=p_tokens))
 
 
 async def chat_completions(f: OpenAiFront, body: ChatCompletionIn) -> ChatCompletionOut:

@@ -7,7 +7,8 @@ Routes (SGLang's names, bodies and answers; bodies in `bubblespec.protocol.sglan
   prompt/completion/cached tokens, `output_token_logprobs` as [logprob, token id, null],
   weight_version, and the speculation counters under `bubblespec`). Concurrent requests are
   batched into rollout steps (`sglang_steps.py`); `next_input_ids` hands the next step's
-  prompts ahead;
+  prompts ahead. `max_new_tokens: 0` scores the prompts instead (no step, `scoring.py`):
+  `input_token_logprobs` from `logprob_start_len` on;
 - POST /v1/next_prompts  the next step's prompts alone (bubblespec);
 - POST /update_weights_from_disk  {model_path, weight_version}: every rank reloads;
 - POST /abort_request  {rid}: that request if still queued; {abort_all}: every queued
@@ -40,6 +41,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
 
 from bubblespec.batching import Answer, Ask
+from bubblespec.gateway.scoring import Scorer, rank_field_batched
 from bubblespec.gateway.service import GatewayService
 from bubblespec.gateway.sglang_steps import sglang_batcher
 from bubblespec.http.edge import protected_router
@@ -116,6 +118,7 @@ class SglangFront:
         self.running_step: int | None = None
         self.batcher = sglang_batcher(self._run, c.sglang_quiet_s, c.sglang_max_wait_s,
                                       c.max_n)
+        self._scorer: Scorer | None = None
 
     async def _run(self, req: RolloutRequest) -> RolloutResponse:
         """One rollout step, numbered here so that an abort can name it while it runs."""
@@ -175,6 +178,8 @@ class SglangFront:
         if sp.n > self.gw.config.max_n:
             raise ApiError(400, f"at most {self.gw.config.max_n} samples per prompt",
                            "sampling_params.n")
+        if sp.max_new_tokens == 0:
+            return await self.score(body, t0)
         sampling = sp.to_sampling()
         self._check_quarantine(body, sampling)
         asks = []
@@ -185,6 +190,69 @@ class SglangFront:
                 asks.append(Ask(prompt, sampling, seed, base if sp.n == 1 else f"{base}-{k}"))
         answers = await self.batcher.generate(asks)
         outs = [self.out(body, a, ans, t0) for a, ans in zip(asks, answers)]
+        return outs if body.batched or sp.n > 1 else outs[0]
+
+    @property
+    def scorer(self) -> Scorer:
+        if self._scorer is None:
+            self._scorer = Scorer(self.gw.rollouts)
+        return self._scorer
+
+    def _ids(self, body: GenerateIn) -> list[list[int]]:
+        """The prompts as token ids (text prompts tokenized as a rollout step does)."""
+        ids = []
+        for i, p in enumerate(body.prompts()):
+            if isinstance(p, str):
+                try:
+                    p = self.gw.rollouts.preparer.tokenizer.encode(p)
+                except Exception as e:  # noqa: BLE001 (a broken tokenizer must not be a 500)
+                    where = f"text[{i}]" if body.batched else "text"
+                    raise ApiError(400, f"{where}: cannot tokenize: {e}", where) from None
+            ids.append(list(p))
+        return ids
+
+    async def score(self, body: GenerateIn, t0: float) -> Any:
+        """`max_new_tokens: 0`: nothing is generated (`output_ids` [], finish reason length 0,
+        as SGLang answers). With `return_logprob` and `logprob_start_len` >= 0 the prompts
+        are scored on a rank (`scoring.py`: no rollout step) and `input_token_logprobs`
+        holds [log-prob, token id, text or null] of each prompt token from that position on
+        (the first prompt token's log-prob null), as slime's distillation teacher reads
+        them; raw log-probs, before any temperature. Otherwise no rank is called. `n`
+        copies per prompt, as SGLang answers n samples of zero tokens."""
+        sp = body.sampling_params
+        prompts = self._ids(body)
+        start = body.logprob_start_len
+        wanted = body.return_logprob and start is not None and start >= 0
+        scored = None
+        if wanted:
+            assert start is not None
+            for i, p in enumerate(prompts):
+                if start >= len(p):
+                    which = f"input_ids[{i}]" if body.batched else "the prompt"
+                    raise ApiError(400, f"logprob_start_len: {start} is not below the length "
+                                        f"of {which} ({len(p)} tokens)", "logprob_start_len")
+            scored = await self.scorer.score(prompts, rank_field_batched(body.batched))
+            version = scored.weight_version
+        else:
+            version = await self.weight_version()
+        outs = []
+        for i, (p, rid) in enumerate(zip(prompts, body.rids())):
+            base = rid or uuid.uuid4().hex
+            for k in range(sp.n):
+                meta = SglMetaInfo(
+                    id=base if sp.n == 1 else f"{base}-{k}",
+                    finish_reason=FinishReason(type="length", length=0),
+                    prompt_tokens=len(p), completion_tokens=0, cached_tokens=0,
+                    weight_version=str(version), e2e_latency=time.monotonic() - t0)
+                if body.return_logprob:
+                    meta.output_token_logprobs = []
+                if scored is not None and start is not None:
+                    meta.input_token_logprobs = [
+                        (lp, t, self.decode([t], False) if body.return_text_in_logprobs
+                         else None)
+                        for lp, t in zip(scored.logprobs[i][start:], p[start:])]
+                outs.append({"text": "", "output_ids": [],
+                             "meta_info": meta.model_dump(mode="json", exclude_unset=True)})
         return outs if body.batched or sp.n > 1 else outs[0]
 
     def _check_quarantine(self, body: GenerateIn, sampling: SamplingParams) -> None:

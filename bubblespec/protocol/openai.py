@@ -14,7 +14,9 @@ never ignored:
   `min_tokens`: the sampling parameters bubblespec carries to its ranks have none of them
   (see `protocol/sglang.py` for why min_p is not applied under speculation);
 - `best_of` other than n, `use_beam_search`, `suffix`: other sampling procedures;
-- `echo`, `prompt_logprobs`: prompt scoring (a later part of the API);
+- `echo` with `max_tokens` other than 0, `max_tokens: 0` without `echo`, and
+  `prompt_logprobs` (vLLM's extension): prompt scoring is served as `echo` + `max_tokens: 0`
+  (+ `logprobs: 0` for the prompt's log-probs, `gateway/scoring.py`);
 - `logprobs` > 0 (completions) / `top_logprobs` > 0 (chat): the ranks return the sampled
   token's log-prob only, not the top alternatives (`logprobs: 0` / `logprobs: true` are
   served);
@@ -185,8 +187,9 @@ class CompletionIn(SamplingFields):
 
     prompt: TokenIds | Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)] | Text | \
         Annotated[list[Text], Field(max_length=L.MAX_LIST)]
-    max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=1, le=L.MAX_NEW_TOKENS,
-                                   description="null: what the context leaves.")
+    max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=0, le=L.MAX_NEW_TOKENS,
+                                   description="null: what the context leaves; 0 (with "
+                                   "echo): score the prompt, generate nothing.")
     logprobs: int | None = Field(None, ge=0, description="0: the sampled token's log-prob "
                                  "(top alternatives are not returned: > 0 is refused).")
     echo: bool = False
@@ -215,16 +218,19 @@ class CompletionIn(SamplingFields):
 
     @field_validator("echo")
     @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported yet (prompt scoring is a later part of "
-                             "bubblespec's OpenAI API)")
+    def _echo_scores(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("max_tokens", DEFAULT_COMPLETION_TOKENS) != 0:
+            raise ValueError("echo is served with max_tokens 0 (prompt scoring); echo with "
+                             "generated tokens is not supported")
         return v
 
     @field_validator("prompt_logprobs")
     @classmethod
     def _no_prompt_logprobs(cls, v: int | None) -> int | None:
-        return _unset(v, "prompt_logprobs", "prompt scoring is not built yet")
+        if v is not None:  # 0 too: vLLM answers prompt_logprobs 0 with the prompt's
+            raise ValueError("prompt_logprobs is not supported: send echo, logprobs 0 and "
+                             "max_tokens 0 for the prompt's log-probs")
+        return v
 
     @field_validator("best_of")
     @classmethod

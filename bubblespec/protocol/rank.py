@@ -102,6 +102,31 @@ class GenerateRequest(_Body):
     seeds: Seeds | None = None
 
 
+class ScoreRequest(_Body):
+    """POST /v1/score: the model's log-probability of every token of each prompt given the
+    tokens before it (vLLM's prompt log-probs), without generating. Not a step: the rank's
+    state, step and pre-generation are untouched, and the prompts draft from nothing and
+    feed no draft source (each runs in a group of its own, `GenRequest.score`)."""
+
+    input_ids: Annotated[list[TokenIds], Field(min_length=1, max_length=L.MAX_LIST,
+                                               description="The prompts to score.")]
+
+
+class ScoredPrompt(_Body):
+    """One scored prompt: per token, its log-probability given the tokens before it."""
+
+    prompt_logprobs: list[float | None] = Field(..., description=(
+        "One per prompt token; the first is null (no context to score it from)."))
+
+
+class ScoreResult(_Body):
+    """What a rank answers to /v1/score: one entry per prompt, in order."""
+
+    rank_id: str
+    weight_version: int = Field(..., description="Weights the prompts were scored with.")
+    results: list[ScoredPrompt]
+
+
 class WeightUpdate(_Body):
     """POST /v1/weights: reload safetensors from a directory visible to the rank.
 

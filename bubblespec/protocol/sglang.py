@@ -16,8 +16,11 @@ cannot honour exactly is refused by name (a 400 naming the field) instead of bei
 
 Fields clients send that change nothing here are accepted: `skip_special_tokens`,
 `spaces_between_special_tokens`, `no_stop_trim` (they shape the returned `text`),
-`logprob_start_len`, `custom_params`. The bubblespec-only fields are `seed_mode` (keyed
-sampling) and `next_input_ids` (the next step's prompts, pre-generated in this step's bubble).
+`custom_params`. `max_new_tokens: 0` scores the prompt instead (`gateway/scoring.py`):
+with `return_logprob`, `meta_info.input_token_logprobs` from `logprob_start_len` on, as
+slime's on-policy distillation teacher reads them (`logprob_start_len` is ignored when
+generating). The bubblespec-only fields are `seed_mode` (keyed sampling) and
+`next_input_ids` (the next step's prompts, pre-generated in this step's bubble).
 Unknown keys are refused (SGLang refuses unknown sampling parameters too).
 """
 
@@ -50,7 +53,9 @@ def _zero(value: float, name: str, why: str) -> float:
 class SglSamplingParams(_Body):
     """SGLang's `sampling_params` of /generate (the subset bubblespec serves exactly)."""
 
-    max_new_tokens: int = Field(128, ge=1, le=L.MAX_NEW_TOKENS)
+    max_new_tokens: int = Field(128, ge=0, le=L.MAX_NEW_TOKENS, description=(
+        "0: score the prompt, generate nothing (with return_logprob and logprob_start_len "
+        ">= 0, meta_info.input_token_logprobs)."))
     temperature: float = Field(1.0, ge=0, le=L.MAX_TEMPERATURE, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(-1, ge=-1, le=L.MAX_TOP_K, description="-1 or 0: off.")
@@ -110,8 +115,10 @@ class GenerateIn(_Body):
     text: Annotated[str, Field(max_length=16 * L.MAX_PROMPT_TOKENS)] | Texts | None = None
     sampling_params: SglSamplingParams = Field(default_factory=SglSamplingParams)
     return_logprob: bool = False
-    logprob_start_len: int | None = Field(None, ge=-1, description="Accepted; only the "
-                                          "output's log-probs are returned.")
+    logprob_start_len: int | None = Field(None, ge=-1, description=(
+        "With max_new_tokens 0 and return_logprob: the prompt position from which "
+        "input_token_logprobs are returned (below the prompt's length; -1 or null: none). "
+        "Generating requests return only the output's log-probs."))
     top_logprobs_num: int | None = Field(None, ge=0, le=0, description="Only 0 or null.")
     return_text_in_logprobs: bool = False
     stream: bool = False
@@ -267,4 +274,7 @@ class SglMetaInfo(BaseModel):
     weight_version: str = "0"
     e2e_latency: float = 0.0
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    input_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
+    """Prompt scoring (max_new_tokens 0): [log-prob, token id, text or null] of each prompt
+    token from logprob_start_len on; the first prompt token's log-prob is null."""
     bubblespec: SglSampleMeta | None = None

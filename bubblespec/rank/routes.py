@@ -2,6 +2,8 @@
 
 - POST /v1/step_shard  this rank's share of a step, then pre-generation (bearer token)
 - POST /generate       SGLang-style token-in generation, single or batched (bearer token)
+- POST /v1/score      the prompt log-probs of token-id prompts, without generating (bearer
+                       token); no step: the rank's state and pre-generation are untouched
 - POST /v1/abort_step  end this rank's shard of a step early (bearer token): its unfinished
                        samples return what they generated with finish reason abort
 - POST /v1/weights     validate, then reload weights from a directory (bearer token): 422
@@ -31,6 +33,7 @@ from bubblespec.protocol.rank import (
     GenerateRequest,
     PaceBody,
     RankStateBody,
+    ScoreRequest,
     StepShard,
     WeightUpdate,
 )
@@ -88,6 +91,11 @@ async def step_shard(body: StepShard, rank: Rank) -> JSONResponse:
 @protected.post("/generate")
 async def generate(body: GenerateRequest, rank: Rank) -> JSONResponse:
     return JSONResponse(await rank.generate(body))
+
+
+@protected.post("/v1/score")
+async def score(body: ScoreRequest, rank: Rank) -> JSONResponse:
+    return JSONResponse(await rank.score(body))
 
 
 @protected.post("/v1/abort_step")

@@ -40,6 +40,9 @@ from bubblespec.protocol.rank import (
     GenerateRequest,
     PaceBody,
     RankStateBody,
+    ScoredPrompt,
+    ScoreRequest,
+    ScoreResult,
     ShardRequest,
     StepShard,
     WeightUpdate,
@@ -275,6 +278,29 @@ class RankService:
         self.metrics.request_latency.labels(self.rank_id, "generate").observe(
             time.monotonic() - t)
         return outs if batched or body.n > 1 else outs[0]
+
+    async def score(self, body: ScoreRequest) -> dict[str, Any]:
+        """POST /v1/score: the prompts' log-probs (`GenRequest.score`), run by the engine
+        beside whatever it runs now (a shard, pre-generation) without changing the rank's
+        state: scoring is no step and triggers no drafts or pre-generation."""
+        t = time.monotonic()
+        worker = self._ready()
+        reqs = [GenRequest(input_ids=list(p), score=True) for p in body.input_ids]
+        self._validate(worker.engine, reqs,
+                       lambda i, f: f.replace("input_ids", f"input_ids[{i}]", 1)
+                       if f.startswith("input_ids") else f)
+        async with self._engine_death("scoring call"):
+            res = await worker.engine.generate(reqs, counters=False, validated=True)
+        for g in res:
+            if g.samples[0].prompt_logprobs is None:
+                raise ApiError(503, "the scoring call was aborted", "engine")
+        out = ScoreResult(rank_id=self.rank_id,
+                          weight_version=res[0].samples[0].weight_version,
+                          results=[ScoredPrompt(prompt_logprobs=g.samples[0].prompt_logprobs)
+                                   for g in res])
+        self.metrics.request_latency.labels(self.rank_id, "score").observe(
+            time.monotonic() - t)
+        return out.model_dump()
 
     @contextlib.asynccontextmanager
     async def _engine_death(self, what: str) -> AsyncIterator[None]:

@@ -43,6 +43,7 @@ RANK_POSTS: dict[str, dict[str, Any]] = {
                        "pregen": False, "rerun": True},
     "/v1/weights": {"path": "/nonexistent/hostile-weights", "version": 1},
     "/v1/abort_step": {"step": 10**6 + 1},
+    "/v1/score": {"input_ids": [IDS]},
 }
 GETS = ["/health", "/health_generate", "/metrics", "/config", "/v1/state", "/v1/ranks", "/",
         "/openapi.json"]

@@ -1,0 +1,118 @@
+"""Prompt scoring on the gateway: the model's log-probability of each prompt token, without
+generating (SGLang's `/generate` with `max_new_tokens: 0` and `return_logprob`, OpenAI's
+`/v1/completions` with `echo` and `max_tokens: 0`).
+
+Scoring is not a rollout step: a scoring call goes straight to one ready rank's
+`POST /v1/score`, outside the step batcher. It takes no step number and so does not count in
+the steps' figures (`steps_run`, step timelines, rollout counters); it starts no
+pre-generation, fetches no drafts, and runs on the rank's engine beside whatever that engine
+runs now (vLLM batches it with a running shard or pre-generation). Ranks that are not
+decoding a step are tried first, in turn, so that scoring slows a step as little as it can;
+a rank that fails is skipped for the next one, and a body a rank refuses (400) is the
+caller's error, named by the caller's field.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from bubblespec.gateway.ranks import RankCallError
+from bubblespec.gateway.rollout import Rollouts
+from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.rank import ScoreResult
+
+log = logging.getLogger("bubblespec.gateway.scoring")
+
+
+@dataclass
+class Scored:
+    """The answer of one scoring call: per prompt, one log-prob per token (the first None),
+    and the weight version of the rank that scored them."""
+
+    logprobs: list[list[float | None]]
+    weight_version: int
+    rank_id: str
+
+
+class Scorer:
+    """Sends scoring calls to the ranks (see the module's docstring)."""
+
+    def __init__(self, rollouts: Rollouts) -> None:
+        self.rollouts = rollouts
+        self._turn = 0
+        self.calls = 0
+        """Scoring calls answered (the status page and tests read it)."""
+
+    async def score(self, prompts: Sequence[Sequence[int]],
+                    field_of: Callable[[str], str] = lambda f: f) -> Scored:
+        """Score `prompts` (token ids) on one ready rank. `field_of` spells a field of the
+        rank's body (`input_ids[2][5]`) as the caller's request does. ApiError: 400 naming
+        the field for too many prompts, a sequence longer than the gateway's
+        `max_prompt_tokens + max_new_tokens` or a prompt a rank refuses (vocabulary, model
+        length), 503 when no rank is ready or all failed."""
+        rollouts = self.rollouts
+        c = rollouts.config
+        if len(prompts) > c.max_prompts:
+            raise ApiError(400, f"at most {c.max_prompts} prompts per call", field_of("input_ids"))
+        longest = c.max_prompt_tokens + c.max_new_tokens  # a prompt and its response
+        for i, p in enumerate(prompts):
+            if len(p) > longest:
+                where = field_of(f"input_ids[{i}]")
+                raise ApiError(400, f"{where}: {len(p)} tokens; a scored sequence has at most "
+                                    f"max_prompt_tokens + max_new_tokens = {longest}", where)
+        d = await rollouts.discover()
+        ready = d.ready
+        if not ready:
+            raise ApiError(503, "no rank is ready to score prompts", "ranks")
+        self._turn += 1
+        k = self._turn % len(ready)
+        turn = ready[k:] + ready[:k]
+        order = sorted(turn, key=lambda r: r.state == "decoding")  # stable: in turn
+        body = {"input_ids": [list(p) for p in prompts]}
+        errors = []
+        for ep in order:
+            try:
+                reply = await rollouts.pool.post(ep, "/v1/score", body,
+                                                 rollouts.config.rollout_timeout_s)
+            except RankCallError as e:
+                if e.bad_request:
+                    raise _caller_error(e, field_of) from None
+                log.warning("scoring on rank %s failed: %s", ep.rank_id, e.message)
+                errors.append(str(e))
+                continue
+            try:
+                res = ScoreResult.model_validate(reply)
+            except ValidationError as e:
+                errors.append(f"rank {ep.rank_id}: malformed /v1/score reply: {e}")
+                continue
+            lps = [r.prompt_logprobs for r in res.results]
+            if [len(x) for x in lps] != [len(p) for p in prompts]:
+                errors.append(f"rank {ep.rank_id}: /v1/score reply does not match the prompts")
+                continue
+            self.calls += 1
+            return Scored(lps, res.weight_version, res.rank_id)
+        raise ApiError(503, "scoring failed on every ready rank: " + "; ".join(errors),
+                       "ranks")
+
+
+def _caller_error(e: RankCallError, field_of: Callable[[str], str]) -> ApiError:
+    """A rank's 400 for a scoring body, as a 400 naming the caller's field."""
+    detail = e.message.split(": ", 2)[-1]  # "POST /v1/score: HTTP 400: <detail>"
+    where = field_of(e.field) if e.field else "input_ids"
+    if e.field and detail.startswith(f"{e.field}: "):
+        detail = detail.removeprefix(f"{e.field}: ")
+    return ApiError(400, f"{where}: {detail}", where)
+
+
+def rank_field_batched(batched: bool) -> Callable[[str], str]:
+    """The caller's spelling of a rank field `input_ids[i]...` when the caller sent one
+    prompt (`input_ids...`, the index dropped) or a batch (kept as it is)."""
+    def field_of(f: str) -> str:
+        if batched or not f.startswith("input_ids[0]"):
+            return f
+        return "input_ids" + f.removeprefix("input_ids[0]")
+    return field_of
