@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from bubblespec.client import BubbleSpecClient, BubbleSpecError
 from bubblespec.client.record import KEYED_MODES, RecordError, compare, find_record, replay_body
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay even when the ranks' weight versions differ from the record's")
     p.add_argument("--timeout-s", type=float, default=3700.0, help="rollout timeout")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--out", default=None,
+                   help="also write the replayed step's full answer (JSON) to this file, to "
+                   "look at the tokens where a sample differs")
     return p
 
 
@@ -82,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BubbleSpecError as e:
             print(f"bubblespec replay: {e}", file=sys.stderr)
             return FAILED
+    if args.out:
+        Path(args.out).write_text(res.model_dump_json(), encoding="utf-8")
     report = compare(rec, res)
     if args.json:
         print(json.dumps({"step": report.step, "replayed_step": report.replayed_step,
