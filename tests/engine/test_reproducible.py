@@ -185,3 +185,21 @@ def test_two_engines_same_batch(loop_runner, plain_engine) -> None:
         loop_runner.run(other.shutdown())
     a = _run(loop_runner, plain_engine, reqs)
     check(compare_runs(reqs, a, b), "engine A vs engine B, same batch")
+
+
+def test_vllm_batch_invariant_mode_does_not_run_on_cpu(loop_runner, monkeypatch) -> None:
+    """vLLM's batch-invariant mode (`VLLM_BATCH_INVARIANT=1`, what a GPU user sets) is no
+    lever on the CPU engine: it starts, and its first forward dies in the mode's Triton
+    `mean` override (this Triton has no CPU backend). When a vLLM release makes it run on
+    CPU this test fails, and docs/api.md ("Reproducible rollouts") must be updated."""
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")  # inherited by the engine's processes
+    eng = start_engine(loop_runner, spec_mode="none")
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT")
+    try:
+        with pytest.raises(Exception) as err:
+            _run(loop_runner, eng, _reqs(model_task().make_prompts(1, seed=55), n=1, seed0=9,
+                                         max_new=8))
+        print(f"VLLM_BATCH_INVARIANT=1 on CPU: {type(err.value).__name__}: {err.value}")
+        assert not eng.alive
+    finally:
+        loop_runner.run(eng.shutdown())
