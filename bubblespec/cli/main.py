@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("bubblespec.cli.run", "rollout steps with pre-generation on a local cluster"),
     "train-demo": ("bubblespec.cli.train_demo", "a real GRPO loop through a local cluster"),
     "bench": ("bubblespec.cli.bench", "benchmarks: service, engine, suffix, per-request, sync"),
+    "replay": ("bubblespec.cli.replay", "re-run a recorded rollout step and compare digests"),
     "simulate": ("bubblespec.cli.simulate", "model rollout steps at scale (modelled figures)"),
     "predict": ("bubblespec.cli.predict", "will it help my run? speed-up from your trace (modelled)"),
     "train-tiny": ("bubblespec.cli.train_tiny", "train the embedded tiny model from scratch"),

@@ -14,6 +14,7 @@ Prompts may be given as token id lists, as text (tokenized by the gateway), as
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 from typing_extensions import Self
 
+from bubblespec.client.record import Recorder, derived_seeds, step_record
 from bubblespec.protocol.gateway import RankEntry, RolloutResponse, StepReport, WeightsResult
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 
@@ -116,20 +118,37 @@ def _unreachable(base_url: str, route: str, e: Exception) -> BubbleSpecUnavailab
 
 class _Common:
     def __init__(self, base_url: str, token: str | None, timeout_s: float,
-                 connect_timeout_s: float) -> None:
+                 connect_timeout_s: float, record: str | os.PathLike[str] | None = None
+                 ) -> None:
         self.base_url = base_url.rstrip("/")
         if "://" not in self.base_url:
             self.base_url = "http://" + self.base_url
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.recorder = Recorder(record) if record is not None else None
+        """Appends a record of every rollout (`bubblespec.client.record`) when `record` is set."""
+
+    def _record(self, body: dict[str, Any], res: RolloutResponse,
+                config: dict[str, Any] | None) -> None:
+        """Write the step's record: the caller's seeds, else those the gateway derived
+        (from its run seed in `config`, GET /config; None: could not be read)."""
+        assert self.recorder is not None
+        if body.get("seeds") is not None:
+            seeds, origin = body["seeds"], "caller"
+        elif config is not None and "run_seed" in config:
+            seeds, origin = derived_seeds(int(config["run_seed"]), res, body["n"]), "gateway"
+        else:
+            seeds, origin = None, "unknown: the gateway's run seed could not be read"
+        self.recorder.write(step_record(res, body, seeds, origin, self.base_url))
 
 
 class BubbleSpecClient(_Common):
     """Blocking client of one gateway (`base_url` like `http://127.0.0.1:8000`)."""
 
     def __init__(self, base_url: str, token: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0) -> None:
-        super().__init__(base_url, token, timeout_s, connect_timeout_s)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0,
+                 record: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(base_url, token, timeout_s, connect_timeout_s, record)
         self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout,
                                   headers=self.headers)
 
@@ -157,10 +176,25 @@ class BubbleSpecClient(_Common):
                 ) -> RolloutResponse:
         """Roll out `n` samples per prompt as one step (the next one unless `step` is given);
         `next_prompts` are pre-generated in this step's bubble (`pregen_window="training"`:
-        and on until the next step or weight push; None: the gateway's default)."""
+        and on until the next step or weight push; None: the gateway's default). With
+        `record` set, the step is appended to the record file (`bubblespec replay`)."""
         body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
                             return_logprobs, pregen, pregen_window)
-        return RolloutResponse.model_validate(self._request("POST", "/v1/rollout", body))
+        res = RolloutResponse.model_validate(self._request("POST", "/v1/rollout", body))
+        if self.recorder is not None:
+            self._record(body, res, None if seeds is not None else self._config())
+        return res
+
+    def _config(self) -> dict[str, Any] | None:
+        """The gateway's effective configuration (GET /config), None if unreadable."""
+        try:
+            return self._request("GET", "/config")
+        except BubbleSpecError:
+            return None
+
+    def config(self) -> dict[str, Any]:
+        """The gateway's effective configuration (GET /config; secrets masked)."""
+        return self._request("GET", "/config")
 
     def update_weights(self, path: str, version: int | None = None,
                        force: bool = False) -> WeightsResult:
@@ -203,8 +237,9 @@ class AsyncBubbleSpecClient(_Common):
     """Async client of one gateway; same methods as `BubbleSpecClient`, awaited."""
 
     def __init__(self, base_url: str, token: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0) -> None:
-        super().__init__(base_url, token, timeout_s, connect_timeout_s)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0,
+                 record: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(base_url, token, timeout_s, connect_timeout_s, record)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
                                        headers=self.headers)
 
@@ -233,8 +268,19 @@ class AsyncBubbleSpecClient(_Common):
                       ) -> RolloutResponse:
         body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
                             return_logprobs, pregen, pregen_window)
-        return RolloutResponse.model_validate(
-            await self._request("POST", "/v1/rollout", body))
+        res = RolloutResponse.model_validate(await self._request("POST", "/v1/rollout", body))
+        if self.recorder is not None:
+            config = None
+            if seeds is None:
+                try:
+                    config = await self._request("GET", "/config")
+                except BubbleSpecError:
+                    config = None
+            await asyncio.to_thread(self._record, body, res, config)
+        return res
+
+    async def config(self) -> dict[str, Any]:
+        return await self._request("GET", "/config")
 
     async def update_weights(self, path: str, version: int | None = None,
                              force: bool = False) -> WeightsResult:
