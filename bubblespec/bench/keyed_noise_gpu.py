@@ -16,6 +16,10 @@ Needs only torch (no vLLM, no bubblespec: copy this one file to a GPU host and r
 - ``keyed_extra``: what the engine's keyed sampler adds to a step of all-keyed rows on top of
   vLLM's sampler, which still runs (``engine/keyed.py`` ``_wrap_sample``): a copy of the
   logits, the row gather and ``keyed_noise``;
+- ``keyed_verify_rows`` (``--drafts K`` > 0): the engine's keyed verification of a
+  speculative step (``engine/keyed.py`` ``_verify``, which runs beside vLLM's rejection
+  sampler): per row, ``keyed_argmax`` over its K drafted positions and a ``.tolist()`` (a
+  device sync on a GPU), row after row;
 - ``keyed_compiled`` (``--compile``): ``keyed_noise`` through ``torch.compile`` (one fused
   kernel on CUDA): what a fused keyed sampler would cost, not what the engine runs today.
 
@@ -92,6 +96,13 @@ def keyed_extra(logits: torch.Tensor, keys: torch.Tensor, idx: torch.Tensor) -> 
     return keyed_argmax(keep[idx], keys)
 
 
+def keyed_verify_rows(target_logits: torch.Tensor, keys: torch.Tensor, rows: int,
+                      drafts: int) -> list[list[int]]:
+    """The keyed verifier's per-row loop: K drafted positions per row, one call each."""
+    return [keyed_argmax(target_logits[r * drafts:(r + 1) * drafts],
+                         keys[r * drafts:(r + 1) * drafts]).tolist() for r in range(rows)]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -114,7 +125,7 @@ def time_fn(fn: Callable[[], object], device: torch.device, warmup: int, repeats
 
 
 def bench_shape(rows: int, vocab: int, device: torch.device, warmup: int, repeats: int,
-                compiled: Callable | None = None) -> dict[str, object]:
+                compiled: Callable | None = None, drafts: int = 0) -> dict[str, object]:
     """Every arm at one (rows, vocab)."""
     gen = torch.Generator(device=device).manual_seed(0)
     logits = torch.randn(rows, vocab, generator=gen, device=device) * 3
@@ -127,6 +138,11 @@ def bench_shape(rows: int, vocab: int, device: torch.device, warmup: int, repeat
         "keyed_noise": lambda: keyed_argmax(logits, keys),
         "keyed_extra": lambda: keyed_extra(logits, keys, idx),
     }
+    if drafts > 0:
+        spec = torch.randn(rows * drafts, vocab, generator=gen, device=device)
+        spec_keys = torch.randint(-(1 << 62), 1 << 62, (rows * drafts,), generator=gen,
+                                  device=device)
+        arms["keyed_verify_rows"] = lambda: keyed_verify_rows(spec, spec_keys, rows, drafts)
     if compiled is not None:
         arms["keyed_compiled"] = lambda: compiled(logits, keys)
     out: dict[str, object] = {"rows": rows, "vocab": vocab}
@@ -187,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", default="131072", help="vocabulary sizes (e.g. 208,131072)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--drafts", type=int, default=4,
+                   help="drafted tokens per row of the verifier arm (0: skip it)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(keyed)")
     p.add_argument("--check", action="store_true", help="check against the numpy reference")
     p.add_argument("--count-bytes", action="store_true", help="count bytes, time nothing")
@@ -212,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device {name}, torch {torch.__version__}; ms per call: median [q1, q3]")
     for vocab in (int(v) for v in a.vocab.split(",") if v):
         for rows in (int(r) for r in a.rows.split(",") if r):
-            res = bench_shape(rows, vocab, device, a.warmup, a.repeats, compiled)
+            res = bench_shape(rows, vocab, device, a.warmup, a.repeats, compiled, a.drafts)
             doc["shapes"].append(res)  # type: ignore[union-attr]
             cells = "  ".join(f"{k}={v['median_ms']:.3f} [{v['q1_ms']:.3f}, {v['q3_ms']:.3f}]"
                               for k, v in res.items() if isinstance(v, dict))

@@ -69,7 +69,8 @@ def test_standalone_script_structure(tmp_path):
     doc = json.loads(out.read_text())
     (shape,) = doc["shapes"]
     assert (shape["rows"], shape["vocab"]) == (2, 64)
-    for arm in ("vllm_unseeded", "vllm_seeded", "keyed_noise", "keyed_extra"):
+    for arm in ("vllm_unseeded", "vllm_seeded", "keyed_noise", "keyed_extra",
+                "keyed_verify_rows"):
         assert shape[arm]["n"] == 3 and shape[arm]["median_ms"] > 0
     counts = kg.count_bytes(vocab=1024, rows=2)
     assert counts["keyed_noise_kernels"] > counts["vllm_unseeded_kernels"] > 0
