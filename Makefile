@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test test-valid-space test-drills bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-deps bench-engine soak proto proto-check lint clean \
+.PHONY: install run up test test-valid-space test-drills bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
 	real-model bench-real exactness-real
 
 install: $(STAMP)
@@ -62,6 +62,14 @@ bench-suffix: install
 # Python vs arctic's C++ tree vs vLLM's n-gram proposer (arctic needs bench-deps).
 bench-draft-batch: install
 	taskset -c 1 $(BIN)/bubblespec bench draft-batch
+
+# Keyed sampling vs vLLM's sampler (seeded, unseeded) on one engine per speculation mode, at
+# 64 and 256 concurrent requests, interleaved repeats (about 10 min here; run it alone);
+# the keyed noise alone at a 128k vocabulary, plain torch (add --device cuda on a GPU host).
+bench-keyed-cost: install
+	$(BIN)/bubblespec bench keyed-cost --out out/keyed-cost.json
+	$(BIN)/python bubblespec/bench/keyed_noise_gpu.py --check --vocab 208,131072 --repeats 10 \
+		--out out/keyed-noise.json
 
 # The GRPO schedule through the real service under each rollout mode (about 13 min here).
 bench: install

@@ -5,6 +5,7 @@
     bubblespec bench engine                  # make bench-engine: one engine per speculation mode
     bubblespec bench suffix [--quick]        # make bench-suffix: draft index vs arctic-inference
     bubblespec bench draft-batch [--quick]   # make bench-draft-batch: per-step drafting cost
+    bubblespec bench keyed-cost              # make bench-keyed-cost: keyed vs vLLM's sampler
     bubblespec bench per-request             # which response sets each step's critical path
     bubblespec bench flips [--lr 1e-4]       # where an update flips keyed responses; branches
     bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
@@ -140,6 +141,26 @@ def _draft_batch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-ngram", action="store_true")
 
 
+def _keyed_cost(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("keyed-cost", help="keyed sampling vs vLLM's sampler per engine step",
+                       description="Whole-engine cost of keyed sampling against vLLM's sampler "
+                       "(seeded and unseeded) at --sizes concurrent requests, speculation off "
+                       "and on, interleaved repeats; ms per engine step, tokens/s, and the "
+                       "extra as a share of the MODELLED H100 8B decode step. Run it alone "
+                       "on the machine (wall clock).")
+    p.add_argument("--sizes", default="64,256", help="concurrent requests (multiples of --n)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="tokens every sample generates (ignore_eos)")
+    p.add_argument("--repeats", type=int, default=5, help="runs per (size, arm), after a warm-up")
+    p.add_argument("--spec-modes", default="none,bubblespec",
+                   help="comma-separated engine speculation modes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="", help="HF model dir [the embedded model]")
+    p.add_argument("--out", default="out/keyed-cost.json", help="JSON of every run and the "
+                   "summary ('': none)")
+
+
 def _per_request(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("per-request", help="per-request view of the keyed GRPO schedule",
                        description="Per-request view of the keyed GRPO schedule: which "
@@ -218,8 +239,8 @@ def _workload_stats(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for add in (_service, _paced, _engine, _suffix, _draft_batch, _per_request, _flips, _sync,
-                _soak, _workload_stats):
+    for add in (_service, _paced, _engine, _suffix, _draft_batch, _keyed_cost, _per_request,
+                _flips, _sync, _soak, _workload_stats):
         add(sub)
     return p
 
@@ -298,6 +319,26 @@ def _run_flips(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_keyed_cost(args: argparse.Namespace) -> int:
+    from bubblespec.bench.keyed_cost import KeyedCostConfig
+    from bubblespec.bench.keyed_cost import run as run_keyed
+
+    try:
+        sizes = tuple(int(x) for x in args.sizes.split(",") if x)
+    except ValueError:
+        sizes = ()
+    specs = tuple(m for m in args.spec_modes.split(",") if m)
+    if (not sizes or args.n < 1 or any(s < args.n or s % args.n for s in sizes)
+            or args.max_new_tokens < 2 or args.repeats < 1
+            or not set(specs) <= {"none", "ngram", "suffix", "bubblespec"} or not specs):
+        print("bench keyed-cost: --sizes multiples of --n, --max-new-tokens >= 2, "
+              "--repeats >= 1, --spec-modes of none,ngram,suffix,bubblespec", file=sys.stderr)
+        return 2
+    asyncio.run(run_keyed(KeyedCostConfig(sizes, args.n, args.max_new_tokens, args.repeats,
+                                          specs, args.seed, args.model, args.out)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bubblespec bench`."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -338,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         run_batch(sizes, args.steps, args.seed, max(args.suffix_groups, 0),
                   arctic=not args.no_arctic, ngram=not args.no_ngram)
+    elif args.bench == "keyed-cost":
+        return _run_keyed_cost(args)
     elif args.bench == "soak":
         from bubblespec.bench.soak import SoakConfig, run_soak
 
