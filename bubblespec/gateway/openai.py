@@ -547,34 +547,31 @@ async def chat_completions(f: OpenAiFront, body: ChatCompletionIn) -> ChatComple
         prompt_token_ids=got.prompts[0] if body.return_token_ids else None)
 
 
-@protected.post("/v1/completions")
-async def post_completions(request: Request) -> Any:
+async def _answer(request: Request, model: type[Any], run: Any, stream: Any) -> Any:
+    """One route's shape: parse the body as `model`, run it, answer the errors in OpenAI's
+    form (a 422 as 400, as vLLM does), stream it or answer it whole with `logprobs: null`
+    kept on every choice (the openai client reads the key)."""
     try:
-        body = await parse(request, CompletionIn)
-        out = await completions(front(request), body)
+        body = await parse(request, model)
+        out = await run(front(request), body)
     except ApiError as e:
         return oai_error(400 if e.status == 422 else e.status, e.detail, e.field)
     if body.stream:
-        return completion_stream(out, body)
+        return stream(out, body)
     return JSONResponse(out.model_dump(exclude_none=True) | {
         "choices": [c.model_dump(exclude_none=True) | {"logprobs": None if c.logprobs is None
                                                        else c.logprobs.model_dump()}
                     for c in out.choices]})
+
+
+@protected.post("/v1/completions")
+async def post_completions(request: Request) -> Any:
+    return await _answer(request, CompletionIn, completions, completion_stream)
 
 
 @protected.post("/v1/chat/completions")
 async def post_chat_completions(request: Request) -> Any:
-    try:
-        body = await parse(request, ChatCompletionIn)
-        out = await chat_completions(front(request), body)
-    except ApiError as e:
-        return oai_error(400 if e.status == 422 else e.status, e.detail, e.field)
-    if body.stream:
-        return chat_stream(out, body)
-    return JSONResponse(out.model_dump(exclude_none=True) | {
-        "choices": [c.model_dump(exclude_none=True) | {"logprobs": None if c.logprobs is None
-                                                       else c.logprobs.model_dump()}
-                    for c in out.choices]})
+    return await _answer(request, ChatCompletionIn, chat_completions, chat_stream)
 
 
 @public.get("/v1/models")
