@@ -18,7 +18,7 @@ Product and lab (the section at the end; each rule with a negative control on a 
 graph):
 
 3. The product (core, protocol, http, engine, synchronizer, rank, gateway, client, cluster,
-   integrations, metrics, tasks, models, train, rpc, config.py, restarts.py) never imports
+   integrations, metrics, tasks, models, train, rpc, config.py, restarts.py, tls.py) never imports
    the lab (`bubblespec.sim`, `bubblespec.bench`, `bubblespec.calibration`), directly or
    through other bubblespec modules, function-level imports included. The lab imports the
    product; `bubblespec.cli` is the entry layer on top and may import everything. Every
@@ -352,7 +352,7 @@ def test_the_vllm_check_allows_the_public_api() -> None:
 # ---------------------------------------------------------------------- product and lab
 PRODUCT = ("core", "protocol", "http", "engine", "synchronizer", "rank", "gateway", "client",
            "cluster", "integrations", "metrics", "tasks", "models", "train", "rpc", "config",
-           "restarts", "batching")
+           "restarts", "batching", "tls")
 """What a deployment runs (packages and top-level modules under `bubblespec/`)."""
 LAB = ("sim", "bench", "calibration")
 """The lab: the simulator and the benchmarks, and the calibration above both."""

@@ -9,12 +9,16 @@ Prompts may be given as token id lists, as text (tokenized by the gateway), as
 `{"input_ids": ...}` / `{"text": ...}` dicts, or as objects with an `input_ids` attribute
 (e.g. the embedded task's `Prompt`). Sampling parameters: a dict, or a
 `bubblespec.protocol.sampling.SamplingParams`.
+
+Over TLS: `ca=` (the CA that signed the gateway's certificate; a `host:port` then means
+`https://host:port`), and `cert=`/`key=` when the gateway requires a client certificate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +29,7 @@ from typing_extensions import Self
 from bubblespec.client.record import Recorder, derived_seeds, step_record
 from bubblespec.protocol.gateway import RankEntry, RolloutResponse, StepReport, WeightsResult
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
+from bubblespec.tls import client_context
 
 
 class BubbleSpecError(Exception):
@@ -116,13 +121,25 @@ def _unreachable(base_url: str, route: str, e: Exception) -> BubbleSpecUnavailab
                                     f"{type(e).__name__}: {e}", "", route)
 
 
+PathLike = str | os.PathLike[str]
+
+
 class _Common:
     def __init__(self, base_url: str, token: str | None, timeout_s: float,
-                 connect_timeout_s: float, record: str | os.PathLike[str] | None = None
-                 ) -> None:
+                 connect_timeout_s: float, record: PathLike | None = None,
+                 ca: PathLike | None = None, cert: PathLike | None = None,
+                 key: PathLike | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         if "://" not in self.base_url:
-            self.base_url = "http://" + self.base_url
+            self.base_url = ("https://" if ca else "http://") + self.base_url
+        self.verify: ssl.SSLContext | bool = True
+        """httpx's `verify=`: the gateway's certificate must chain to `ca` (and name its
+        host) when `ca` is given, presenting `cert`/`key` as the client certificate; else
+        the system's CAs for an https:// URL."""
+        if ca:
+            self.verify = client_context(ca, cert, key)
+        elif cert:
+            raise ValueError("cert= needs ca=, the CA that verifies the gateway")
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
         self.recorder = Recorder(record) if record is not None else None
@@ -147,10 +164,12 @@ class BubbleSpecClient(_Common):
 
     def __init__(self, base_url: str, token: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0,
-                 record: str | os.PathLike[str] | None = None) -> None:
-        super().__init__(base_url, token, timeout_s, connect_timeout_s, record)
+                 record: str | os.PathLike[str] | None = None, *,
+                 ca: PathLike | None = None, cert: PathLike | None = None,
+                 key: PathLike | None = None) -> None:
+        super().__init__(base_url, token, timeout_s, connect_timeout_s, record, ca, cert, key)
         self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout,
-                                  headers=self.headers)
+                                  headers=self.headers, verify=self.verify)
 
     def close(self) -> None:
         self._http.close()
@@ -238,10 +257,12 @@ class AsyncBubbleSpecClient(_Common):
 
     def __init__(self, base_url: str, token: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = 5.0,
-                 record: str | os.PathLike[str] | None = None) -> None:
-        super().__init__(base_url, token, timeout_s, connect_timeout_s, record)
+                 record: str | os.PathLike[str] | None = None, *,
+                 ca: PathLike | None = None, cert: PathLike | None = None,
+                 key: PathLike | None = None) -> None:
+        super().__init__(base_url, token, timeout_s, connect_timeout_s, record, ca, cert, key)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
-                                       headers=self.headers)
+                                       headers=self.headers, verify=self.verify)
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -12,13 +12,18 @@ from pydantic import Field, SecretStr
 
 from bubblespec.config import BaseConfig
 from bubblespec.protocol.sampling import PregenWindow, SeedMode
+from bubblespec.tls import TlsSettings
 
 ENV_PREFIX = "BUBBLESPEC_GATEWAY_"
 MiB = 1024 * 1024
 
 
-class GatewayConfig(BaseConfig):
-    """bubblespec gateway: the trainer's one address; shards rollouts over the rank servers."""
+class GatewayConfig(BaseConfig, TlsSettings):
+    """bubblespec gateway: the trainer's one address; shards rollouts over the rank servers.
+
+    TLS (`tls_*`, declared in `bubblespec/tls.py`): HTTPS with tls_cert; with tls_ca the
+    synchronizer and the ranks (`https://` for a `host:port`) are called over TLS, verified
+    against it, presenting tls_cert."""
 
     host: str = "127.0.0.1"
     """Interface the HTTP server binds (0.0.0.0 for all)."""

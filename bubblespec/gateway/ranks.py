@@ -28,10 +28,11 @@ NOT_READY_STATES = ("", "starting", RankState.ENGINE_DEAD.value)
 """Rank states (GET /v1/state) in which the gateway sends a rank no work."""
 
 
-def normalize_url(address: str) -> str:
-    """`host:port` -> `http://host:port` (URLs kept, trailing slash dropped)."""
+def normalize_url(address: str, scheme: str = "http") -> str:
+    """`host:port` -> `<scheme>://host:port` (URLs kept, trailing slash dropped); the gateway
+    passes "https" when its calls use TLS (`tls_ca` set)."""
     address = address.strip().rstrip("/")
-    return address if "://" in address else f"http://{address}"
+    return address if "://" in address else f"{scheme}://{address}"
 
 
 @dataclass
@@ -117,6 +118,7 @@ class RankPool:
         self.sync = sync
         token = config.rank_token.get_secret_value() if config.rank_token else None
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
+        self._scheme = "https" if config.tls_client else "http"
 
     def _timeout(self, total_s: float) -> httpx.Timeout:
         total_s = max(0.05, total_s)
@@ -155,13 +157,13 @@ class RankPool:
         lost: list[RankEndpoint] = []
         if snapshot is not None and self.config.discover_ranks:
             for info in snapshot.ranks:
-                ep = RankEndpoint(info.rank_id, normalize_url(info.address), "sync",
+                ep = RankEndpoint(info.rank_id, normalize_url(info.address, self._scheme), "sync",
                                   registered=info.state is not RankState.LOST,
                                   sync_state=info.state.value,
                                   last_heartbeat_age_s=info.last_heartbeat_age_s)
                 (candidates if ep.registered else lost).append(ep)
         for address in self.config.ranks:
-            url = normalize_url(address)
+            url = normalize_url(address, self._scheme)
             candidates.append(RankEndpoint(url, url, "static"))
         await asyncio.gather(*(self.probe(ep) for ep in candidates))
         known = {info.rank_id: info for info in (snapshot.ranks if snapshot else [])}

@@ -26,6 +26,7 @@ from bubblespec.protocol.gateway import RolloutRequest
 from bubblespec.protocol.rank import WeightUpdate
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError
+from bubblespec.tls import http_verify, sync_credentials
 
 log = logging.getLogger("bubblespec.gateway")
 
@@ -47,15 +48,20 @@ class GatewayService:
         c = self.config
         if c.sync_address:
             token = c.sync_token.get_secret_value() if c.sync_token else None
-            self.sync = SyncClient(c.sync_address, token=token, timeout_s=c.sync_timeout_s)
+            self.sync = SyncClient(c.sync_address, token=token, timeout_s=c.sync_timeout_s,
+                                   credentials=sync_credentials(c))
         self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256,
-                                                           max_keepalive_connections=64))
+                                                           max_keepalive_connections=64),
+                                       verify=http_verify(c))
         pool = RankPool(c, self._http, self.sync)
         self._rollouts = Rollouts(c, pool, self.sync, self.metrics, self.preparer)
         self.metrics.watch_ranks(self._rollouts.rank_counts)
-        log.info("gateway on %s:%d (synchronizer: %s, static ranks: %s, auth: %s)",
+        log.info("gateway on %s:%d (synchronizer: %s, static ranks: %s, auth: %s, tls: %s, "
+                 "tls to ranks and synchronizer: %s)",
                  c.host, c.port, c.sync_address or "none", ", ".join(c.ranks) or "none",
-                 "bearer token" if c.token else "none")
+                 "bearer token" if c.token else "none",
+                 ("mutual" if c.tls_client_auth else "server") if c.tls_server else "off",
+                 "on" if c.tls_client else "off")
 
     async def stop(self) -> None:
         """Close the clients."""

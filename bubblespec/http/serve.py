@@ -6,7 +6,8 @@ load the role's config model from `--config` file, environment and CLI flags
 log the effective configuration (secrets masked), then run the role. `http_main` adds what
 the HTTP servers (rank, gateway) share: bind the port first (so that nothing the server starts
 before it listens can take it; port 0 picks a free one, which the config then carries),
-build the app for that config and serve it with uvicorn until SIGTERM/SIGINT.
+build the app for that config and serve it with uvicorn until SIGTERM/SIGINT, over HTTPS when
+the config's TLS settings name a certificate (`uvicorn_server`, `bubblespec/tls.py`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from bubblespec.config import (
     effective_config_dict,
     load_config,
 )
+from bubblespec.tls import TlsSettings, uvicorn_kwargs
 
 if TYPE_CHECKING:
+    import uvicorn
     from starlette.types import ASGIApp
 
 log = logging.getLogger("bubblespec")
@@ -68,6 +71,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_server(config: BaseConfig, app: ASGIApp, *, graceful_shutdown_s: int = 5,
+                   access_log: bool = False) -> uvicorn.Server:
+    """The uvicorn server of an HTTP role's `app`: HTTPS when the config's TLS settings
+    (`bubblespec/tls.py`) name a certificate, client certificates required with
+    `tls_client_auth`. Serve it with `server.run(sockets=[bind(host, port)])`."""
+    import uvicorn
+
+    level: str = getattr(config, "log_level", "INFO")
+    ssl_kwargs = uvicorn_kwargs(config) if isinstance(config, TlsSettings) else {}
+    return uvicorn.Server(uvicorn.Config(
+        app, log_level=level.lower(), access_log=access_log,
+        timeout_graceful_shutdown=graceful_shutdown_s, **ssl_kwargs))
+
+
 def http_main(model: type[C], argv: Sequence[str] | None, build: Callable[[C], ASGIApp], *,
               prog: str, env_prefix: str = DEFAULT_ENV_PREFIX, graceful_shutdown_s: int = 5,
               access_log: bool = False) -> int:
@@ -83,12 +100,8 @@ def http_main(model: type[C], argv: Sequence[str] | None, build: Callable[[C], A
             return EXIT_BIND
         if port == 0:
             config = config.model_copy(update={"port": sock.getsockname()[1]})
-        import uvicorn
-
-        level: str = config.log_level
-        server = uvicorn.Server(uvicorn.Config(
-            build(config), log_level=level.lower(), access_log=access_log,
-            timeout_graceful_shutdown=graceful_shutdown_s))
+        server = uvicorn_server(config, build(config), graceful_shutdown_s=graceful_shutdown_s,
+                                access_log=access_log)
         server.run(sockets=[sock])
         return 0
 

@@ -17,12 +17,16 @@ from pydantic import Field, SecretStr
 from bubblespec.config import BaseConfig
 from bubblespec.engine.config import EngineConfig
 from bubblespec.protocol.limits import MAX_BRANCH_OFFERS
+from bubblespec.tls import TlsSettings
 
 ENV_PREFIX = "BUBBLESPEC_RANK_"
 
 
-class RankConfig(BaseConfig, EngineConfig):
-    """bubblespec rank server: one vLLM engine, its shard of each step, pre-generation."""
+class RankConfig(BaseConfig, EngineConfig, TlsSettings):
+    """bubblespec rank server: one vLLM engine, its shard of each step, pre-generation.
+
+    TLS (`tls_*`, declared in `bubblespec/tls.py`): HTTPS with tls_cert; with tls_ca the
+    synchronizer is called over TLS, verified against it, presenting tls_cert."""
 
     rank_id: str = Field("", max_length=128)
     """Rank name (default: r<ordinal> from a StatefulSet hostname, else rank-<port>)."""

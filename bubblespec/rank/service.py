@@ -119,10 +119,12 @@ class RankService:
             return
         if self.cfg.sync_address:
             from bubblespec.synchronizer.client import SyncClient
+            from bubblespec.tls import sync_credentials
 
             tok = self.cfg.sync_token.get_secret_value() if self.cfg.sync_token else None
             self.sync = SyncClient(self.cfg.sync_address, token=tok,
-                                   timeout_s=self.cfg.sync_timeout_s)
+                                   timeout_s=self.cfg.sync_timeout_s,
+                                   credentials=sync_credentials(self.cfg))
             try:
                 await self.sync.register(self.rank_id, self.address,
                                          weight_version=self.engine.weight_version,

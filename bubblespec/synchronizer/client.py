@@ -72,7 +72,8 @@ def _error(method: str, e: grpc.aio.AioRpcError) -> SyncError:
 
 
 class SyncClient:
-    """Async client of one synchronizer (`address` is host:port).
+    """Async client of one synchronizer (`address` is host:port; over TLS with `credentials`,
+    e.g. `bubblespec.tls.sync_credentials(config)`).
 
     Create it inside the event loop that will use it (e.g. in a FastAPI lifespan): the gRPC
     channel binds to the running loop. One client may serve several ranks.
@@ -80,19 +81,23 @@ class SyncClient:
 
     def __init__(self, address: str, token: str | None = None, timeout_s: float = 2.0, *,
                  max_message_bytes: int = 64 * 1024 * 1024, fetch_batch: int = 1024,
-                 push_batch: int = 512) -> None:
+                 push_batch: int = 512, credentials: grpc.ChannelCredentials | None = None
+                 ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.fetch_batch = fetch_batch
         self.push_batch = push_batch
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
             ("grpc.keepalive_time_ms", 10_000),
-        ])
+        ]
+        self._channel = (grpc.aio.insecure_channel(address, options=options)
+                         if credentials is None
+                         else grpc.aio.secure_channel(address, credentials, options=options))
         self._stub = pb_grpc.SynchronizerStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._registrations: dict[str, pb.RegisterRankRequest] = {}

@@ -7,12 +7,16 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 
 from bubblespec.config import BaseConfig
+from bubblespec.tls import TlsSettings
 
 MiB = 1024 * 1024
 
 
-class SyncConfig(BaseConfig):
-    """bubblespec synchronizer: step coordination, pre-generation queue, draft store."""
+class SyncConfig(BaseConfig, TlsSettings):
+    """bubblespec synchronizer: step coordination, pre-generation queue, draft store.
+
+    TLS (`tls_*`, declared in `bubblespec/tls.py`): the gRPC server serves TLS with tls_cert,
+    and with tls_client_auth refuses ranks and gateways without a certificate from tls_ca."""
 
     host: str = "127.0.0.1"
     """Interface the gRPC server binds (0.0.0.0 for all)."""

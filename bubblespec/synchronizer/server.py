@@ -2,7 +2,8 @@
 
 One grpc.aio server on one event loop carries the Synchronizer service and the standard
 `grpc.health.v1` service (overall "" and "bubblespec.rpc.v1.Synchronizer": NOT_SERVING until
-ready, SERVING while up, NOT_SERVING again once shutdown starts). A background task marks
+ready, SERVING while up, NOT_SERVING again once shutdown starts), over TLS when the config
+names a certificate (`tls_*`, `bubblespec/tls.py`; mutual with `tls_client_auth`). A background task marks
 silent ranks LOST. Prometheus metrics are served over HTTP on `--metrics-port`. SIGTERM/SIGINT
 shut down gracefully: health flips, WatchStep streams end, in-flight RPCs get
 `shutdown_grace_s`.
@@ -31,6 +32,7 @@ from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
 from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.service import SynchronizerService
 from bubblespec.synchronizer.state import SyncState
+from bubblespec.tls import server_credentials
 
 log = logging.getLogger("bubblespec.synchronizer")
 
@@ -75,8 +77,12 @@ class SyncServer:
         pb_grpc.add_SynchronizerServicer_to_server(
             SynchronizerService(self.state, c, self.metrics), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        creds = server_credentials(c)
         try:
-            self.port = self._server.add_insecure_port(f"{c.host}:{c.port}")
+            if creds is None:
+                self.port = self._server.add_insecure_port(f"{c.host}:{c.port}")
+            else:
+                self.port = self._server.add_secure_port(f"{c.host}:{c.port}", creds)
         except RuntimeError as e:
             raise RuntimeError(f"cannot bind {c.host}:{c.port}: {e}") from e
         if not self.port:
@@ -88,11 +94,12 @@ class SyncServer:
         self._reaper = asyncio.create_task(self._reap_forever(), name="sync-reaper")
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("synchronizer %s listening on %s:%d (metrics: %s, auth: %s)",
+        log.info("synchronizer %s listening on %s:%d (metrics: %s, auth: %s, tls: %s)",
                  self.state.instance_id, c.host, self.port,
                  f"http://{c.metrics_host}:{self.metrics_port}/metrics"
                  if self.metrics_port is not None else "off",
-                 "bearer token" if c.token else "none")
+                 "bearer token" if c.token else "none",
+                 ("mutual" if c.tls_client_auth else "server") if c.tls_server else "off")
 
     async def _reap_forever(self) -> None:
         period = max(0.02, min(self.config.heartbeat_interval_s, self.config.rank_timeout_s / 4))
