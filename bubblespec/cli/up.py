@@ -1,6 +1,6 @@
 """`bubblespec up`: a local cluster (synchronizer, N rank servers, gateway) as child processes.
 
-    bubblespec up --ranks 2 [--model DIR] [--rank-arg=--spec-mode=none] [--log-dir DIR]
+    bubblespec up --ranks 2 [--model DIR] [--rank-arg=--spec-mode=none] [--log-dir DIR] [--tls]
 
 Starts a `LocalCluster` (bubblespec/cluster/local.py), prints the addresses once every child
 is ready, and serves until Ctrl-C or SIGTERM (exit 0). A child that exits afterwards (a rank
@@ -8,7 +8,9 @@ whose engine restarts are spent, a crash, a kill) is reported and started again 
 backoff (1 s doubling to 30 s) while the gateway routes around it; only a child that keeps
 dying, once more after `--give-up-restarts` (10) restarts within `--give-up-window-s` (600 s),
 stops the rest, and the command exits 1 with that child's log tail. A child that dies during
-start fails the start the same way.
+start fails the start the same way. `--tls` makes a throwaway CA and one certificate in
+`<log-dir>/tls/` and runs every child with mutual TLS; the addresses printed then include
+the CA, certificate and key a client needs (`BubbleSpecClient(url, ca=, cert=, key=)`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--gateway-port", type=int, default=0, help="gateway port [free port]")
     p.add_argument("--sync-port", type=int, default=0, help="synchronizer port [free port]")
     p.add_argument("--token", default=None, help="bearer token for every service")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS between every service and towards clients, with a "
+                        "throwaway CA made in <log-dir>/tls/ (its paths are printed)")
     p.add_argument("--start-timeout-s", type=float, default=600.0,
                    help="give up if not ready after this long [600]")
     p.add_argument("--grace-s", type=float, default=10.0,
@@ -83,7 +88,7 @@ def main(argv: Sequence[str]) -> int:
         host=args.host, gateway_port=args.gateway_port, sync_port=args.sync_port,
         token=args.token, start_timeout_s=args.start_timeout_s, grace_s=args.grace_s,
         supervise=args.supervise, give_up_restarts=args.give_up_restarts,
-        give_up_window_s=args.give_up_window_s)
+        give_up_window_s=args.give_up_window_s, tls=args.tls)
     _report_children()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -93,6 +98,10 @@ def main(argv: Sequence[str]) -> int:
         print("bubblespec up: ready")
         for k, v in cluster.addresses().items():
             print(f"  {k:<13} {v}")
+        if cluster.pki is not None:
+            p = cluster.pki
+            print(f"TLS: clients verify the servers with --tls-ca/ca= {p.ca} and present "
+                  f"--tls-cert/cert= {p.cert} --tls-key/key= {p.key}")
         print("Ctrl-C to stop.", flush=True)
         while True:
             if args.supervise:

@@ -51,6 +51,11 @@ class Cluster(ABC):
     def addresses(self) -> dict[str, Any]:
         """Every address worth printing (gateway, synchronizer and its metrics, ranks)."""
 
+    def client_tls(self) -> dict[str, str]:
+        """The `ca`/`cert`/`key` keyword arguments of `BubbleSpecClient` for this cluster's
+        gateway: empty when the cluster runs without TLS."""
+        return {}
+
     @abstractmethod
     def start(self) -> Self:
         """Start every member and wait until all are ready; `ClusterError` if not."""

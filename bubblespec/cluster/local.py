@@ -9,7 +9,8 @@ exits, whatever its status, is started again with the same command after a backo
 it dies faster than the give-up rate (`gave_up` then names it). `stop()` ends supervision
 first, then sends SIGTERM to every child, then SIGKILL to whatever is left after a grace
 period. Each child logs to `<log-dir>/<name>.log`. Used by `bubblespec up`, `bubblespec run`,
-the benchmarks and the tests:
+the benchmarks and the tests. `tls=True` makes a throwaway CA and runs every child with mutual
+TLS (clients then pass `client_tls()`):
 
     with LocalCluster(ranks=2) as c:
         BubbleSpecClient(c.gateway_url).rollout(...)
@@ -22,6 +23,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,14 @@ from typing_extensions import Self
 from bubblespec.cluster.base import Cluster, ClusterError
 from bubblespec.cluster.child import Child
 from bubblespec.cluster.supervisor import ChildEvent, Supervisor
+from bubblespec.tls import (
+    DEFAULT_HOSTS,
+    Pki,
+    channel_credentials,
+    client_context,
+    grpc_channel,
+    write_throwaway_pki,
+)
 
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
              "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "MALLOC_ARENA_MAX": "2"}
@@ -94,6 +104,13 @@ class LocalCluster(Cluster):
     """The window of give_up_restarts, seconds."""
     on_child_event: Callable[[ChildEvent], None] | None = None
     """Called (from the supervisor's thread) on every exit, restart and give-up of a child."""
+    tls: bool = False
+    """Mutual TLS everywhere: a throwaway CA and one certificate for this host, made in
+    `<log-dir>/tls/` at start (`bubblespec.tls.write_throwaway_pki`); every child serves TLS,
+    requires a client certificate from that CA and presents its own. Clients pass
+    `client_tls()` (the CA, and a certificate signed by it)."""
+    pki: Pki | None = field(default=None, init=False)
+    """The CA and certificate files when `tls` (set at start)."""
     children: dict[str, Child] = field(default_factory=dict, init=False)
     supervisor: Supervisor | None = field(default=None, init=False, repr=False)
     _rank_ports: list[int] = field(default_factory=list, init=False, repr=False)
@@ -102,8 +119,12 @@ class LocalCluster(Cluster):
     # ------------------------------------------------------------------ addresses
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
     def gateway_url(self) -> str:
-        return f"http://{self.host}:{self.gateway_port}"
+        return f"{self.scheme}://{self.host}:{self.gateway_port}"
 
     @property
     def sync_address(self) -> str:
@@ -115,12 +136,28 @@ class LocalCluster(Cluster):
 
     @property
     def rank_urls(self) -> dict[str, str]:
-        return {r: f"http://{self.host}:{p}" for r, p in zip(self.rank_ids, self._rank_ports)}
+        return {r: f"{self.scheme}://{self.host}:{p}"
+                for r, p in zip(self.rank_ids, self._rank_ports)}
 
     def addresses(self) -> dict[str, Any]:
-        return {"gateway": self.gateway_url, "synchronizer": self.sync_address,
-                "sync_metrics": f"http://{self.host}:{self._sync_metrics_port}/metrics",
-                "ranks": self.rank_urls, "log_dir": str(self.log_dir)}
+        out = {"gateway": self.gateway_url, "synchronizer": self.sync_address,
+               "sync_metrics": f"http://{self.host}:{self._sync_metrics_port}/metrics",
+               "ranks": self.rank_urls, "log_dir": str(self.log_dir)}
+        if self.pki is not None:
+            out.update(tls_ca=str(self.pki.ca), tls_cert=str(self.pki.cert),
+                       tls_key=str(self.pki.key))
+        return out
+
+    def client_tls(self) -> dict[str, str]:
+        if self.pki is None:
+            return {}
+        return {"ca": str(self.pki.ca), "cert": str(self.pki.cert), "key": str(self.pki.key)}
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify=` for the cluster's own readiness probes."""
+        if self.pki is None:
+            return True
+        return client_context(self.pki.ca, self.pki.cert, self.pki.key)
 
     # ------------------------------------------------------------------ start / stop
 
@@ -143,11 +180,17 @@ class LocalCluster(Cluster):
             self.log_dir = tempfile.mkdtemp(prefix="bubblespec-up-")
         log_dir = Path(self.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
+        tls: list[str] = []
+        if self.tls:
+            if self.pki is None:
+                self.pki = write_throwaway_pki(
+                    log_dir / "tls", hosts=list(dict.fromkeys([*DEFAULT_HOSTS, self.host])))
+            tls = self.pki.flags(client_auth=True)
         tok = ["--token", self.token] if self.token else []
         self.children["sync"] = Child("sync", self._cmd(
             "sync", "--host", self.host, "--port", str(self.sync_port), "--metrics-host",
-            self.host, "--metrics-port", str(self._sync_metrics_port), *tok, *self.sync_args),
-            log_dir / "sync.log", self._child_env())
+            self.host, "--metrics-port", str(self._sync_metrics_port), *tok, *tls,
+            *self.sync_args), log_dir / "sync.log", self._child_env())
         cores = os.cpu_count() or 1
         per = cores // self.ranks if self.ranks else 0
         for i, (rank_id, port) in enumerate(zip(self.rank_ids, self._rank_ports)):
@@ -161,6 +204,7 @@ class LocalCluster(Cluster):
                 argv += ["--model", str(self.model)]
             if self.token:
                 argv += ["--token", self.token, "--sync-token", self.token]
+            argv += tls
             self.children[rank_id] = Child(rank_id, self._cmd(*argv, *self.rank_args),
                                            log_dir / f"{rank_id}.log", self._child_env(extra))
         argv = ["gateway", "--host", self.host, "--port", str(self.gateway_port),
@@ -171,6 +215,7 @@ class LocalCluster(Cluster):
         if self.token:
             argv += ["--token", self.token, "--rank-token", self.token, "--sync-token",
                      self.token]
+        argv += tls
         self.children["gateway"] = Child("gateway", self._cmd(*argv, *self.gateway_args),
                                          log_dir / "gateway.log", self._child_env())
 
@@ -239,7 +284,9 @@ class LocalCluster(Cluster):
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        with grpc.insecure_channel(self.sync_address) as ch:
+        creds = (None if self.pki is None
+                 else channel_credentials(self.pki.ca, self.pki.cert, self.pki.key))
+        with grpc_channel(self.sync_address, creds) as ch:
             try:
                 r = health_pb2_grpc.HealthStub(ch).Check(
                     health_pb2.HealthCheckRequest(service=""), timeout=1.0)
@@ -251,7 +298,8 @@ class LocalCluster(Cluster):
         """Ready once /health_generate says 200; ClusterError when the engine failed to start
         (the rank stays up and reports why, which would otherwise wait out the timeout)."""
         try:
-            r = httpx.get(self.rank_urls[name] + "/health_generate", timeout=2.0)
+            r = httpx.get(self.rank_urls[name] + "/health_generate", timeout=2.0,
+                          verify=self._verify())
         except httpx.HTTPError:
             return False
         if r.status_code == 200:
@@ -266,10 +314,9 @@ class LocalCluster(Cluster):
                                f"{child.log_tail()}")
         return False
 
-    @staticmethod
-    def _http_ready(url: str) -> bool:
+    def _http_ready(self, url: str) -> bool:
         try:
-            return httpx.get(url, timeout=2.0).status_code == 200
+            return httpx.get(url, timeout=2.0, verify=self._verify()).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -277,7 +324,8 @@ class LocalCluster(Cluster):
         if not self._http_ready(self.gateway_url + "/health_generate"):
             return False
         try:
-            r = httpx.get(self.gateway_url + "/v1/ranks", timeout=5.0).json()
+            r = httpx.get(self.gateway_url + "/v1/ranks", timeout=5.0,
+                          verify=self._verify()).json()
         except (httpx.HTTPError, ValueError):
             return False
         ready = {x["rank_id"] for x in r.get("ranks", []) if x.get("ready")
