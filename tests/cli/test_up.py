@@ -32,7 +32,7 @@ def test_up_command_exits_nonzero_with_the_log_tail(tmp_path: Path) -> None:
 def test_up_help_and_bad_args() -> None:
     r = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "up", "--help"],
                        check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert r.returncode == 0 and "--rank-arg" in r.stdout
+    assert r.returncode == 0 and "--rank-arg" in r.stdout and "--tls" in r.stdout
     r = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "up", "--ranks", "0"],
                        check=False, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert r.returncode == 2

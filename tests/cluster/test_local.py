@@ -50,3 +50,24 @@ def test_engine_start_failure_fails_fast_with_the_reason(tmp_path: Path) -> None
         c.start()
     assert time.monotonic() - t0 < 200
     assert all(_gone(ch.proc.pid) for ch in c.children.values() if ch.proc is not None)
+
+
+def test_tls_plan_gives_every_child_the_throwaway_certificates(tmp_path: Path) -> None:
+    c = LocalCluster(ranks=2, log_dir=tmp_path, model=str(tmp_path), tls=True)
+    c._plan()  # no child started: the commands and files only
+    pki = c.pki
+    assert pki is not None and pki.ca.parent == tmp_path / "tls"
+    assert pki.ca.is_file() and pki.cert.is_file() and pki.key.is_file()
+    for name, child in c.children.items():
+        cmd = child.argv
+        for flag, path in (("--tls-cert", pki.cert), ("--tls-key", pki.key),
+                           ("--tls-ca", pki.ca)):
+            assert cmd[cmd.index(flag) + 1] == str(path), name
+        assert "--tls-client-auth" in cmd, name
+    assert c.gateway_url.startswith("https://")
+    assert all(u.startswith("https://") for u in c.rank_urls.values())
+    assert c.client_tls() == {"ca": str(pki.ca), "cert": str(pki.cert), "key": str(pki.key)}
+    plain = LocalCluster(ranks=1, log_dir=tmp_path / "plain", model=str(tmp_path))
+    plain._plan()
+    assert plain.pki is None and plain.client_tls() == {}
+    assert not any("--tls-ca" in ch.argv for ch in plain.children.values())
