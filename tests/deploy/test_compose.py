@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.deploy.helpers import (
+    DEPLOY,
     HERE,
     REPO,
     check_command,
@@ -242,3 +243,66 @@ def test_token_is_shared_and_optional() -> None:
         assert cfg.token is not None and cfg.token.get_secret_value() == "s3cret"
         assert configs()[name].token is None
     assert plain_parser("health") is not None
+
+
+# ---------------------------------------------------------------------- the TLS overlay
+TLS_OVERLAY = REPO / "deploy" / "compose.tls.yml"
+SECRETS = "/run/secrets/"
+
+
+@cache
+def tls_overlay() -> dict[str, Any]:
+    return yaml.safe_load(TLS_OVERLAY.read_text())
+
+
+def test_tls_overlay_matches_the_compose_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed")
+    schema = json.loads((HERE / "compose-spec.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(tls_overlay())
+
+
+def test_tls_overlay_turns_on_mutual_tls_everywhere(tmp_path: Path) -> None:
+    """Every bubblespec service gets the three secrets and valid tls_* settings (the secret
+    files as the python line in the overlay's header writes them); the healthchecks and
+    Prometheus present the client certificate."""
+    from bubblespec.tls import write_throwaway_pki
+
+    pki = write_throwaway_pki(tmp_path)
+    over = tls_overlay()
+    secrets = over["secrets"]
+    files = {name: Path(s["file"]).name for name, s in secrets.items()}
+    assert files == {"bubblespec-tls-ca": pki.ca.name, "bubblespec-tls-cert": pki.cert.name,
+                     "bubblespec-tls-key": pki.key.name}
+    assert all(s["file"].startswith("./deploy/tls/") for s in secrets.values())
+    real = {SECRETS + name: str(tmp_path / f) for name, f in files.items()}
+    for name, base in bubblespec_services().items():
+        patch = over["services"][name]
+        assert set(patch["secrets"]) == set(secrets), name
+        env = {**env_mapping(base.get("environment")), **env_mapping(patch["environment"])}
+        env = {k: real.get(v, v) for k, v in env.items()}
+        cfg = check_command(container_argv(name), env, where=f"compose.tls.yml {name}")
+        assert cfg.tls_server and cfg.tls_client and cfg.tls_client_auth, name
+        test = patch["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        args = check_command(test[1:], where=f"compose.tls.yml {name}.healthcheck")
+        assert {args.tls_ca, args.tls_cert, args.tls_key} <= set(real), name
+        if container_argv(name)[1] == "sync":
+            assert args.grpc == f"localhost:{cfg.port}", name
+        else:
+            assert args.http == f"https://localhost:{cfg.port}/health_generate", name
+    prom = over["services"]["prometheus"]
+    (mount,) = prom["volumes"]
+    src, dst = mount.split(":")[:2]
+    assert dst == "/etc/prometheus/prometheus.yml" and (REPO / src).is_file()
+    plain = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    tls = yaml.safe_load((REPO / src).read_text())
+    strip = {"scheme", "tls_config"}
+    assert [{k: v for k, v in j.items() if k not in strip} for j in tls["scrape_configs"]] \
+        == plain["scrape_configs"]
+    assert {k: v for k, v in tls.items() if k != "scrape_configs"} == \
+        {k: v for k, v in plain.items() if k != "scrape_configs"}
+    for job in tls["scrape_configs"]:
+        if job["job_name"] in ("bubblespec-rank", "bubblespec-gateway"):
+            assert job["scheme"] == "https"
+            assert set(job["tls_config"].values()) <= set(real), job
+

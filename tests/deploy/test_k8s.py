@@ -298,3 +298,99 @@ def test_kubectl_kustomize_builds_if_available() -> None:
                        for v in vols), "workloads use the hashed ConfigMap name"
         if d["kind"] != "Namespace":
             assert d["metadata"]["namespace"] == "bubblespec"
+
+
+# ---------------------------------------------------------------------- the TLS overlay
+TLS_DIR = DEPLOY / "k8s-tls"
+TLS_SECRET = "bubblespec-tls"
+TLS_MOUNT = "/var/run/bubblespec-tls"
+
+
+def _tls_patches() -> dict[tuple[str, str], dict[str, Any]]:
+    k = yaml.safe_load((TLS_DIR / "kustomization.yaml").read_text())
+    assert k["resources"] == ["../k8s"]
+    listed = {p["path"] for p in k["patches"]}
+    on_disk = {p.name for p in TLS_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk, listed ^ on_disk
+    out = {}
+    for name in sorted(listed):
+        d = yaml.safe_load((TLS_DIR / name).read_text())
+        out[(d["kind"], d["metadata"]["name"])] = d
+    return out
+
+
+def _merge_env(base: list[dict[str, Any]], patch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A strategic merge of env lists as kustomize makes it: the patch's entries first, in
+    their order, then the base's other entries (which matters to `$(VAR)` references)."""
+    names = {e["name"] for e in patch}
+    return [*patch, *(e for e in base if e["name"] not in names)]
+
+
+def test_tls_overlay_patches_every_service(tmp_path: Path) -> None:
+    from bubblespec.tls import write_throwaway_pki
+
+    pki = write_throwaway_pki(tmp_path)
+    real = {f"{TLS_MOUNT}/ca.crt": str(pki.ca), f"{TLS_MOUNT}/tls.crt": str(pki.cert),
+            f"{TLS_MOUNT}/tls.key": str(pki.key)}
+    patches = _tls_patches()
+    for (kind, name), patch in patches.items():
+        by_name(kind, name)  # the patch targets a resource of the base
+    patched = set()
+    for w, c in containers():
+        patch = patches.get((w["kind"], w["metadata"]["name"]))
+        assert patch is not None, f"{w['metadata']['name']}: no TLS patch"
+        spec = patch["spec"]["template"]["spec"]
+        (pc,) = spec["containers"]
+        assert pc["name"] == c["name"]
+        vols = {v["name"]: v for v in spec["volumes"]}
+        (mount,) = pc["volumeMounts"]
+        assert mount["mountPath"] == TLS_MOUNT
+        assert vols[mount["name"]]["secret"]["secretName"] == TLS_SECRET
+        env = container_env({"name": c["name"], "env": _merge_env(c["env"], pc["env"])})
+        tls = {k: v for k, v in env.items() if "_TLS_" in k}
+        assert len(tls) == 4, tls
+        env = {k: real.get(v, v) for k, v in env.items()}
+        cfg = check_command(argv_of(c), env, files=container_files(w, c),
+                            where=f"tls/{w['metadata']['name']}")
+        assert cfg.tls_server and cfg.tls_client and cfg.tls_client_auth
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if probe not in c:
+                continue
+            p = pc[probe]
+            assert set(p) >= {"exec"} and (p.get("httpGet", 0) is None
+                                           or p.get("grpc", 0) is None), probe
+            args = check_command(p["exec"]["command"], where=f"{c['name']}.{probe}")
+            assert args.tls_ca in real and args.tls_cert in real and args.tls_key in real
+            target = args.grpc or args.http
+            port = cfg.port
+            assert f"localhost:{port}" in target, (probe, target)
+            assert args.grpc or target.startswith("https://")
+        if role(c) == "rank":
+            assert cfg.advertise_address == f"<metadata.name>.bubblespec-rank." \
+                                            f"<metadata.namespace>.svc:{cfg.port}"
+        patched.add(c["name"])
+    assert patched == {"synchronizer", "rank", "gateway"}
+    for sm in ("bubblespec-rank", "bubblespec-gateway"):
+        (ep,) = patches[("ServiceMonitor", sm)]["spec"]["endpoints"]
+        (base_ep,) = by_name("ServiceMonitor", sm)["spec"]["endpoints"]
+        assert {k: ep[k] for k in base_ep} == base_ep and ep["scheme"] == "https"
+        tc = ep["tlsConfig"]
+        assert {tc["ca"]["secret"]["name"], tc["cert"]["secret"]["name"],
+                tc["keySecret"]["name"]} == {TLS_SECRET}
+
+
+def test_tls_overlay_builds_if_kubectl_available() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed: `kubectl kustomize` not run")
+    r = run([kubectl, "kustomize", str(TLS_DIR)])
+    assert r.returncode == 0, r.stderr
+    for d in yaml.safe_load_all(r.stdout):
+        if d and d["kind"] in WORKLOADS:
+            (c,) = d["spec"]["template"]["spec"]["containers"]
+            assert "exec" in c["readinessProbe"] and "httpGet" not in c["readinessProbe"]
+            assert "grpc" not in c["readinessProbe"]
+            env = container_env(c)
+            assert not any("$(" in v for v in env.values()), env
+            if c["name"] == "rank":
+                assert env["BUBBLESPEC_RANK_ADVERTISE_ADDRESS"].startswith("<metadata.name>.")
