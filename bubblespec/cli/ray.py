@@ -8,6 +8,8 @@
 or on a new local Ray instance when none is given. It prints the addresses once every actor
 is ready, then runs until Ctrl-C or SIGTERM and stops the actors; with `--detach` (needs
 `--address`) it leaves them running and returns, and `status` / `down` find them by name.
+`--tls` runs every server with mutual TLS: with the `--tls-ca/--tls-cert/--tls-key` files
+(a mounted Secret on KubeRay), else with a throwaway CA for the nodes' IP addresses.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bubblespec.cluster import ClusterError
+from bubblespec.tls import Pki
 
 
 def _raise_interrupt(_sig: int, _frame: Any) -> None:
@@ -79,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="give up if not ready after this long [600]")
     up.add_argument("--grace-s", type=float, default=10.0,
                     help="SIGTERM -> SIGKILL grace period at shutdown [10]")
+    up.add_argument("--tls", action="store_true",
+                    help="mutual TLS between every service and towards clients: with the "
+                         "--tls-ca/--tls-cert/--tls-key files, else a throwaway CA for the "
+                         "nodes' IPs (its paths are printed)")
+    up.add_argument("--tls-ca", default=None, metavar="PEM", help="CA of --tls")
+    up.add_argument("--tls-cert", default=None, metavar="PEM",
+                    help="certificate of every server with --tls (names every node's IP)")
+    up.add_argument("--tls-key", default=None, metavar="PEM", help="key of --tls-cert")
     _common(sub.add_parser("status", help="list the actors and their addresses"))
     down = sub.add_parser("down", help="stop the actors and free their bundles")
     _common(down)
@@ -94,7 +106,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             p.error("--ranks must be >= 1")
         if args.detach and args.address is None:
             p.error("--detach needs --address (a local Ray ends with this command)")
+        files = (args.tls_ca, args.tls_cert, args.tls_key)
+        if any(files) and not (all(files) and args.tls):
+            p.error("--tls-ca, --tls-cert and --tls-key go together, with --tls")
     return args
+
+
+def _pki(args: argparse.Namespace) -> Pki | None:
+    if not args.tls_ca:
+        return None
+    return Pki(ca=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key))
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -109,7 +130,7 @@ def _up(args: argparse.Namespace) -> int:
         sync_port=args.sync_port, sync_metrics_port=args.sync_metrics_port,
         rank_port_base=args.rank_port_base, token=args.token, max_restarts=args.max_restarts,
         detached=args.detach, log_dir=args.log_dir, start_timeout_s=args.start_timeout_s,
-        grace_s=args.grace_s)
+        grace_s=args.grace_s, tls=args.tls, pki=_pki(args))
     signal.signal(signal.SIGTERM, _raise_interrupt)
     where = args.address or "a new local Ray instance"
     try:
@@ -119,6 +140,10 @@ def _up(args: argparse.Namespace) -> int:
         print("bubblespec ray up: ready")
         for k, v in cluster.addresses().items():
             print(f"  {k:<13} {v}")
+        if cluster.tls and cluster.pki is not None:
+            p = cluster.pki
+            print(f"TLS: clients verify the servers with ca= {p.ca} and present cert= "
+                  f"{p.cert} key= {p.key}")
         if args.detach:
             print(f"Detached: `bubblespec ray down --address {args.address}` stops it.")
             return 0

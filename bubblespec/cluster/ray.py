@@ -17,7 +17,8 @@ tests take either. On `start()`:
 Every actor has `max_restarts`: Ray restarts a dead rank or synchronizer actor, whose server
 comes back on the same node and ports and re-registers (`ray_actors.py`). With
 `detached=True` the actors outlive the driver (`bubblespec ray up --detach`), and
-`ray_status` / `ray_down` find them again by name.
+`ray_status` / `ray_down` find them again by name. With `tls=True` every server runs with
+mutual TLS (a throwaway CA made on the driver, or the files of `pki`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import ssl
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -36,6 +39,14 @@ from typing_extensions import Self
 
 from bubblespec.cluster.base import Cluster, ClusterError
 from bubblespec.cluster.ray_actors import ACTOR_CLASSES, RoleSpec
+from bubblespec.tls import (
+    DEFAULT_HOSTS,
+    Pki,
+    channel_credentials,
+    client_context,
+    grpc_channel,
+    write_throwaway_pki,
+)
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -72,12 +83,12 @@ def cpu_binding(index: int, ranks: int, cores: int) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": f"{lo}-{hi}" if hi > lo else str(lo)}
 
 
-def grpc_serving(address: str) -> bool:
-    """True when the gRPC health service at `address` says SERVING."""
+def grpc_serving(address: str, credentials: Any = None) -> bool:
+    """True when the gRPC health service at `address` says SERVING (TLS with `credentials`)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as ch:
+    with grpc_channel(address, credentials) as ch:
         try:
             r = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=1.0)
@@ -127,10 +138,20 @@ class RayCluster(Cluster):
     env: Mapping[str, str] = field(default_factory=dict)
     bind_cores: bool = True
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    tls: bool = False
+    """Mutual TLS everywhere: every actor's server gets the CA, certificate and key of `pki`
+    (as PEM text, written on its node), requires client certificates from the CA and presents
+    its own; without `pki`, a throwaway CA and one certificate for the Ray nodes' IP addresses
+    (those alive at start), localhost and 127.0.0.1 are made on the driver at start."""
+    pki: Pki | None = None
+    """The CA, certificate and key files to use with `tls` (e.g. a mounted Secret); the
+    certificate must name every node's IP address (ranks advertise it) and allow both server
+    and client auth."""
     actors: dict[str, Any] = field(default_factory=dict, init=False)
     info: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
     _pg: Any = field(default=None, init=False, repr=False)
     _own_ray: bool = field(default=False, init=False, repr=False)
+    _pem: tuple[tuple[str, str], ...] = field(default=(), init=False, repr=False)
 
     # ------------------------------------------------------------------ addresses
 
@@ -151,10 +172,39 @@ class RayCluster(Cluster):
         return {r: str(self.info[r]["url"]) for r in self.rank_ids if r in self.info}
 
     def addresses(self) -> dict[str, Any]:
-        return {"gateway": self.gateway_url, "synchronizer": self.sync_address,
-                "sync_metrics": self.info["sync"]["metrics"], "ranks": self.rank_urls,
-                "ray_namespace": self.namespace, "actors": self.actor_names(),
-                "log_dir": self.info["sync"]["log"].rsplit("/", 1)[0] + " (on each node)"}
+        out = {"gateway": self.gateway_url, "synchronizer": self.sync_address,
+               "sync_metrics": self.info["sync"]["metrics"], "ranks": self.rank_urls,
+               "ray_namespace": self.namespace, "actors": self.actor_names(),
+               "log_dir": self.info["sync"]["log"].rsplit("/", 1)[0] + " (on each node)"}
+        if self.tls and self.pki is not None:
+            out.update(tls_ca=str(self.pki.ca), tls_cert=str(self.pki.cert),
+                       tls_key=str(self.pki.key))
+        return out
+
+    def client_tls(self) -> dict[str, str]:
+        if not self.tls or self.pki is None:
+            return {}
+        return {"ca": str(self.pki.ca), "cert": str(self.pki.cert), "key": str(self.pki.key)}
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify=` for the driver's readiness probes."""
+        if not self.tls or self.pki is None:
+            return True
+        return client_context(self.pki.ca, self.pki.cert, self.pki.key)
+
+    def _tls_pem(self) -> tuple[tuple[str, str], ...]:
+        """The PEM texts every actor gets (`RoleSpec.tls`); a throwaway CA made here first
+        when `tls` is on without `pki`."""
+        if not self.tls:
+            return ()
+        if self.pki is None:
+            import ray
+
+            ips = [str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")]
+            where = tempfile.mkdtemp(prefix=f"bubblespec-ray-tls-{self.run_id}-")
+            self.pki = write_throwaway_pki(where, hosts=[*DEFAULT_HOSTS, *ips])
+        return (("ca", self.pki.ca.read_text()), ("cert", self.pki.cert.read_text()),
+                ("key", self.pki.key.read_text()))
 
     def actor_names(self) -> dict[str, str]:
         return {n: f"{self.name}-{n}" for n in ["sync", *self.rank_ids, "gateway"]}
@@ -184,7 +234,7 @@ class RayCluster(Cluster):
                         ports=ports, env={**self.env, **(env or {})},
                         sync_actor="" if role == "sync" else self.actor_names()["sync"],
                         namespace=self.namespace, grace_s=self.grace_s,
-                        state_dir=self.log_dir or "")
+                        state_dir=self.log_dir or "", tls=self._pem)
 
     def _actor(self, name: str, spec: RoleSpec, strategy: Any, **resources: float) -> Any:
         import ray
@@ -241,11 +291,15 @@ class RayCluster(Cluster):
             raise ClusterError(f"placement group of {len(bundles)} x {bundles[0]} not placed "
                                f"(cluster has {ray.available_resources()})") from None
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._pem = self._tls_pem()
+        creds = (channel_credentials(self.pki.ca, self.pki.cert, self.pki.key)
+                 if self.tls and self.pki is not None else None)
         tok = ["--token", self.token] if self.token else []
         sync_ports = (self.sync_port, self.sync_metrics_port) if self.sync_port else ()
         self._actor("sync", self._spec("sync", "sync", [*tok, *self.sync_args], sync_ports),
                     here, num_cpus=self.role_cpus)
-        self._wait(["sync"], deadline, lambda _n: grpc_serving(self.info["sync"]["address"]))
+        self._wait(["sync"], deadline,
+                   lambda _n: grpc_serving(self.info["sync"]["address"], creds))
         model = ["--model", self.model] if self.model else []
         tok = ["--token", self.token, "--sync-token", self.token] if self.token else []
         cores = (os.cpu_count() or 1) if self.address is None else 0  # local Ray: this host
@@ -312,7 +366,8 @@ class RayCluster(Cluster):
     def _rank_ready(self, name: str) -> bool:
         """Ready once /health_generate says 200; ClusterError when the engine failed."""
         try:
-            r = httpx.get(self.info[name]["url"] + "/health_generate", timeout=2.0)
+            r = httpx.get(self.info[name]["url"] + "/health_generate", timeout=2.0,
+                          verify=self._verify())
         except httpx.HTTPError:
             return False
         if r.status_code == 200:
@@ -327,9 +382,11 @@ class RayCluster(Cluster):
 
     def _gateway_sees_all(self) -> bool:
         try:
-            if httpx.get(self.gateway_url + "/health_generate", timeout=2.0).status_code != 200:
+            verify = self._verify()
+            if httpx.get(self.gateway_url + "/health_generate", timeout=2.0,
+                         verify=verify).status_code != 200:
                 return False
-            r = httpx.get(self.gateway_url + "/v1/ranks", timeout=5.0).json()
+            r = httpx.get(self.gateway_url + "/v1/ranks", timeout=5.0, verify=verify).json()
         except (httpx.HTTPError, ValueError):
             return False
         ready = {x["rank_id"] for x in r.get("ranks", []) if x.get("ready")

@@ -20,7 +20,8 @@ command `LocalCluster` and the containers run, and supervises it:
   configured host:port.
 
 Every server binds 0.0.0.0 and advertises the node's IP; each still serves `/metrics`
-(the synchronizer on its metrics port) for the existing Prometheus rules.
+(the synchronizer on its metrics port) for the existing Prometheus rules. With
+`RoleSpec.tls` the server runs with mutual TLS, from PEM files the actor writes on its node.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class RoleSpec:
     """SIGTERM -> SIGKILL grace period of a graceful stop."""
     state_dir: str = ""
     """Where state and logs go on the node [a temp dir per run id]."""
+    tls: tuple[tuple[str, str], ...] = ()
+    """Mutual TLS: the PEM texts of the CA, the certificate and its key, as (`ca`|`cert`|`key`,
+    text); the actor writes them under its state dir (the key 0600) and the server gets the
+    `--tls-*` flags. Empty: plaintext."""
 
 
 class RoleActor:
@@ -96,6 +101,7 @@ class RoleActor:
         ports = state.get("ports") or spec.ports or free_ports(want, "0.0.0.0")
         self.ports: list[int] = list(ports)
         self.sync_address = self._find_sync() if spec.sync_actor else ""
+        self.tls_files = self._write_tls()
         self._stopping = False
         self.proc = self._start_child()
         self._save_state()
@@ -134,6 +140,21 @@ class RoleActor:
                     raise
                 time.sleep(0.5)
 
+    def _write_tls(self) -> dict[str, str]:
+        """The TLS files of this node (`RoleSpec.tls`), written once per actor; {} without."""
+        if not self.spec.tls:
+            return {}
+        d = self.dir / "tls"
+        d.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for kind, text in self.spec.tls:
+            path = d / f"{self.spec.name}-{kind}.pem"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            out[kind] = str(path)
+        return out
+
     def _argv(self) -> list[str]:
         s, port = self.spec, str(self.ports[0])
         argv = [sys.executable, "-m", "bubblespec.cli.main", s.role, "--host", "0.0.0.0",
@@ -145,6 +166,10 @@ class RoleActor:
                      "--sync-address", self.sync_address]
         else:
             argv += ["--sync-address", self.sync_address]
+        if self.tls_files:
+            t = self.tls_files
+            argv += ["--tls-ca", t["ca"], "--tls-cert", t["cert"], "--tls-key", t["key"],
+                     "--tls-client-auth"]
         return [*argv, *s.args]
 
     def _start_child(self) -> subprocess.Popen:
@@ -183,7 +208,7 @@ class RoleActor:
         if self.spec.role == "sync":
             out["metrics"] = f"http://{self.ip}:{self.ports[1]}/metrics"
         else:
-            out["url"] = f"http://{self.address()}"
+            out["url"] = f"{'https' if self.tls_files else 'http'}://{self.address()}"
         return out
 
     def log_tail(self, lines: int = 40) -> str:

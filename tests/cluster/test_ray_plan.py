@@ -50,3 +50,10 @@ def test_ray_command_line() -> None:
     for bad in (["up", "--detach"], ["up", "--ranks", "0"], ["up", "--strategy", "X"], []):
         with pytest.raises(SystemExit):
             parse_args(bad)
+    tls = parse_args(["up", "--tls", "--tls-ca", "ca.pem", "--tls-cert", "c.pem",
+                      "--tls-key", "k.pem"])
+    assert tls.tls and (tls.tls_ca, tls.tls_cert, tls.tls_key) == ("ca.pem", "c.pem", "k.pem")
+    assert parse_args(["up", "--tls"]).tls_ca is None
+    for bad in (["up", "--tls-ca", "ca.pem"], ["up", "--tls", "--tls-cert", "c.pem"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
