@@ -267,15 +267,34 @@ def write_pair(directory: str | os.PathLike[str], stem: str, pair: tuple[Any, An
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
-def write_throwaway_pki(directory: str | os.PathLike[str],
-                        hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 30) -> Pki:
-    """A new CA (`ca.pem`; its key is not kept) and one certificate for `hosts` signed by it
-    (`cert.pem`, `cert-key.pem`) in `directory`: enough for a cluster on one host whose
-    services all present the same certificate. For tests and `bubblespec up --tls`."""
-    ca = make_ca(days=days)
+def _write_pki(directory: str | os.PathLike[str], ca: tuple[Any, Any], hosts: Sequence[str],
+               days: int) -> Pki:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     ca_path = d / "ca.pem"
     ca_path.write_bytes(cert_pem(ca[0]))
     cert, key = write_pair(d, "cert", issue(ca, list(dict.fromkeys(hosts)), days=days))
     return Pki(ca=ca_path, cert=cert, key=key)
+
+
+def write_throwaway_pki(directory: str | os.PathLike[str],
+                        hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 30) -> Pki:
+    """A new CA (`ca.pem`; its key is not kept) and one certificate for `hosts` signed by it
+    (`cert.pem`, `cert-key.pem`) in `directory`: enough for a cluster whose services all
+    present the same certificate. For tests, `bubblespec up --tls`, `bubblespec ray up --tls`
+    and test deployments (docs/deploy.md, "TLS")."""
+    return _write_pki(directory, make_ca(days=days), hosts, days)
+
+
+def write_issued_pki(directory: str | os.PathLike[str], ca_cert: str | os.PathLike[str],
+                     ca_key: str | os.PathLike[str], hosts: Sequence[str],
+                     days: int = 30) -> Pki:
+    """A certificate for `hosts` signed by an existing CA (PEM files `ca_cert`, `ca_key`),
+    written with a copy of the CA certificate into `directory` like `write_throwaway_pki`:
+    for clusters whose addresses are known only at start (Ray nodes' IPs)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    ca = (x509.load_pem_x509_certificate(Path(ca_cert).read_bytes()),
+          serialization.load_pem_private_key(Path(ca_key).read_bytes(), password=None))
+    return _write_pki(directory, ca, hosts, days)

@@ -41,6 +41,7 @@ from bubblespec.tls import (
     client_context,
     issue,
     make_ca,
+    write_issued_pki,
     write_pair,
     write_throwaway_pki,
 )
@@ -112,6 +113,20 @@ def test_throwaway_pki_files(tmp_path: Path) -> None:
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     assert pki.flags()[-1] == "--tls-client-auth" and pki.settings()["tls_ca"] == str(pki.ca)
     assert not list(tmp_path.rglob("ca-key*")), "the CA's key is not kept"
+
+
+def test_issued_pki_is_signed_by_the_given_ca(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    ca_cert, ca_key = write_pair(tmp_path / "issuer", "ca", make_ca("issuer"))
+    pki = write_issued_pki(tmp_path / "out", ca_cert, ca_key, ["10.0.0.7", "head-svc"])
+    assert pki.ca.read_bytes() == ca_cert.read_bytes()
+    cert = x509.load_pem_x509_certificate(pki.cert.read_bytes())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_cert.read_bytes()))
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["head-svc"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    client_context(pki.ca, pki.cert, pki.key)  # loads as a chain + key
 
 
 # ---------------------------------------------------------------------- synchronizer (gRPC)

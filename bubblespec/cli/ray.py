@@ -8,8 +8,9 @@
 or on a new local Ray instance when none is given. It prints the addresses once every actor
 is ready, then runs until Ctrl-C or SIGTERM and stops the actors; with `--detach` (needs
 `--address`) it leaves them running and returns, and `status` / `down` find them by name.
-`--tls` runs every server with mutual TLS: with the `--tls-ca/--tls-cert/--tls-key` files
-(a mounted Secret on KubeRay), else with a throwaway CA for the nodes' IP addresses.
+`--tls` runs every server with mutual TLS: with the `--tls-ca/--tls-cert/--tls-key` files,
+else with a certificate made at start for the nodes' IP addresses (and `--tls-host` names),
+signed by `--tls-ca/--tls-ca-key` (a mounted Secret on KubeRay) or by a throwaway CA.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tls-cert", default=None, metavar="PEM",
                     help="certificate of every server with --tls (names every node's IP)")
     up.add_argument("--tls-key", default=None, metavar="PEM", help="key of --tls-cert")
+    up.add_argument("--tls-ca-key", default=None, metavar="PEM",
+                    help="with --tls-ca instead of --tls-cert/--tls-key: sign the certificate "
+                         "made at start for the nodes' IPs with this CA")
+    up.add_argument("--tls-host", action="append", default=[], metavar="NAME",
+                    help="another name for the certificate made at start (repeatable), e.g. "
+                         "the head's Service")
     _common(sub.add_parser("status", help="list the actors and their addresses"))
     down = sub.add_parser("down", help="stop the actors and free their bundles")
     _common(down)
@@ -107,13 +114,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if args.detach and args.address is None:
             p.error("--detach needs --address (a local Ray ends with this command)")
         files = (args.tls_ca, args.tls_cert, args.tls_key)
-        if any(files) and not (all(files) and args.tls):
+        issuer = (args.tls_ca, args.tls_ca_key)
+        if args.tls_ca_key:
+            if not (all(issuer) and args.tls) or args.tls_cert or args.tls_key:
+                p.error("--tls-ca-key goes with --tls and --tls-ca, without --tls-cert/--tls-key")
+        elif any(files) and not (all(files) and args.tls):
             p.error("--tls-ca, --tls-cert and --tls-key go together, with --tls")
+        if args.tls_host and not args.tls:
+            p.error("--tls-host needs --tls")
     return args
 
 
 def _pki(args: argparse.Namespace) -> Pki | None:
-    if not args.tls_ca:
+    if not args.tls_cert:
         return None
     return Pki(ca=Path(args.tls_ca), cert=Path(args.tls_cert), key=Path(args.tls_key))
 
@@ -130,7 +143,9 @@ def _up(args: argparse.Namespace) -> int:
         sync_port=args.sync_port, sync_metrics_port=args.sync_metrics_port,
         rank_port_base=args.rank_port_base, token=args.token, max_restarts=args.max_restarts,
         detached=args.detach, log_dir=args.log_dir, start_timeout_s=args.start_timeout_s,
-        grace_s=args.grace_s, tls=args.tls, pki=_pki(args))
+        grace_s=args.grace_s, tls=args.tls, pki=_pki(args),
+        tls_issuer=(args.tls_ca, args.tls_ca_key) if args.tls_ca_key else None,
+        tls_hosts=args.tls_host)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     where = args.address or "a new local Ray instance"
     try:

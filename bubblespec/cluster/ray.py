@@ -45,6 +45,7 @@ from bubblespec.tls import (
     channel_credentials,
     client_context,
     grpc_channel,
+    write_issued_pki,
     write_throwaway_pki,
 )
 
@@ -144,9 +145,14 @@ class RayCluster(Cluster):
     its own; without `pki`, a throwaway CA and one certificate for the Ray nodes' IP addresses
     (those alive at start), localhost and 127.0.0.1 are made on the driver at start."""
     pki: Pki | None = None
-    """The CA, certificate and key files to use with `tls` (e.g. a mounted Secret); the
-    certificate must name every node's IP address (ranks advertise it) and allow both server
-    and client auth."""
+    """The CA, certificate and key files to use with `tls`; the certificate must name every
+    node's IP address (ranks advertise it) and allow both server and client auth."""
+    tls_issuer: tuple[str, str] | None = None
+    """(CA certificate, CA key) PEM files with `tls` and no `pki`: the certificate made at
+    start is signed by this CA instead of a throwaway one (e.g. a Secret on KubeRay, whose CA
+    the trainers trust), for the nodes' IPs and `tls_hosts`."""
+    tls_hosts: Sequence[str] = ()
+    """More names the certificate made at start carries (e.g. the head's Service name)."""
     actors: dict[str, Any] = field(default_factory=dict, init=False)
     info: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
     _pg: Any = field(default=None, init=False, repr=False)
@@ -202,7 +208,11 @@ class RayCluster(Cluster):
 
             ips = [str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")]
             where = tempfile.mkdtemp(prefix=f"bubblespec-ray-tls-{self.run_id}-")
-            self.pki = write_throwaway_pki(where, hosts=[*DEFAULT_HOSTS, *ips])
+            hosts = [*DEFAULT_HOSTS, *ips, *self.tls_hosts]
+            if self.tls_issuer is not None:
+                self.pki = write_issued_pki(where, *self.tls_issuer, hosts=hosts)
+            else:
+                self.pki = write_throwaway_pki(where, hosts=hosts)
         return (("ca", self.pki.ca.read_text()), ("cert", self.pki.cert.read_text()),
                 ("key", self.pki.key.read_text()))
 

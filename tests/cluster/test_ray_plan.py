@@ -54,6 +54,11 @@ def test_ray_command_line() -> None:
                       "--tls-key", "k.pem"])
     assert tls.tls and (tls.tls_ca, tls.tls_cert, tls.tls_key) == ("ca.pem", "c.pem", "k.pem")
     assert parse_args(["up", "--tls"]).tls_ca is None
-    for bad in (["up", "--tls-ca", "ca.pem"], ["up", "--tls", "--tls-cert", "c.pem"]):
+    issued = parse_args(["up", "--tls", "--tls-ca", "ca.pem", "--tls-ca-key", "ca-key.pem",
+                         "--tls-host", "head-svc"])
+    assert (issued.tls_ca_key, issued.tls_host) == ("ca-key.pem", ["head-svc"])
+    for bad in (["up", "--tls-ca", "ca.pem"], ["up", "--tls", "--tls-cert", "c.pem"],
+                ["up", "--tls", "--tls-ca-key", "k.pem"], ["up", "--tls-host", "x"],
+                ["up", "--tls", "--tls-ca", "a", "--tls-ca-key", "b", "--tls-cert", "c"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
