@@ -181,3 +181,57 @@ def test_kubectl_kustomize_builds_if_available() -> None:
     assert {d["kind"] for d in built} == {"Namespace", "RayCluster", "RayJob", "PodMonitor"}
     assert all(d["metadata"].get("namespace") == "bubblespec" for d in built
                if d["kind"] != "Namespace")
+
+
+# ---------------------------------------------------------------------- the TLS overlay
+TLS_DIR = DEPLOY / "kuberay-tls"
+TLS_SECRET = "bubblespec-tls"
+
+
+def _tls_patch(name: str) -> Any:
+    return yaml.safe_load((TLS_DIR / name).read_text())
+
+
+def test_tls_overlay_runs_ray_up_with_tls_from_the_secret() -> None:
+    kust = yaml.safe_load((TLS_DIR / "kustomization.yaml").read_text())
+    assert kust["resources"] == ["../kuberay"]
+    listed = {p["path"] for p in kust["patches"]}
+    assert listed == {p.name for p in TLS_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    targets = {(p["target"]["kind"], p["target"]["name"]) for p in kust["patches"]}
+    assert targets <= {(d["kind"], d["metadata"]["name"]) for d in docs()}
+    # the head mounts the Secret where the entrypoint reads the CA
+    ops = {op["path"]: op for op in _tls_patch("raycluster.yaml")}
+    (vol,) = ops["/spec/headGroupSpec/template/spec/volumes"]["value"]
+    (mount,) = ops["/spec/headGroupSpec/template/spec/containers/0/volumeMounts"]["value"]
+    assert vol["secret"]["secretName"] == TLS_SECRET and vol["name"] == mount["name"]
+    # the entrypoint: the base one plus the TLS flags, accepted by `bubblespec ray up`
+    (op,) = _tls_patch("rayjob.yaml")
+    assert op["path"] == "/spec/entrypoint"
+    base = one("RayJob")["spec"]["entrypoint"]
+    assert op["value"].startswith(base + " ")
+    args = parse_args(shlex.split(op["value"])[2:])
+    assert args.tls and args.tls_ca.startswith(mount["mountPath"] + "/")
+    assert args.tls_ca_key.startswith(mount["mountPath"] + "/")
+    assert args.tls_host == ["bubblespec-head-svc"]
+    # the PodMonitors scrape the HTTPS endpoints with the Secret's client certificate
+    for name in ("podmonitor-head.yaml", "podmonitor-rank.yaml"):
+        ops = {op["path"]: op["value"] for op in _tls_patch(name)}
+        assert ops["/spec/podMetricsEndpoints/0/scheme"] == "https"
+        tc = ops["/spec/podMetricsEndpoints/0/tlsConfig"]
+        assert {tc["ca"]["secret"]["name"], tc["cert"]["secret"]["name"],
+                tc["keySecret"]["name"]} == {TLS_SECRET}
+
+
+def test_tls_overlay_builds_if_kubectl_available() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed")
+    out = run([kubectl, "kustomize", str(TLS_DIR)])
+    assert out.returncode == 0, out.stderr
+    built = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
+    head = built[("RayCluster", CLUSTER)]["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head["volumes"][0]["secret"]["secretName"] == TLS_SECRET
+    assert "--tls" in shlex.split(built[("RayJob", "bubblespec-up")]["spec"]["entrypoint"])
+    eps = {ep["port"]: ep for ep in
+           built[("PodMonitor", "bubblespec-ray-head")]["spec"]["podMetricsEndpoints"]}
+    assert eps["gateway"]["scheme"] == "https" and "scheme" not in eps["sync-metrics"]
