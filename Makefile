@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test test-valid-space test-drills bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
+.PHONY: install run up test test-slow test-valid-space test-drills bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
 	real-model bench-real exactness-real
 
 install: $(STAMP)
@@ -46,6 +46,11 @@ test-valid-space: install real-model
 # Fault drills too long for `make test` (marked slow): 20 poison requests in a row.
 test-drills: install
 	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m slow tests/integration/test_requests.py
+
+# Every suite marked slow (not in `make test`): the poison drills, verl on Ray, the soak's
+# smoke run, the keyed-cost bench's smoke run.
+test-slow: install real-model
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow --durations=25
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from bubblespec.bench import keyed_cost as kc
@@ -18,6 +19,7 @@ from bubblespec.bench import keyed_noise_gpu as kg
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # two engines started in a subprocess (~75 s): `make test-slow`
 def test_bench_keyed_cost_tiny(tmp_path):
     out_json = tmp_path / "kc.json"
     out = subprocess.run([sys.executable, "-m", "bubblespec.cli.main", "bench", "keyed-cost",
