@@ -43,6 +43,15 @@ def fingerprint(input_ids: Sequence[int], sampling: SamplingParams) -> str:
     return h.hexdigest()
 
 
+def scoring_fingerprint(input_ids: Sequence[int]) -> str:
+    """A scoring call's identity for the quarantine: its prompt ids (scoring samples nothing,
+    so it has no sampling parameters; the tag keeps it apart from any rollout)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(b"score|")
+    h.update(",".join(map(str, input_ids)).encode())
+    return h.hexdigest()
+
+
 def describe(sampling: SamplingParams) -> str:
     """The sampling parameters that differ from the defaults, as `name=value` pairs."""
     changed = sampling.model_dump(mode="json", exclude_defaults=True)
@@ -96,8 +105,13 @@ class Quarantine:
     def check(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
               field_of: Callable[[int], str] = lambda i: f"prompts[{i}]") -> None:
         """ApiError 422 naming the first prompt whose request is quarantined."""
-        for i, ids in enumerate(prompts):
-            h = self.held(fingerprint(ids, sampling))
+        self.check_fingerprints([fingerprint(ids, sampling) for ids in prompts], field_of)
+
+    def check_fingerprints(self, fps: Sequence[str],
+                           field_of: Callable[[int], str] = lambda i: f"prompts[{i}]") -> None:
+        """ApiError 422 naming the first request of `fps` that is quarantined."""
+        for i, fp in enumerate(fps):
+            h = self.held(fp)
             if h is not None:
                 left = max(0.0, h.until - self.clock())
                 raise ApiError(422, f"{field_of(i)}: request quarantined for another "

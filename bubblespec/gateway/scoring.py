@@ -10,6 +10,11 @@ runs now (vLLM batches it with a running shard or pre-generation). Ranks that ar
 decoding a step are tried first, in turn, so that scoring slows a step as little as it can;
 a rank that fails is skipped for the next one, and a body a rank refuses (400) is the
 caller's error, named by the caller's field.
+
+A scoring call that kills an engine is a poison request as a rollout is (`quarantine.py`):
+the death counts against the call's prompts, the call may go to one more rank, and a prompt
+present at two engine deaths is quarantined: a 500 naming it, no further rank gets it, and
+the same scoring call is refused with a 4xx while the quarantine lasts.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from bubblespec.gateway.quarantine import scoring_fingerprint
 from bubblespec.gateway.ranks import RankCallError
 from bubblespec.gateway.rollout import Rollouts
 from bubblespec.protocol.errors import ApiError
@@ -64,6 +70,12 @@ class Scorer:
                 where = field_of(f"input_ids[{i}]")
                 raise ApiError(400, f"{where}: {len(p)} tokens; a scored sequence has at most "
                                     f"max_prompt_tokens + max_new_tokens = {longest}", where)
+        fps = [scoring_fingerprint(p) for p in prompts]
+        try:
+            rollouts.quarantine.check_fingerprints(fps, lambda i: field_of(f"input_ids[{i}]"))
+        except ApiError:
+            rollouts.metrics.quarantine_refused.inc()
+            raise
         d = await rollouts.discover()
         ready = d.ready
         if not ready:
@@ -83,6 +95,8 @@ class Scorer:
                     raise _caller_error(e, field_of) from None
                 log.warning("scoring on rank %s failed: %s", ep.rank_id, e.message)
                 errors.append(str(e))
+                if e.engine_died:
+                    self._engine_died(ep.rank_id, e.message, prompts, fps, field_of)
                 continue
             try:
                 res = ScoreResult.model_validate(reply)
@@ -94,9 +108,31 @@ class Scorer:
                 errors.append(f"rank {ep.rank_id}: /v1/score reply does not match the prompts")
                 continue
             self.calls += 1
+            rollouts.quarantine.cleared(fps)
             return Scored(lps, res.weight_version, res.rank_id)
         raise ApiError(503, "scoring failed on every ready rank: " + "; ".join(errors),
                        "ranks")
+
+
+    def _engine_died(self, rank_id: str, reason: str, prompts: Sequence[Sequence[int]],
+                     fps: list[str], field_of: Callable[[str], str]) -> None:
+        """Count an engine death against the call's prompts; ApiError 500 naming the first
+        prompt now quarantined (then no further rank gets the call)."""
+        rollouts = self.rollouts
+        rollouts.metrics.engine_deaths.labels(rank_id).inc()
+        reqs = [(fp, f"scoring call {field_of(f'input_ids[{i}]')} ({len(p)} tokens)")
+                for i, (fp, p) in enumerate(zip(fps, prompts, strict=True))]
+        held = rollouts.quarantine.engine_died(rank_id, reason, reqs)
+        if not held:
+            return
+        rollouts.metrics.quarantined.inc(len(held))
+        held_fps = {h.fingerprint for h in held}
+        first = min(i for i, fp in enumerate(fps) if fp in held_fps)
+        names = "; ".join(h.reason() for h in held)
+        log.error("quarantined %d scoring request(s): %s", len(held), names)
+        raise ApiError(500, f"{names}: quarantined for {rollouts.quarantine.hold_s:g} s "
+                            "(refused until then) and sent to no further rank",
+                       field_of(f"input_ids[{first}]"))
 
 
 def _caller_error(e: RankCallError, field_of: Callable[[str], str]) -> ApiError:

@@ -266,6 +266,29 @@ def test_a_poison_request_kills_two_engines_then_is_refused(cluster, task) -> No
     serves_every_rank(cluster, task)
 
 
+def test_a_poison_scoring_call_kills_two_engines_then_is_refused(cluster, task) -> None:
+    """Scoring runs outside rollout steps but is held to the same rule: at most two engine
+    deaths per distinct request, then a 500 naming it and refusals on both APIs."""
+    wait_ready(cluster)
+    deaths0 = gateway_counter(cluster, "bubblespec_gateway_engine_deaths")
+    body = {"input_ids": poison_prompt(5), "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 0}}
+    r = httpx.post(cluster.gateway_url + "/generate", json=body, timeout=600)
+    assert r.status_code == 500, r.text
+    assert r.json()["field"].startswith("input_ids"), r.text
+    assert "quarantined" in r.json()["detail"] and "scoring call" in r.json()["detail"], r.text
+    assert gateway_counter(cluster, "bubblespec_gateway_engine_deaths") == deaths0 + 2
+    again = httpx.post(cluster.gateway_url + "/generate", json=body, timeout=60)
+    assert again.status_code == 400 and again.json()["field"].startswith("input_ids"), again.text
+    oai = httpx.post(cluster.gateway_url + "/v1/completions", timeout=60, json={
+        "model": "policy", "prompt": poison_prompt(5), "echo": True, "max_tokens": 0,
+        "logprobs": 0})
+    assert oai.status_code == 400 and "quarantined" in oai.text, oai.text
+    assert gateway_counter(cluster, "bubblespec_gateway_engine_deaths") == deaths0 + 2
+    wait_ready(cluster)
+    serves_every_rank(cluster, task)
+
+
 @pytest.mark.slow
 def test_drill_twenty_poison_requests_in_a_row(cluster, task) -> None:
     wait_ready(cluster)
