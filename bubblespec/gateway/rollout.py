@@ -216,26 +216,37 @@ class Rollouts:
         when one of them is now quarantined (a 500 naming it, no further rank gets it)."""
 
         def hook(rank_id: str, items: list[WorkItem], reason: str) -> Poisoned | None:
-            self.metrics.engine_deaths.labels(rank_id).inc()
             params = describe(sampling)
             reqs = {}
             for it in items:
                 what = (f"request prompts[{it.index}] ({len(it.input_ids)} prompt tokens, key "
                         f"{it.key}; sampling {params})")
                 reqs[it.index] = (fingerprint(prep.prompts[it.index], sampling), what)
-            held = self.quarantine.engine_died(rank_id, reason, list(reqs.values()))
-            if not held:
+            got = self.engine_died(rank_id, reason, reqs)
+            if got is None:
                 return None
-            self.metrics.quarantined.inc(len(held))
-            held_fps = {h.fingerprint for h in held}  # (quarantine_s 0: held, never refused)
-            first = min(i for i, (fp, _) in reqs.items() if fp in held_fps)
-            names = "; ".join(h.reason() for h in held)
-            log.error("quarantined %d request(s): %s", len(held), names)
+            first, names = got
             return Poisoned(f"{names}: quarantined for {self.quarantine.hold_s:g} s (refused "
                             "with 422 until then) and sent to no further rank",
                             f"prompts[{first}]")
 
         return hook
+
+    def engine_died(self, rank_id: str, reason: str,
+                    reqs: dict[int, tuple[str, str]]) -> tuple[int, str] | None:
+        """Count an engine death against the requests it ran (index -> (fingerprint, what)),
+        for rollout shards and scoring calls alike; (the first index now quarantined, the
+        reasons) when one is, else None."""
+        self.metrics.engine_deaths.labels(rank_id).inc()
+        held = self.quarantine.engine_died(rank_id, reason, list(reqs.values()))
+        if not held:
+            return None
+        self.metrics.quarantined.inc(len(held))
+        held_fps = {h.fingerprint for h in held}  # (quarantine_s 0: held, never refused)
+        first = min(i for i, (fp, _) in reqs.items() if fp in held_fps)
+        names = "; ".join(h.reason() for h in held)
+        log.error("quarantined %d request(s): %s", len(held), names)
+        return first, names
 
     async def _rollout(self, req: RolloutRequest, prep: Prepared, t0: float) -> RolloutResponse:
         c = self.config

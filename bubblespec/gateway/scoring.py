@@ -118,21 +118,14 @@ class Scorer:
                      fps: list[str], field_of: Callable[[str], str]) -> None:
         """Count an engine death against the call's prompts; ApiError 500 naming the first
         prompt now quarantined (then no further rank gets the call)."""
-        rollouts = self.rollouts
-        rollouts.metrics.engine_deaths.labels(rank_id).inc()
-        reqs = [(fp, f"scoring call {field_of(f'input_ids[{i}]')} ({len(p)} tokens)")
-                for i, (fp, p) in enumerate(zip(fps, prompts, strict=True))]
-        held = rollouts.quarantine.engine_died(rank_id, reason, reqs)
-        if not held:
-            return
-        rollouts.metrics.quarantined.inc(len(held))
-        held_fps = {h.fingerprint for h in held}
-        first = min(i for i, fp in enumerate(fps) if fp in held_fps)
-        names = "; ".join(h.reason() for h in held)
-        log.error("quarantined %d scoring request(s): %s", len(held), names)
-        raise ApiError(500, f"{names}: quarantined for {rollouts.quarantine.hold_s:g} s "
-                            "(refused until then) and sent to no further rank",
-                       field_of(f"input_ids[{first}]"))
+        reqs = {i: (fp, f"scoring call {field_of(f'input_ids[{i}]')} ({len(p)} tokens)")
+                for i, (fp, p) in enumerate(zip(fps, prompts, strict=True))}
+        got = self.rollouts.engine_died(rank_id, reason, reqs)
+        if got is not None:
+            first, names = got
+            raise ApiError(500, f"{names}: quarantined for "
+                                f"{self.rollouts.quarantine.hold_s:g} s (refused until then) "
+                                "and sent to no further rank", field_of(f"input_ids[{first}]"))
 
 
 def _caller_error(e: RankCallError, field_of: Callable[[str], str]) -> ApiError:
