@@ -48,7 +48,8 @@ test-drills: install
 	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m slow tests/integration/test_requests.py
 
 # Every suite marked slow (not in `make test`): the poison drills, verl on Ray, the soak's
-# smoke run, the keyed-cost bench's smoke run.
+# and the keyed-cost bench's smoke runs, Ray under TLS, the 1-rank replay, the two-engine
+# reproducibility check, the batch-invariant-mode probe.
 test-slow: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow --durations=25
 

@@ -24,7 +24,9 @@ from tests.deploy.helpers import engine_model_dir
 ray = pytest.importorskip("ray")
 from bubblespec.cluster.ray import RayCluster
 
-pytestmark = pytest.mark.engine
+# a second Ray cluster start; TLS itself is in `make test` on the local cluster
+# (tests/integration/test_tls_cluster.py): `make test-slow`
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -171,6 +171,7 @@ def test_speculative_batches_alone_vs_together(loop_runner, spec_engine) -> None
     check(compare_runs(reqs, alone, together), "alone vs batched (speculation on)")
 
 
+@pytest.mark.slow  # a second engine start: `make test-slow`
 def test_two_engines_same_batch(loop_runner, plain_engine) -> None:
     """Rank A vs rank B: a second engine of the same configuration on the same machine runs
     the same batch. Same kernels and, where vLLM schedules the requests into the same
@@ -187,6 +188,7 @@ def test_two_engines_same_batch(loop_runner, plain_engine) -> None:
     check(compare_runs(reqs, a, b), "engine A vs engine B, same batch")
 
 
+@pytest.mark.slow  # changes only with the pinned vLLM: `make test-slow`
 def test_vllm_batch_invariant_mode_does_not_run_on_cpu(loop_runner, monkeypatch) -> None:
     """vLLM's batch-invariant mode (`VLLM_BATCH_INVARIANT=1`, what a GPU user sets) is no
     lever on the CPU engine: it starts, and its first forward dies in the mode's Triton

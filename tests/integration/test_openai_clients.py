@@ -23,7 +23,6 @@ import pytest
 from bubblespec.client import BubbleSpecClient
 from bubblespec.cluster import LocalCluster
 from bubblespec.tasks.addchain import EOS_ID, MAX_STEPS
-from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import engine_model_dir
 
 openai = pytest.importorskip("openai")
@@ -34,8 +33,8 @@ KEYED = {"seed_mode": "keyed", "stop_token_ids": [EOS_ID], "return_token_ids": T
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory)
+def cluster(api_cluster: LocalCluster) -> LocalCluster:
+    return api_cluster  # shared with the other client-API modules (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -161,6 +161,7 @@ def test_replay_bad_step(recorded, capsys) -> None:
     assert "no record of step 999" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a second cluster start: `make test-slow`
 def test_replay_on_one_rank(recorded, tmp_path_factory: pytest.TempPathFactory,
                             capsys, tmp_path: Path) -> None:
     """The recorded 2-rank steps on a 1-rank cluster: every sample on one engine, in one

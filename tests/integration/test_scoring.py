@@ -14,7 +14,7 @@ step (`steps_run` and `last_step` do not move), also while a rollout runs beside
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -23,7 +23,6 @@ import pytest
 
 from bubblespec.cluster import LocalCluster
 from bubblespec.tasks.addchain import EOS_ID
-from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import engine_model_dir
 
 openai = pytest.importorskip("openai")
@@ -43,8 +42,8 @@ def teacher_payload(ids: list[int]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory)
+def cluster(api_cluster: LocalCluster) -> LocalCluster:
+    return api_cluster  # shared with the other client-API modules (conftest.py)
 
 
 @pytest.fixture(scope="module")

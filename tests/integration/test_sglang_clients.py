@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -23,7 +22,6 @@ import pytest
 
 from bubblespec.cluster import LocalCluster
 from bubblespec.tasks.addchain import EOS_ID, MAX_STEPS
-from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import engine_model_dir
 
 pytestmark = pytest.mark.engine
@@ -36,8 +34,8 @@ N = 2
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory)
+def cluster(api_cluster: LocalCluster) -> LocalCluster:
+    return api_cluster  # shared with the other client-API modules (conftest.py)
 
 
 @pytest.fixture(scope="module")
