@@ -316,6 +316,68 @@ def install_sampler_fixes() -> bool:
     return True
 
 
+class _RewindToSnapshot:
+    """Stands in for one request's CPU generator while vLLM's `_bookkeeping_sync` rewinds
+    it: `set_offset` restores the state the generator had before this step sampled."""
+
+    def __init__(self, gen: torch.Generator, state: torch.Tensor) -> None:
+        self.gen, self.state = gen, state
+
+    def get_offset(self) -> int:
+        return 0
+
+    def set_offset(self, offset: int) -> None:
+        del offset
+        self.gen.set_state(self.state)
+
+
+def install_cpu_generator_rewind(runner: Any) -> bool:
+    """Make vLLM's rewind of seeded requests work on CPU generators; True if installed.
+
+    A request whose prompt is prefilled in chunks gets a token sampled (and discarded) in
+    each step before its last chunk; vLLM then rewinds that request's generator with
+    `gen.set_offset(gen.get_offset() - 4)`, which only a CUDA (Philox) generator supports.
+    On a CPU engine the first step that chunks a prompt of a request with a seed (a batch
+    of seeded requests larger than the step's token budget) raised there and killed the
+    engine core. Here the state of each such generator is taken before the step samples,
+    and the rewind restores it: the same effect (the discarded draw never happened), so a
+    seeded sample does not depend on how its prompt was chunked. GPU generators are left
+    to vLLM."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or getattr(runner, "_bubblespec_rewind", False):
+        return False
+    sample, bookkeeping = runner.sample_tokens, runner._bookkeeping_sync
+    taken: dict[int, torch.Tensor] = {}
+
+    def discarded() -> list[int]:
+        n = runner.input_batch.num_reqs
+        return [int(i) for i in runner.discard_request_mask.np[:n].nonzero()[0]]
+
+    def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+        gens = runner.input_batch.generators
+        taken.clear()
+        taken.update({i: gens[i].get_state() for i in discarded() if i in gens})
+        try:
+            return sample(*args, **kwargs)
+        finally:
+            taken.clear()
+
+    def bookkeeping_sync(*args: Any, **kwargs: Any) -> Any:
+        gens = runner.input_batch.generators
+        real = {i: gens[i] for i in taken if i in gens}
+        for i, gen in real.items():
+            gens[i] = _RewindToSnapshot(gen, taken[i])
+        try:
+            return bookkeeping(*args, **kwargs)
+        finally:
+            gens.update(real)
+
+    runner.sample_tokens, runner._bookkeeping_sync = sample_tokens, bookkeeping_sync
+    runner._bubblespec_rewind = True
+    return True
+
+
 def register_verifier(impl: Callable[..., None]) -> None:
     """Replace vLLM's rejection-sampling kernel (random rows) by `impl`, which has the
     kernel's signature: used only to inject a wrong verifier (`faults.py`)."""

@@ -38,6 +38,9 @@ class WorkerExtension:
             self._bubblespec_keyed = KeyedSampling(vllm_glue.runner_of(self),
                                                    fault_context_only)
             self._bubblespec_keyed.install()
+            # every engine gets this call at start: the CPU rewind of chunked seeded
+            # requests rides along (without it such a batch kills the engine core)
+            vllm_glue.install_cpu_generator_rewind(vllm_glue.runner_of(self))
         return True
 
     def bubblespec_add_drafts(self, items: list[tuple]) -> int:
