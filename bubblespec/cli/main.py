@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("bubblespec.cli.predict", "will it help my run? speed-up from your trace (modelled)"),
     "train-tiny": ("bubblespec.cli.train_tiny", "train the embedded tiny model from scratch"),
     "real-model": ("bubblespec.cli.real_model", "build the real model's directory (SmolLM2-135M)"),
+    "real-policy": ("bubblespec.cli.real_policy", "fine-tune the real model into a warm policy"),
     "proto": ("bubblespec.cli.proto", "regenerate (or --check) the checked-in gRPC code"),
 }
 

@@ -58,6 +58,11 @@ class WordProblem:
     text: str
     """The full prompt (chat template applied, assistant turn opened)."""
     input_ids: tuple[int, ...]
+    start: int = 0
+    """The starting amount (the first sentence's number)."""
+    events: tuple[tuple[str, int], ...] = ()
+    """Each operation's sentence and signed change, in story order (what a reference
+    solution walks through)."""
 
     @property
     def key(self) -> str:
@@ -78,10 +83,18 @@ def sample_steps(rng: random.Random, median: float = 3.0, sigma: float = 0.7) ->
 
 def make_story(rng: random.Random, steps: int) -> tuple[str, int]:
     """(story text, answer) of a problem with ``steps`` operations after the start."""
+    story, answer, _, _ = draw_story(rng, steps)
+    return story, answer
+
+
+def draw_story(rng: random.Random, steps: int
+               ) -> tuple[str, int, int, tuple[tuple[str, int], ...]]:
+    """(story text, answer, starting amount, (sentence, signed change) per operation)."""
     name, pron = rng.choice(NAMES)
     thing = rng.choice(THINGS)
     value = rng.randint(2, 20)
     sentences = [f"{name} has {value} {thing}."]
+    start, events = value, []
     for i in range(steps):
         gain = value == 0 or (value + 1 <= MAX_VALUE and rng.random() < 0.55)
         room = MAX_VALUE - value if gain else value
@@ -94,9 +107,42 @@ def make_story(rng: random.Random, steps: int) -> tuple[str, int]:
                 sentence = sentence[0].lower() + sentence[1:]
             sentence = "Then " + sentence
         sentences.append(sentence)
+        events.append((sentence, x if gain else -x))
         value += x if gain else -x
     sentences.append(f"How many {thing} does {name} have now?")
-    return " ".join(sentences), value
+    return " ".join(sentences), value, start, tuple(events)
+
+
+_OPENINGS = ("{N} starts with {v} {t}.", "At the start, {n} has {v} {t}.",
+             "First, {n} has {v} {t}.", "{N} begins with {v} {t}.")
+_STEPS = ("{e} {a} {op} {x} = {b}.", "{e} So {n} has {a} {op} {x} = {b} {t}.",
+          "{e} That makes {a} {op} {x} = {b}.", "{e} Now {a} {op} {x} = {b} {t}.")
+_CLOSINGS = ("{N} has {v} {t} now.", "So {n} ends with {v} {t}.", "In the end there are {v} {t}.")
+
+
+def reference_solution(problem: WordProblem, rng: random.Random) -> str:
+    """A correct step-by-step solution in the format the prompt asks for: one line per
+    operation (its sentence, then the arithmetic), a closing line, and ``The answer is N.``.
+    The phrasing of each line is drawn from ``rng``, so a policy fine-tuned on these
+    solutions writes varied text (natural per-token entropy), not one template; its length
+    grows with the number of operations."""
+    words = problem.story.split()
+    name, thing = words[0], words[3].rstrip(".")
+    fill = {"N": name, "n": name, "t": thing}
+    lines = [rng.choice(_OPENINGS).format(v=problem.start, **fill)]
+    numbered = rng.random() < 0.3  # "Step i: ..." on every line, or on none
+    value = problem.start
+    for i, (sentence, change) in enumerate(problem.events, 1):
+        event = sentence[5].upper() + sentence[6:] if sentence.startswith("Then ") else sentence
+        event = event[0].upper() + event[1:]
+        after = value + change
+        line = rng.choice(_STEPS).format(e=event, a=value, op="+" if change > 0 else "-",
+                                         x=abs(change), b=after, **fill)
+        lines.append(f"Step {i}: {line}" if numbered else line)
+        value = after
+    lines.append(rng.choice(_CLOSINGS).format(v=value, **fill))
+    lines.append(f"The answer is {value}.")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -137,19 +183,21 @@ class WordProblemsTask:
         return str(self.tokenizer.decode([int(i) for i in ids],
                                          skip_special_tokens=skip_special))
 
-    def make_prompt(self, story: str, steps: int, answer: int) -> WordProblem:
+    def make_prompt(self, story: str, steps: int, answer: int, start: int = 0,
+                    events: tuple[tuple[str, int], ...] = ()) -> WordProblem:
         """The chat prompt for ``story`` (its ``answer`` is what the reward checks)."""
         text = chat_prompt(f"{story} {INSTRUCTION}")
-        return WordProblem(story, steps, answer, text, tuple(self.encode(text)))
+        return WordProblem(story, steps, answer, text, tuple(self.encode(text)), start,
+                           events)
 
-    def make_prompts(self, n: int, seed: int) -> list[WordProblem]:
+    def make_prompts(self, n: int, seed: int | str) -> list[WordProblem]:
         """``n`` problems drawn deterministically from ``seed`` (long-tailed step counts)."""
         rng = random.Random(f"wordproblems-{seed}")
         out = []
         for _ in range(n):
             steps = sample_steps(rng)
-            story, answer = make_story(rng, steps)
-            out.append(self.make_prompt(story, steps, answer))
+            story, answer, start, events = draw_story(rng, steps)
+            out.append(self.make_prompt(story, steps, answer, start, events))
         return out
 
     def parse_answer(self, response: str | Sequence[int]) -> int | None:

@@ -4,6 +4,7 @@ format, and an answer parser that takes the marked answer, else the last number.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 
@@ -17,6 +18,7 @@ from bubblespec.tasks.wordproblems import (
     WordProblemsTask,
     chat_prompt,
     make_story,
+    reference_solution,
     sample_steps,
 )
 
@@ -105,3 +107,44 @@ def real_model():
     from bubblespec.models import real_model_dir
 
     return real_model_dir()
+
+
+def test_reference_solutions_are_right_and_walk_every_operation() -> None:
+    """What the warm-start fine-tune learns from: every line's arithmetic is right (checked
+    by re-doing it), the lines follow the story's operations, the answer is the marked one,
+    and the length grows with the number of operations."""
+    task = make_task("wordproblems")
+    rng = random.Random(3)
+    by_steps: dict[int, list[int]] = {}
+    for p in task.make_prompts(300, seed="ref"):
+        text = reference_solution(p, rng)
+        assert task.reward(p, text) == 1.0 and text.endswith(f"The answer is {p.answer}.")
+        sums = re.findall(r"(\d+) ([+-]) (\d+) = (\d+)", text)
+        assert len(sums) == p.steps == len(p.events)
+        value = p.start
+        for (a, op, x, b), (_, change) in zip(sums, p.events):
+            assert int(a) == value and (1 if op == "+" else -1) * int(x) == change
+            value = int(a) + change
+            assert int(b) == value
+        by_steps.setdefault(p.steps, []).append(len(task.encode(text)))
+    med = {k: sorted(v)[len(v) // 2] for k, v in by_steps.items()}
+    ks = sorted(med)
+    assert all(med[a] < med[b] for a, b in itertools.pairwise(ks)), med
+    assert max(max(v) for v in by_steps.values()) + 1 < task.max_new_tokens
+
+
+def test_reference_solutions_vary_in_wording() -> None:
+    task = make_task("wordproblems")
+    (p,) = task.make_prompts(1, seed=4)
+    texts = {reference_solution(p, random.Random(i)) for i in range(20)}
+    assert len(texts) >= 10  # a policy fine-tuned on them samples varied text
+
+
+def test_make_prompts_keeps_the_stories_of_make_story() -> None:
+    """The events a solution needs ride along without changing any drawn story."""
+    task = make_task("wordproblems")
+    rng = random.Random("wordproblems-7")
+    for p in task.make_prompts(20, seed=7):
+        steps = sample_steps(rng)
+        assert steps == p.steps
+        assert make_story(rng, steps) == (p.story, p.answer)
