@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install run up test test-slow test-valid-space test-drills bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
-	real-model bench-real exactness-real
+	real-model real-policy bench-real exactness-real
 
 install: $(STAMP)
 
@@ -117,6 +117,13 @@ bench-deps: install
 # ~/.cache/bubblespec (about 1-2 min once; cached; `make test` builds it for its tests).
 real-model: install
 	$(BIN)/bubblespec real-model
+
+# The warm-started real policy: a short supervised fine-tune of the real model on the
+# wordproblems task's reference solutions (cached; about 15-20 min on 2 cores, see
+# docs/results.md "The warm-started real policy"). `bench policy` reports what it samples.
+real-policy: real-model
+	$(BIN)/bubblespec real-policy
+	$(BIN)/bubblespec bench policy
 
 # The engine bench on the real model and its word-problem task (next to `make bench-engine`;
 # a small lr: one AdamW step at the tiny model's 3e-4 moves a pretrained model far).

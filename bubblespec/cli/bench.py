@@ -11,6 +11,7 @@
     bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
     bubblespec bench soak [--steps 200]      # make soak: memory and budgets stay flat
     bubblespec bench workload-stats A.json B.json  # entropy, siblings, lengths side by side
+    bubblespec bench policy [--model DIR]    # lengths, endings, reward of the real policy
 
 Each benchmark's module is imported only when it runs (the engine bench imports vLLM).
 """
@@ -25,6 +26,39 @@ from collections.abc import Sequence
 
 from bubblespec.bench.modes import MODES
 from bubblespec.tasks import TASKS
+
+
+def _policy(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policy", help="lengths, endings and reward of a wordproblems policy",
+                       description="Sample a model on fresh wordproblems at T=1 (no "
+                       "speculation): the share of responses that end inside the budget, "
+                       "lengths per number of operations, the B0 reward and the share of "
+                       "groups carrying a GRPO signal.")
+    p.add_argument("--model", default=None,
+                   help="HF model dir [the warm-started policy of `make real-policy`]")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--out", default="", help="write the figures and samples as JSON")
+
+
+def _run_policy(args: argparse.Namespace) -> int:
+    from bubblespec.bench.policy import PolicyBenchConfig, run
+    from bubblespec.train.sft import policy_dir
+
+    try:
+        model = args.model or str(policy_dir())
+    except FileNotFoundError as e:
+        print(f"bench policy: {e}", file=sys.stderr)
+        return 2
+    if args.prompts < 1 or args.n < 1 or not 0 < args.temperature:
+        print("bench policy: --prompts and --n >= 1, --temperature > 0", file=sys.stderr)
+        return 2
+    asyncio.run(run(PolicyBenchConfig(model=model, prompts=args.prompts, n=args.n,
+                                      seed=args.seed, temperature=args.temperature,
+                                      out=args.out)))
+    return 0
 
 
 def _service(sub: argparse._SubParsersAction) -> None:
@@ -240,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for add in (_service, _paced, _engine, _suffix, _draft_batch, _keyed_cost, _per_request,
-                _flips, _sync, _soak, _workload_stats):
+                _flips, _sync, _soak, _workload_stats, _policy):
         add(sub)
     return p
 
@@ -407,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_per_request(args.steps, args.window, args.top, args.out, args.seed_mode)
     elif args.bench == "flips":
         return _run_flips(args)
+    elif args.bench == "policy":
+        return _run_policy(args)
     else:
         from bubblespec.bench import sync_latency
 

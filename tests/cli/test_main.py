@@ -8,7 +8,7 @@ import pytest
 from bubblespec.cli.main import COMMANDS, main
 
 BENCHES = ("service", "engine", "suffix", "draft-batch", "per-request", "sync", "soak",
-           "workload-stats")
+           "workload-stats", "policy")
 
 
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
