@@ -179,6 +179,17 @@ def write_tokenizer(gguf_path: Path, out: Path) -> None:
     tok.save_pretrained(str(out))
 
 
+def publish(tmp: Path, dest: Path) -> None:
+    """Make the finished directory `tmp` readable by all and rename it to `dest` (replacing
+    an older build): a reader sees a whole build or none."""
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    tmp.chmod(0o755)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
 def build(root: Path | None = None, force: bool = False, log=print) -> Path:
     """Build (or reuse) the HF directory; returns its path."""
     from gguf import GGUFReader
@@ -214,12 +225,7 @@ def build(root: Path | None = None, force: bool = False, log=print) -> Path:
                  "fetch_s": round(t_fetch, 1), "convert_s": round(time.monotonic() - t0
                                                                   - t_fetch, 1)}
         (tmp / "conversion.json").write_text(json.dumps(stamp, indent=2))
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        tmp.chmod(0o755)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        publish(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"real model: wrote {dest} in {time.monotonic() - t0:.0f} s "

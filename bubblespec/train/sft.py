@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bubblespec.models.smollm2 import cache_root
+from bubblespec.models.smollm2 import cache_root, publish
 from bubblespec.models.smollm2 import model_dir as base_model_dir
 from bubblespec.tasks.wordproblems import WordProblemsTask, reference_solution
 
@@ -168,12 +167,7 @@ def build_policy(root: Path | None = None, cfg: SftConfig = SftConfig(), force: 
     try:
         stamp = fine_tune(base, tmp, cfg, log)
         (tmp / "sft.json").write_text(json.dumps(stamp, indent=2))
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        tmp.chmod(0o755)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        publish(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"real policy: wrote {dest} ({stamp['steps']} steps, {stamp['train_s']:.0f} s, "
