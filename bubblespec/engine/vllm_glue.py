@@ -112,9 +112,38 @@ def start_llm(cls: Any, args: Any, one_process: bool) -> Any:
 
 
 async def reload_weights(llm: Any, path: str) -> None:
-    """Reload the weights of every worker from a safetensors directory (the workers'
-    `reload_weights(weights_path=...)`, called between engine steps)."""
-    await llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+    """Reload the weights of every worker from a safetensors directory, between engine
+    steps (`WorkerExtension.bubblespec_reload_weights`: `reload_in_worker` in each)."""
+    await llm.collective_rpc("bubblespec_reload_weights", args=(path,))
+
+
+def reload_in_worker(runner: Any, path: str) -> None:
+    """The model runner's `reload_weights(weights_path=...)`, then `refresh_tied_head`."""
+    runner.reload_weights(weights_path=path)
+    refresh_tied_head(runner.get_model())
+
+
+def refresh_tied_head(model: Any) -> bool:
+    """Tie a tied LM head to the freshly loaded embedding again and rebuild its kernel;
+    True if the model ties them.
+
+    A checkpoint of a model with tied embeddings (SmolLM2, many small Llamas and Qwens) has
+    no `lm_head.weight`, so vLLM's in-place reload loads the embedding and leaves the head
+    as it was: on CPU the head's matrix product runs on a packed copy of the weight made at
+    start (`dispatch_cpu_unquantized_gemm`), which kept the first weights. After a push
+    the engine then sampled from new layers and the old head: off-policy (log-probs 0.56
+    from transformers' on the pushed weights in the test). Processing the head again after
+    each reload packs the current weight."""
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+        return False
+    head.weight = embed.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
+    return True
 
 
 def shutdown(llm: Any) -> None:

@@ -43,6 +43,11 @@ class WorkerExtension:
             vllm_glue.install_cpu_generator_rewind(vllm_glue.runner_of(self))
         return True
 
+    def bubblespec_reload_weights(self, path: str) -> bool:
+        """Reload the weights from `path` in place (a tied LM head included)."""
+        vllm_glue.reload_in_worker(vllm_glue.runner_of(self), path)
+        return True
+
     def bubblespec_add_drafts(self, items: list[tuple]) -> int:
         return self._drafter().add_drafts(items)
 

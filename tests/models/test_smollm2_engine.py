@@ -90,3 +90,37 @@ def test_keyed_spec_on_off_identical(loop_runner, real_plain, real_spec, task) -
     steps = sum(s.decode_steps for r in spec for s in r.samples)
     tokens = sum(len(s.output_ids) for r in spec for s in r.samples)
     assert steps < 0.8 * tokens, "aligned drafts should cut decode steps"
+
+
+def test_a_weight_push_reaches_the_tied_lm_head(loop_runner, real_plain, real_dir, task,
+                                                tmp_path) -> None:
+    """SmolLM2 ties its LM head to the embedding, so a pushed checkpoint has no
+    `lm_head.weight`. After a push of weights whose embedding changed, vLLM's log-probs must
+    be those of transformers on the pushed weights (before the fix in
+    `vllm_glue.refresh_tied_head` the CPU engine kept the first head: 0.56 apart)."""
+    import shutil
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    pushed = tmp_path / "pushed"
+    model = LlamaForCausalLM.from_pretrained(str(real_dir), dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb.add_(0.02 * torch.randn_like(emb))
+    model.save_pretrained(str(pushed))
+    shutil.copy2(real_dir / "tokenizer.json", pushed / "tokenizer.json")
+    assert model.config.tie_word_embeddings
+    prompt = list(task.make_prompts(1, seed=9)[0].input_ids)
+    req = GenRequest(input_ids=prompt, n=1, sampling=SamplingParams(
+        max_new_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True))
+    loop_runner.run(real_plain.update_weights(str(pushed)))
+    try:
+        s = loop_runner.run(real_plain.generate([req]))[0].samples[0]
+    finally:
+        loop_runner.run(real_plain.update_weights(str(real_dir)))
+    logp = _logprobs(model.eval(), prompt + s.output_ids)
+    ref = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(s.output_ids)]
+    worst = max(abs(a - b) for a, b in zip(ref, s.output_logprobs))
+    assert worst < 5e-3, f"after the push vLLM's log-probs are {worst} from the pushed weights"
