@@ -43,7 +43,7 @@ class Trainer:
         torch.manual_seed(seed)
         if threads:
             torch.set_num_threads(threads)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.clip = clip

@@ -223,7 +223,7 @@ def test_logprobs_match_independent_scoring(loop_runner, spec_engine) -> None:
                        sampling=SamplingParams(max_new_tokens=96, temperature=1.0,
                                                stop_token_ids=[eos])) for p in prompts]
     res = loop_runner.run(spec_engine.generate(reqs))
-    model = LlamaForCausalLM.from_pretrained(model_dir(), torch_dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(model_dir(), dtype=torch.float32).eval()
     worst = 0.0
     for req, r in zip(reqs, res):
         for s in r.samples:

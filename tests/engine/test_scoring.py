@@ -24,7 +24,7 @@ def reference():
     import torch
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir(), torch_dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(model_dir(), dtype=torch.float32).eval()
 
     def score(ids: list[int]) -> list[float]:
         with torch.no_grad():

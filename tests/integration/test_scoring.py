@@ -60,7 +60,7 @@ def reference() -> Callable[[list[int]], list[float]]:
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(engine_model_dir(),
-                                             torch_dtype=torch.float32).eval()
+                                             dtype=torch.float32).eval()
 
     def score(ids: list[int]) -> list[float]:
         with torch.no_grad():
