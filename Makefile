@@ -48,8 +48,9 @@ test-drills: install
 	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m slow tests/integration/test_requests.py
 
 # Every suite marked slow (not in `make test`): the poison drills, verl on Ray, the soak's
-# and the keyed-cost bench's smoke runs, Ray under TLS, the 1-rank replay, the two-engine
-# reproducibility check, the batch-invariant-mode probe.
+# and the keyed-cost bench's smoke runs, Ray under TLS, the replays on real clusters, the
+# supervised cluster's rank restarts, the two-engine reproducibility check, the
+# batch-invariant-mode probe.
 test-slow: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow --durations=25
 

@@ -20,7 +20,9 @@ from bubblespec.cluster.supervisor import ChildEvent
 from bubblespec.rank.service import EXIT_ENGINE
 from tests.cluster.helpers import local_cluster
 
-pytestmark = pytest.mark.engine
+# a cluster of its own and two engine restarts (~1.5 min): `make test-slow`; the
+# supervisor's restarts stay in `make test` (test_supervisor.py, tests/cli/test_up.py)
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:

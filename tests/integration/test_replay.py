@@ -35,7 +35,9 @@ from bubblespec.protocol.gateway import RolloutResponse
 from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import engine_model_dir
 
-pytestmark = pytest.mark.engine
+# a recording cluster of its own (~1.5 min): `make test-slow`; the record file itself is
+# tested in `make test` (tests/client/test_record.py)
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 KEYED = {"temperature": 1.0, "max_new_tokens": 160, "seed_mode": "keyed"}
 FLOAT_TOL = 1e-4
@@ -161,7 +163,6 @@ def test_replay_bad_step(recorded, capsys) -> None:
     assert "no record of step 999" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # a second cluster start: `make test-slow`
 def test_replay_on_one_rank(recorded, tmp_path_factory: pytest.TempPathFactory,
                             capsys, tmp_path: Path) -> None:
     """The recorded 2-rank steps on a 1-rank cluster: every sample on one engine, in one
