@@ -50,6 +50,8 @@ class Mode:
     push), as on rollout ranks that idle while the trainer trains."""
     sync_args: tuple[str, ...] = ()
     """Arguments of the synchronizer (`bubblespec sync`), e.g. the pre-gen queue's order."""
+    lookahead: int = 1
+    """Future steps whose prompts each rollout hands ahead (1: the next step's only)."""
 
     @property
     def key(self) -> str:
@@ -135,7 +137,18 @@ handed out as lanes free up, so its order (rounds of `--pregen-depth` samples pe
 prompts by predicted length, predictions updated as pre-generated samples complete) decides
 which responses get drafts first and longest: breadth-first over prompts (depth 1), or all
 8 samples of the prompt predicted longest first (`-deep`, depth 8)."""
-ALL_MODES = MODES + KEYED_BASELINE_MODES + BRANCH_MODES + ORDER_MODES
+LOOKAHEAD_MODES: tuple[Mode, ...] = (
+    Mode("bubblespec-keyed-ahead2", ("--spec-mode=bubblespec", "--no-src-history"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_ahead2", lookahead=2),
+    Mode("bubblespec-keyed-ahead3", ("--spec-mode=bubblespec", "--no-src-history"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_ahead3", lookahead=3),
+    Mode("bubblespec-ahead2", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True,
+         label="bubblespec_ahead2", lookahead=2),
+)
+"""Prompts handed several steps ahead (`next_prompts` as a list of batches,
+docs/design.md section 6): a bubble that covered the next step goes on to the one after,
+and a draft made under older weights is refreshed when the step before it hands it again."""
+ALL_MODES = MODES + KEYED_BASELINE_MODES + BRANCH_MODES + ORDER_MODES + LOOKAHEAD_MODES
 BASELINE = "nospec"
 KEYED_BASELINE = "nospec-keyed"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",

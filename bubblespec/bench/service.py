@@ -112,8 +112,8 @@ def run_schedule(gateway_url: str, mode: Mode, args: ServiceBenchConfig, model_d
                          epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
                          work_dir=str(Path(args.out) / "weights" / mode.name),
                          log=lambda s: print(f"[{mode.name}] {s}", flush=True),
-                         min_train_s=min_train_s)
-    return {"pregen": mode.pregen, "seed_mode": mode.seed_mode,
+                         min_train_s=min_train_s, lookahead=mode.lookahead)
+    return {"pregen": mode.pregen, "seed_mode": mode.seed_mode, "lookahead": mode.lookahead,
             "pregen_window": mode.pregen_window, "greedy_output_ids": greedy,
             "steps": steps, "totals": totals(steps)}
 

@@ -17,6 +17,7 @@ Over TLS: `ca=` (the CA that signed the gateway's certificate; a `host:port` the
 from __future__ import annotations
 
 import asyncio
+import numbers
 import os
 import ssl
 import time
@@ -66,6 +67,36 @@ def prompt_json(p: Any) -> dict[str, Any]:
     return {"input_ids": [int(t) for t in ids]}
 
 
+def _is_id(x: Any) -> bool:
+    """A token id or seed: an int, a numpy integer or a 0-d tensor."""
+    return isinstance(x, numbers.Integral) or getattr(x, "ndim", None) == 0
+
+
+def _is_prompt(p: Any) -> bool:
+    """One prompt: text, a dict, an object with `input_ids`, or a row of token ids."""
+    if isinstance(p, (str, Mapping)) or hasattr(p, "input_ids"):
+        return True
+    first = next(iter(p), None)
+    return first is None or _is_id(first)
+
+
+def next_prompts_json(next_prompts: Sequence[Any]) -> list[Any]:
+    """`next_prompts` as the gateway wants it: one batch of prompts (the next step's), or a
+    list of the next steps' batches (each batch a sequence of prompts)."""
+    items = list(next_prompts)
+    if items and not _is_prompt(items[0]):
+        return [[prompt_json(p) for p in batch] for batch in items]
+    return [prompt_json(p) for p in items]
+
+
+def _seed_rows(rows: Any) -> list[Any]:
+    """Seeds per prompt, or (a list of batches) per batch and prompt."""
+    rows = list(rows)
+    if rows and len(rows[0]) and not _is_id(next(iter(rows[0]))):
+        return [[[int(s) for s in row] for row in batch] for batch in rows]
+    return [[int(s) for s in row] for row in rows]
+
+
 def sampling_json(sp: SamplingParams | Mapping[str, Any] | None) -> dict[str, Any]:
     """Sampling parameters as the gateway wants them (a dict is sent as given; a model
     without its unset fields, so that an unset `seed_mode` stays the gateway's choice)."""
@@ -93,9 +124,9 @@ def rollout_body(prompts: Sequence[Any], n: int, sampling_params: Any, seeds: An
     if seeds is not None:
         body["seeds"] = [[int(s) for s in row] for row in seeds]
     if next_prompts is not None:
-        body["next_prompts"] = [prompt_json(p) for p in next_prompts]
+        body["next_prompts"] = next_prompts_json(next_prompts)
     if next_seeds is not None:
-        body["next_seeds"] = [[int(s) for s in row] for row in next_seeds]
+        body["next_seeds"] = _seed_rows(next_seeds)
     return body
 
 
@@ -190,12 +221,15 @@ class BubbleSpecClient(_Common):
     def rollout(self, prompts: Sequence[Any], n: int = 1, sampling_params: Any = None,
                 seeds: Sequence[Sequence[int]] | None = None,
                 next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
-                next_seeds: Sequence[Sequence[int]] | None = None, return_logprobs: bool = True,
+                next_seeds: Sequence[Any] | None = None, return_logprobs: bool = True,
                 pregen: bool = True, pregen_window: PregenWindow | str | None = None
                 ) -> RolloutResponse:
         """Roll out `n` samples per prompt as one step (the next one unless `step` is given);
         `next_prompts` are pre-generated in this step's bubble (`pregen_window="training"`:
-        and on until the next step or weight push; None: the gateway's default). With
+        and on until the next step or weight push; None: the gateway's default): the next
+        step's prompts, or a list of the next steps' batches (nearest first), so that a
+        bubble that covered the next step goes on to the ones after it; `next_seeds`, when
+        given, is shaped the same way. With
         `record` set, the step is appended to the record file (`bubblespec replay`)."""
         body = rollout_body(prompts, n, sampling_params, seeds, next_prompts, step, next_seeds,
                             return_logprobs, pregen, pregen_window)
@@ -283,7 +317,7 @@ class AsyncBubbleSpecClient(_Common):
     async def rollout(self, prompts: Sequence[Any], n: int = 1, sampling_params: Any = None,
                       seeds: Sequence[Sequence[int]] | None = None,
                       next_prompts: Sequence[Any] | None = None, step: int | None = None, *,
-                      next_seeds: Sequence[Sequence[int]] | None = None,
+                      next_seeds: Sequence[Any] | None = None,
                       return_logprobs: bool = True, pregen: bool = True,
                       pregen_window: PregenWindow | str | None = None
                       ) -> RolloutResponse:

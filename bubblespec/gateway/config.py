@@ -65,7 +65,10 @@ class GatewayConfig(BaseConfig, TlsSettings):
     vocab_size: int = Field(0, ge=-1)
     """Token ids must be below this (0: the tokenizer's vocabulary size; -1: no check)."""
     max_prompts: int = Field(16_384, ge=1)
-    """Most prompts in one rollout (and in next_prompts)."""
+    """Most prompts in one rollout (and in each batch of next_prompts)."""
+    max_lookahead_steps: int = Field(8, ge=1, le=64)
+    """Most future steps one rollout may hand prompts ahead for (`next_prompts` as a list of
+    batches); the synchronizer's own limit must be as large."""
     max_prompt_tokens: int = Field(131_072, ge=1)
     """Most tokens of one prompt."""
     max_n: int = Field(1024, ge=1, le=1024)

@@ -75,8 +75,15 @@ class Prepared:
     prompts: list[list[int]]
     keys: list[str]
     seeds: list[list[int]] | None
-    next_prompts: list[list[int]]
-    next_seeds: list[list[int]] | None
+    next_batches: list[list[list[int]]]
+    """The future steps' prompts handed ahead, the next step's first."""
+    next_seeds: list[list[list[int]]] | None
+    """Their seeds, per batch (None: derived)."""
+
+    @property
+    def next_prompts(self) -> list[list[int]]:
+        """The next step's prompts (empty when none were handed ahead)."""
+        return self.next_batches[0] if self.next_batches else []
 
 
 class Preparer:
@@ -148,8 +155,23 @@ class Preparer:
                                    f"sampling_params.stop_token_ids[{j}]")
         prompts = self._ids(req.prompts, "prompts", vocab)
         seeds = self._seeds(req.seeds, len(prompts), req.n, "seeds")
-        next_prompts = self._ids(req.next_prompts or [], "next_prompts", vocab)
+        given = req.next_batches()
+        if len(given) > c.max_lookahead_steps:
+            raise ApiError(422, f"prompts for {len(given)} future steps; at most "
+                                f"{c.max_lookahead_steps} (max_lookahead_steps)", "next_prompts")
+        one = len(given) == 1 and req.next_prompts is not None and not (
+            req.next_prompts and isinstance(req.next_prompts[0], list))
+        name = (lambda j: "next_prompts") if one else (lambda j: f"next_prompts[{j}]")
+        batches = [self._ids(b, name(j), vocab) for j, b in enumerate(given)]
         if req.next_seeds is not None and req.next_prompts is None:
             raise ApiError(422, "next_seeds needs next_prompts", "next_seeds")
-        next_seeds = self._seeds(req.next_seeds, len(next_prompts), req.n, "next_seeds")
-        return Prepared(prompts, assign_keys(prompts), seeds, next_prompts, next_seeds)
+        seed_batches = req.next_seed_batches()
+        next_seeds = None
+        if seed_batches is not None:
+            if len(seed_batches) != len(batches):
+                raise ApiError(422, f"seeds for {len(seed_batches)} future steps, prompts for "
+                                    f"{len(batches)}", "next_seeds")
+            sname = (lambda j: "next_seeds") if one else (lambda j: f"next_seeds[{j}]")
+            next_seeds = [self._seeds(s, len(b), req.n, sname(j))
+                          for j, (s, b) in enumerate(zip(seed_batches, batches))]
+        return Prepared(prompts, assign_keys(prompts), seeds, batches, next_seeds)

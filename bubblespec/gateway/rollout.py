@@ -32,7 +32,7 @@ from bubblespec.gateway.dispatch import (
 from bubblespec.gateway.prepare import Prepared, Preparer
 from bubblespec.gateway.quarantine import Quarantine, describe, fingerprint
 from bubblespec.gateway.ranks import Discovery, RankCallError, RankEndpoint, RankPool
-from bubblespec.gateway.seeds import pregen_tasks, resolve_seed_mode, step_seeds
+from bubblespec.gateway.seeds import lookahead_tasks, resolve_seed_mode, step_seeds
 from bubblespec.gateway.shard import (
     AssemblyError,
     LengthEstimator,
@@ -172,9 +172,12 @@ class Rollouts:
         if not shards:
             warnings.append("no rank is registered at the synchronizer: no pre-generation")
             return False
+        versions = [ranks[r].weight_version for r in shards
+                    if ranks[r].weight_version is not None]
         try:
             await self.sync.open_step(step, shards, tasks, timeout_s=self.config.sync_timeout_s,
-                                      pregen_window=window)
+                                      pregen_window=window,
+                                      weight_version=max(versions) if versions else None)
             return True
         except SyncUnavailable as e:
             warnings.append(f"synchronizer unreachable ({e.code.name}): ranks decode without "
@@ -272,8 +275,8 @@ class Rollouts:
         seeds = step_seeds(c.run_seed, step, prep.keys, req.n, prep.seeds)
         tasks = []
         if prep.next_prompts and req.pregen:
-            tasks = pregen_tasks(c.run_seed, step + 1, prep.next_prompts, req.n, sp,
-                                 prep.next_seeds)
+            tasks = lookahead_tasks(c.run_seed, step, prep.next_batches, req.n, sp,
+                                    prep.next_seeds)
         by_id = {r.rank_id: r for r in ready}
         opened = False
         for _attempt in range(3):

@@ -1,4 +1,4 @@
-"""Prompt keys and per-sample seeds of a step, and the next step's pre-generation tasks.
+"""Prompt keys and per-sample seeds of a step, and the future steps' pre-generation tasks.
 
 Keyed-noise sampling (docs/design.md section 3) couples a pre-generated response with the real one
 only when both use the same seed for the same (prompt, sample index). So seeds are a pure
@@ -57,9 +57,20 @@ def pregen_tasks(run_seed: int, next_step: int, prompts: Sequence[Sequence[int]]
     all_seeds = step_seeds(run_seed, next_step, keys, n, seeds)
     return [
         PregenTask(prompt_key=key, prompt_token_ids=list(ids), sample_index=i,
-                   seed=all_seeds[p][i], sampling=sampling)
+                   seed=all_seeds[p][i], sampling=sampling, step=next_step)
         for p, (key, ids) in enumerate(zip(keys, prompts)) for i in range(n)
     ]
+
+
+def lookahead_tasks(run_seed: int, step: int, batches: Sequence[Sequence[Sequence[int]]],
+                    n: int, sampling: SamplingParams,
+                    seeds: Sequence[Sequence[Sequence[int]]] | None = None
+                    ) -> list[PregenTask]:
+    """Pre-generation tasks of every future step handed ahead at `step`: batch j is step
+    `step` + 1 + j's prompts, nearest step first (`pregen_tasks` per batch)."""
+    return [t for j, batch in enumerate(batches)
+            for t in pregen_tasks(run_seed, step + 1 + j, batch, n, sampling,
+                                  None if seeds is None else seeds[j])]
 
 
 def resolve_seed_mode(sampling: SamplingParams, handoff: bool, handoff_mode: SeedMode

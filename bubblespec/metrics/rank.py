@@ -26,6 +26,7 @@ class RankMetrics:
     pregen_requests: Counter
     pregen_branches: Counter
     pregen_offers_streamed: Counter
+    pregen_refreshed: Counter
     pregen_tokens: Counter
     pregen_pushed_tokens: Counter
     drafts_fetched_tokens: Counter
@@ -65,6 +66,9 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
         pregen_offers_streamed=counter(
             "bubblespec_pregen_branch_offers_streamed",
             "Branch offers pushed while their draft still decoded (--pregen-branch-margin)."),
+        pregen_refreshed=counter(
+            "bubblespec_pregen_refreshed",
+            "Pre-generation tasks that refreshed a draft of older weights (handed ahead)."),
         pregen_tokens=counter("bubblespec_pregen_tokens", "Tokens pre-generated."),
         pregen_pushed_tokens=counter("bubblespec_pregen_pushed_tokens",
                                      "Pre-generated tokens stored in the draft store."),
@@ -88,7 +92,7 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
     )
     for c in (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.decode_steps,
               m.generation_tokens, m.bubble_seconds, m.pregen_seconds, m.pregen_requests,
-              m.pregen_branches, m.pregen_offers_streamed, m.pregen_tokens,
+              m.pregen_branches, m.pregen_offers_streamed, m.pregen_refreshed, m.pregen_tokens,
               m.pregen_pushed_tokens, m.drafts_fetched_tokens, m.engine_restarts):
         c.labels(rank_id)
     m.engine_alive.labels(rank_id).set(0)

@@ -72,6 +72,13 @@ class PregenTask:
     runner-up token there (the response continues after them)."""
     branch_at: int | None = None
     """The output position where the branch takes the runner-up; None: a plain task."""
+    step: int | None = None
+    """The step whose rollout the draft is for; None: the step after the one opened (a
+    trainer may hand prompts several steps ahead)."""
+    hint: Sequence[int] = ()
+    """A refresh: the draft stored for this sample under older weights, handed to the
+    engine as the sample's draft so that decoding under the new weights verifies it rather
+    than generating from nothing (exact either way)."""
 
     @property
     def max_new_tokens(self) -> int:

@@ -49,6 +49,8 @@ class PromptIn(_Body):
 
 
 PromptList = Annotated[list[PromptIn], Field(max_length=L.MAX_LIST)]
+PromptBatches = Annotated[list[PromptList], Field(min_length=1, max_length=L.MAX_LOOKAHEAD)]
+SeedBatches = Annotated[list[SeedLists], Field(min_length=1, max_length=L.MAX_LOOKAHEAD)]
 
 
 class RolloutRequest(_Body):
@@ -60,16 +62,37 @@ class RolloutRequest(_Body):
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     seeds: SeedLists | None = Field(
         None, description="Per prompt, one seed per sample (default: derived from run seed).")
-    next_prompts: PromptList | None = Field(
-        None, description="The next step's prompts, pre-generated in this step's bubble.")
-    next_seeds: SeedLists | None = Field(
-        None, description="Seeds the next step will use (default: derived from run seed).")
+    next_prompts: PromptList | PromptBatches | None = Field(
+        None, description="The next step's prompts, pre-generated in this step's bubble; or "
+        "a list of the next steps' prompt batches (the next step's first), so that a bubble "
+        "that has covered the next step goes on to the ones after it.")
+    next_seeds: SeedLists | SeedBatches | None = Field(
+        None, description="Seeds the next step(s) will use, shaped like next_prompts "
+        "(default: derived from run seed).")
     return_logprobs: bool = Field(True, description="Include output_logprobs.")
     pregen: bool = Field(True, description="Let ranks that finish early pre-generate.")
     pregen_window: PregenWindow | None = Field(
         None, description="Pre-generate until the slowest rank is done ('bubble') or on "
         "through the training window until the next step or weight push ('training'; "
         "for rollout ranks that idle while the trainer trains). Default: the gateway's.")
+
+
+    def next_batches(self) -> list[list[PromptIn]]:
+        """`next_prompts` as a list of future steps' batches (one batch: a list of one)."""
+        return _batches(self.next_prompts)
+
+    def next_seed_batches(self) -> list[list[list[int]]] | None:
+        """`next_seeds` as a list of future steps' seed lists, like `next_batches`."""
+        return None if self.next_seeds is None else _batches(self.next_seeds)
+
+
+def _batches(value: list) -> list:
+    """A one-batch form (a list of prompts / of seed lists) wrapped as a list of batches."""
+    if value is None or not value:
+        return []
+    first = value[0]
+    nested = isinstance(first, list) and (not first or isinstance(first[0], (list, PromptIn)))
+    return list(value) if nested else [value]
 
 
 class RolloutSample(SampleMeta):

@@ -64,6 +64,9 @@ MAX_SPAN_TOKENS = 2**40
 """Most tokens one reported timeline span may count (sums over a step stay in int64)."""
 MAX_LIST = 2**20
 """Most entries of any other list in a body (prompts, requests, seeds)."""
+MAX_LOOKAHEAD = 64
+"""Most future steps one rollout may hand prompts ahead for (the gateway's config is
+tighter)."""
 
 Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
 WeightVersion = Annotated[int, Field(ge=0, le=MAX_WEIGHT_VERSION)]

@@ -14,7 +14,12 @@ TRAINING window, at the step's close (the rank keeps pre-generating while the tr
 trains); the watch also notes when it first saw the stop signal, so the time and tokens
 before it (the bubble) and after it (the training window) are reported apart.
 Drafts are pushed as lanes finish (complete ones retire their tasks at once, so no other
-rank redoes them) and, on stop, as partial drafts in one batch.
+rank redoes them) and, on stop, as partial drafts in one batch, each with the step its task
+names (a bubble that covered the next step goes on to tasks of the steps after it).
+A refresh task (`PregenTask.hint`: the sample's draft stored under older weights) hands the
+old draft to the engine as the sample's draft first, so decoding mostly verifies it; a
+refresh cut short whose tokens so far agree with the old draft pushes nothing (the stored
+draft is the longer one, and agrees where it was checked).
 With `branches` > 0 the rank asks for top log-probs, each complete keyed draft offers its
 `branches` smallest-margin positions to the synchronizer, and the rank also decodes branch
 tasks (of any rank's drafts) that the queue hands out after its plain tasks: while other
@@ -27,6 +32,7 @@ margin falls below it at once, pushed with the partial draft so far (streamed of
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -118,6 +124,8 @@ class PregenOutcome:
     """Margin branches decoded (their tokens are in `tokens`)."""
     streamed_offers: int = 0
     """Branch offers pushed while their draft was still decoding."""
+    refreshed: int = 0
+    """Refresh tasks decoded (drafts of older weights verified under the current ones)."""
     stopped: bool = False
     """The stop signal (or a local stop) ended it, rather than an empty queue."""
     started_at: float = 0.0
@@ -158,6 +166,13 @@ def task_draft(t: PregenTask, g: GenResult,
                        token_ids=s.output_ids, complete=s.finish_reason != "abort",
                        weight_version=s.weight_version, branch_offers=branch_offers or (),
                        margin_records=list(watch.records) if watch is not None else ())
+
+
+def stale_kept(t: PregenTask, d: PregenDraft) -> bool:
+    """A refresh cut short whose tokens agree with its old draft so far: the stored draft
+    stays (it is longer, and agrees wherever the new weights were checked)."""
+    return (not d.complete and len(d.token_ids) <= len(t.hint)
+            and list(t.hint[: len(d.token_ids)]) == list(d.token_ids))
 
 
 class Pregenerator:
@@ -205,6 +220,8 @@ class Pregenerator:
                                and claim.in_progress > 0)
                     exhausted = claim.stop or (not claim.tasks and not waiting)
                     for t in claim.tasks:
+                        if t.step is None:  # a synchronizer that names no step per task
+                            t = dataclasses.replace(t, step=claim.target_step)
                         self._start(t)
                         groups.add(t.prompt_key)
                     out.tasks += sum(t.branch_at is None for t in claim.tasks)
@@ -250,6 +267,8 @@ class Pregenerator:
                     watch: MarginWatch | None) -> GenResult | None:
         if req is None:  # a branch without token budget left: its prefix is the draft
             return None
+        if t.hint:  # a refresh: the old draft is this sample's draft
+            await self.engine.add_drafts([(t.prompt_key, t.sample_index, list(t.hint))])
         observe = None
         if watch is not None and watch.threshold > 0:
             def observe(_: int, ids: list[int], top: list | None) -> None:
@@ -270,7 +289,8 @@ class Pregenerator:
                         margin_records=list(watch.records))
         log.info("streamed branch offer: %s/%d at %s, %d tokens decoded", t.prompt_key,
                  t.sample_index, [p for p, _ in new], len(ids))
-        push = asyncio.ensure_future(self.sync.push_drafts(self.target, self.rank_id, [d]))
+        push = asyncio.ensure_future(self.sync.push_drafts(self._step_of(t), self.rank_id,
+                                                           [d]))
         self._streams.add(push)
         push.add_done_callback(self._streamed_done)
         self._streamed += len(new)
@@ -302,10 +322,18 @@ class Pregenerator:
                 d = task_draft(t, g, offers(t, g, self.branches, watch), watch)
                 out.tokens += len(d.token_ids)
                 out.complete += d.complete
+                if t.hint:
+                    out.refreshed += 1
+                    if stale_kept(t, d):
+                        continue
             if d.token_ids:
-                drafts.append(d)
-        if not drafts:
-            return
-        res = await self.sync.push_drafts(self.target, self.rank_id, drafts)
-        out.pushed_tokens += sum(len(d.token_ids) for d, st in zip(drafts, res.statuses)
-                                 if st.value == "stored")
+                drafts.append((self._step_of(t), d))
+        for step in sorted({s for s, _ in drafts}):
+            batch = [d for s, d in drafts if s == step]
+            res = await self.sync.push_drafts(step, self.rank_id, batch)
+            out.pushed_tokens += sum(len(d.token_ids) for d, st in zip(batch, res.statuses)
+                                     if st.value == "stored")
+
+    def _step_of(self, t: PregenTask) -> int:
+        """The step a task's draft is pushed for."""
+        return t.step if t.step is not None else self.target

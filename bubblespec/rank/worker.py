@@ -185,6 +185,7 @@ class RankWorker:
         self.m.pregen_requests.labels(lab).inc(out.tasks)
         self.m.pregen_branches.labels(lab).inc(out.branches)
         self.m.pregen_offers_streamed.labels(lab).inc(out.streamed_offers)
+        self.m.pregen_refreshed.labels(lab).inc(out.refreshed)
         self.m.pregen_tokens.labels(lab).inc(out.tokens)
         self.m.pregen_pushed_tokens.labels(lab).inc(out.pushed_tokens)
         if out.ended_at > out.started_at:

@@ -239,15 +239,19 @@ class SyncClient:
 
     async def open_step(self, step: int, shards: Mapping[str, int] | Sequence[ShardAssignment],
                         next_tasks: Sequence[PregenTask] = (), timeout_s: float | None = None,
-                        pregen_window: PregenWindow = PregenWindow.BUBBLE) -> OpenStepResult:
-        """Open `step` with its shard assignment and step+1's pre-generation tasks, which
-        ranks pre-generate until the stop signal or, with the TRAINING window, the close;
+                        pregen_window: PregenWindow = PregenWindow.BUBBLE,
+                        weight_version: int | None = None) -> OpenStepResult:
+        """Open `step` with its shard assignment and the pre-generation tasks of the future
+        steps (each task's `step`; None: step + 1), which ranks pre-generate until the stop
+        signal or, with the TRAINING window, the close; `weight_version` (the version the
+        step's ranks run) lets the synchronizer skip or refresh drafts stored earlier;
         raises."""
         if isinstance(shards, Mapping):
             shards = [ShardAssignment(r, n) for r, n in shards.items()]
         request = pb.OpenStepRequest(step=step, shards=[cv.shard_to_pb(s) for s in shards],
                                      next_prompts=cv.tasks_to_prompts(next_tasks),
-                                     pregen_window=cv.PREGEN_WINDOW_TO_PB[pregen_window])
+                                     pregen_window=cv.PREGEN_WINDOW_TO_PB[pregen_window],
+                                     weight_version=weight_version)
         r = await self._call("OpenStep", request, timeout_s)
         return OpenStepResult(r.step, r.num_tasks, r.already_open, r.opened_unix_s)
 

@@ -40,6 +40,9 @@ class SyncConfig(BaseConfig, TlsSettings):
     """Byte budget of the draft store (4 B/token + key + 64 B/sequence); full -> rejected."""
     max_tasks_per_step: int = Field(262_144, ge=1)
     """Most pre-generation tasks (prompt x sample) one OpenStep may carry."""
+    max_lookahead_steps: int = Field(8, ge=1, le=64)
+    """Furthest future step an OpenStep may hand prompts for (1: the next step only). The
+    limit on tasks applies to each future step."""
     max_tasks_per_claim: int = Field(1024, ge=1)
     """Most tasks one ClaimTasks call hands out (larger requests are clamped)."""
     pregen_depth: int = Field(1, ge=1)

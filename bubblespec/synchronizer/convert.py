@@ -94,7 +94,7 @@ def task_to_pb(t: PregenTask) -> pb.PregenTask:
         prompt_key=t.prompt_key, prompt_token_ids=t.prompt_token_ids,
         sample_index=t.sample_index, seed=t.seed, max_new_tokens=t.max_new_tokens,
         sampling=sampling_to_pb(t.sampling), prefix_token_ids=t.prefix,
-        branch_at=t.branch_at,
+        branch_at=t.branch_at, step=t.step or 0, hint_token_ids=t.hint,
     )
 
 
@@ -102,22 +102,26 @@ def task_from_pb(m: pb.PregenTask) -> PregenTask:
     return PregenTask(m.prompt_key, list(m.prompt_token_ids), m.sample_index, m.seed,
                       sampling_from_pb(m.sampling, m.max_new_tokens),
                       list(m.prefix_token_ids) or (),
-                      m.branch_at if m.HasField("branch_at") else None)
+                      m.branch_at if m.HasField("branch_at") else None,
+                      m.step or None, list(m.hint_token_ids) or ())
 
 
 def tasks_to_prompts(tasks: Sequence[PregenTask]) -> list[pb.PregenPrompt]:
-    """Group flat tasks by prompt (first-seen order) so each prompt's tokens travel once.
+    """Group flat tasks by (step, prompt) (first-seen order) so each prompt's tokens travel
+    once per step.
 
-    Raises ValueError when two tasks of one prompt_key disagree on tokens or parameters.
+    Raises ValueError when two tasks of one prompt_key and step disagree on tokens or
+    parameters.
     """
-    prompts: dict[str, tuple[PregenTask, pb.PregenPrompt]] = {}
+    prompts: dict[tuple[int, str], tuple[PregenTask, pb.PregenPrompt]] = {}
     for i, t in enumerate(tasks):
-        entry = prompts.get(t.prompt_key)
+        entry = prompts.get((t.step or 0, t.prompt_key))
         if entry is None:
             msg = pb.PregenPrompt(
                 prompt_key=t.prompt_key, prompt_token_ids=t.prompt_token_ids,
-                max_new_tokens=t.max_new_tokens, sampling=sampling_to_pb(t.sampling))
-            entry = prompts[t.prompt_key] = (t, msg)
+                max_new_tokens=t.max_new_tokens, sampling=sampling_to_pb(t.sampling),
+                step=t.step or 0)
+            entry = prompts[t.step or 0, t.prompt_key] = (t, msg)
         first, msg = entry
         if (list(first.prompt_token_ids) != list(t.prompt_token_ids)
                 or first.sampling != t.sampling):
@@ -127,14 +131,17 @@ def tasks_to_prompts(tasks: Sequence[PregenTask]) -> list[pb.PregenPrompt]:
     return [msg for _, msg in prompts.values()]
 
 
-def prompts_to_tasks(prompts: Iterable[pb.PregenPrompt]) -> list[PregenTask]:
-    """Flatten prompts into tasks; the samples of a prompt share one token array."""
+def prompts_to_tasks(prompts: Iterable[pb.PregenPrompt], opened: int) -> list[PregenTask]:
+    """Flatten prompts into tasks, each naming its step (unset: `opened` + 1); the samples
+    of a prompt share one token array."""
     out = []
     for p in prompts:
         tokens = array("i", p.prompt_token_ids)
         sampling = sampling_from_pb(p.sampling, p.max_new_tokens)
+        step = p.step or opened + 1
         for s in p.samples:
-            out.append(PregenTask(p.prompt_key, tokens, s.sample_index, s.seed, sampling))
+            out.append(PregenTask(p.prompt_key, tokens, s.sample_index, s.seed, sampling,
+                                  step=step))
     return out
 
 

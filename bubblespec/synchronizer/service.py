@@ -131,8 +131,9 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         self.v.open_step(r)
         key = hashlib.sha256(r.SerializeToString(deterministic=True)).digest()
         res = self.state.open_step(r.step, [cv.shard_from_pb(s) for s in r.shards],
-                                   cv.prompts_to_tasks(r.next_prompts), key,
-                                   cv.PREGEN_WINDOW_FROM_PB[r.pregen_window])
+                                   cv.prompts_to_tasks(r.next_prompts, r.step), key,
+                                   cv.PREGEN_WINDOW_FROM_PB[r.pregen_window],
+                                   cv._opt(r, "weight_version"))
         if not res.already_open:
             log.info("step %d opened: %d ranks, %d pre-gen tasks", r.step, len(r.shards),
                      res.num_tasks)

@@ -45,6 +45,7 @@ from bubblespec.protocol.domain import (
 from bubblespec.protocol.sampling import PregenWindow
 from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.errors import invalid, not_found, precondition
+from bubblespec.synchronizer.lookahead import Lookahead
 from bubblespec.synchronizer.pregen import LengthPredictor, TaskQueue
 from bubblespec.synchronizer.ranks import RankRegistry
 from bubblespec.synchronizer.store import DraftStore
@@ -60,7 +61,8 @@ class StepRecord:
     step: int
     shards: dict[str, int]
     content_key: bytes
-    queue: TaskQueue
+    queue: Lookahead
+    """Tasks of the future steps it was handed (`lookahead.py`)."""
     opened_unix_s: float
     opened_mono: float
     done: set[str] = field(default_factory=set)
@@ -129,8 +131,11 @@ class SyncState:
 
     def open_step(self, step: int, shards: Sequence[ShardAssignment],
                   tasks: Sequence[PregenTask], content_key: bytes,
-                  pregen_window: PregenWindow = PregenWindow.BUBBLE) -> OpenStepResult:
-        """Open `step` (closing the current one) with its shards and step+1's tasks."""
+                  pregen_window: PregenWindow = PregenWindow.BUBBLE,
+                  weight_version: int | None = None) -> OpenStepResult:
+        """Open `step` (closing the current one) with its shards and the tasks of the future
+        steps (step + 1 where a task names none); `weight_version`, the version its ranks
+        run, decides which stored drafts are done and which are refreshed (`lookahead.py`)."""
         cur = self.current
         if cur is not None and step == cur.step and cur.closed_unix_s is None:
             if content_key == cur.content_key:
@@ -147,10 +152,15 @@ class SyncState:
         if cur is not None and cur.closed_unix_s is None:
             self._close(cur)
         now = time.time()
+        queue = Lookahead(step, tasks, self.lengths, self.config.pregen_depth,
+                          self.store.version_of, weight_version)
+        h = queue.handed
+        if h.refresh or h.done:
+            log.info("step %d: %d pre-generation tasks new, %d refreshes of older drafts, "
+                     "%d already done at weight version %s", step, h.fresh, h.refresh, h.done,
+                     weight_version)
         rec = StepRecord(step, {s.rank_id: s.num_requests for s in shards}, content_key,
-                         TaskQueue(step + 1, tasks, self.lengths,
-                                   self.config.pregen_depth), now, time.monotonic(),
-                         pregen_window=pregen_window)
+                         queue, now, time.monotonic(), pregen_window=pregen_window)
         self.current = rec
         self.timeline.open_step(step, shards, now)
         self.events.publish(StepEvent(StepEventKind.OPENED, step, now))
@@ -179,7 +189,7 @@ class SyncState:
         self._fire_stop(rec)
         rec.closed_unix_s = time.time()
         self.closed_through = rec.step
-        rec.queue = TaskQueue(rec.step + 1, ())
+        rec.queue = Lookahead.empty(rec.step)
         self.timeline.mark_closed(rec.step, rec.closed_unix_s)
         self.events.publish(StepEvent(StepEventKind.CLOSED, rec.step, rec.closed_unix_s))
         return self.store.drop_through(rec.step)
@@ -286,9 +296,11 @@ class SyncState:
                 cur.queue.branchable_claimed)
 
     def accepts_drafts_for(self, step: int) -> bool:
-        """Drafts are taken for the current step and the next one, while not over."""
+        """Drafts are taken for the current step and the future steps it was handed (at
+        least the next one), while not over."""
         cur = self.current
-        return cur is not None and self.closed_through < step <= cur.step + 1
+        return cur is not None and self.closed_through < step <= max(cur.step + 1,
+                                                                      cur.queue.last_step)
 
     def push(self, step: int, rank_id: str, drafts: Sequence[PregenDraft]) -> PushResult:
         """Store drafts; per-draft statuses; complete drafts retire their tasks."""
@@ -300,14 +312,15 @@ class SyncState:
         else:
             statuses = [self.store.put(step, d) for d in drafts]
             why = ""
-            if cur is not None and step == cur.queue.target_step:
+            queue = cur.queue.queue_of(step) if cur is not None else None
+            if queue is not None:
                 for d, st in zip(drafts, statuses):
                     if st is not DraftStatus.STORED:
                         continue
                     if d.complete:
-                        self._completed(step, cur.queue, d)
+                        self._completed(step, queue, d)
                     elif d.branch_offers:  # streamed: offered while the draft decodes
-                        self._offered(step, cur.queue, d)
+                        self._offered(step, queue, d)
         stored = sum(s is DraftStatus.STORED for s in statuses)
         rejected = len(statuses) - stored
         if stored:

@@ -93,6 +93,13 @@ class DraftStore:
         s = self._draft(step, prompt_key, sample_index)
         return None if s is None else s.tokens
 
+    def version_of(self, step: int, prompt_key: str, sample_index: int
+                   ) -> tuple[array, bool, int] | None:
+        """(tokens, complete, weight version) of one sample's stored draft, the tokens
+        read-only; None if absent."""
+        s = self._draft(step, prompt_key, sample_index)
+        return None if s is None else (s.tokens, s.complete, s.weight_version)
+
     def records_of(self, step: int, prompt_key: str, sample_index: int
                    ) -> tuple[Sequence[tuple[int, float]], bool] | None:
         """(margin records, complete) of one sample's stored draft; None if absent."""

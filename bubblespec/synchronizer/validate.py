@@ -138,15 +138,24 @@ class Validator:
                 raise invalid(f"shards[{i}].rank_id", f"rank {s.rank_id!r} is listed twice")
             seen.add(s.rank_id)
             self.non_negative(s.num_requests, f"shards[{i}].num_requests")
-        total = sum(len(p.samples) for p in r.next_prompts)
-        self.count(total, self.c.max_tasks_per_step, "next_prompts")
-        keys: set[str] = set()
+        self.non_negative(r.weight_version, "weight_version")
+        last = r.step + self.c.max_lookahead_steps
+        per_step: dict[int, int] = {}
+        keys: set[tuple[int, str]] = set()
         for i, p in enumerate(r.next_prompts):
+            target = p.step or r.step + 1
+            if not r.step < target <= last:
+                raise invalid(f"next_prompts[{i}].step",
+                              f"must be in [{r.step + 1}, {last}] (step + 1 .. step + "
+                              f"max_lookahead_steps), got {p.step}")
+            per_step[target] = per_step.get(target, 0) + len(p.samples)
             self._prompt(p, f"next_prompts[{i}]")
-            if p.prompt_key in keys:
+            if (target, p.prompt_key) in keys:
                 raise invalid(f"next_prompts[{i}].prompt_key",
-                              f"prompt {p.prompt_key!r} is listed twice")
-            keys.add(p.prompt_key)
+                              f"prompt {p.prompt_key!r} is listed twice for step {target}")
+            keys.add((target, p.prompt_key))
+        for target, total in per_step.items():
+            self.count(total, self.c.max_tasks_per_step, "next_prompts")
 
     def _prompt(self, p: pb.PregenPrompt, path: str) -> None:
         self.key(p.prompt_key, f"{path}.prompt_key")

@@ -135,13 +135,14 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              work_dir: str | None = None, log: Callable[[str], None] = print,
              train: bool = True, timeline_settle_s: float = 0.3,
              epoch_steps: int = 0, pregen_window: PregenWindow | None = None,
-             min_train_s: float = 0.0) -> list[dict[str, Any]]:
+             min_train_s: float = 0.0, lookahead: int = 1) -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
     `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
     `min_train_s`: the training window (train, save, push) lasts at least this long, as a
     larger model's would (paced benchmarks; pre-generation may use the window).
-    Every rollout carries the schedule's own seeds (`schedule_seeds`).
+    Every rollout carries the schedule's own seeds (`schedule_seeds`). `lookahead`: how
+    many future steps' batches each rollout hands ahead (1: the next step's only).
     Returns one dict per step (figures of `step_figures` plus trainer stats)."""
     trainer = Trainer(model_dir, lr=lr, seed=seed) if train else None
     own_tmp = work_dir is None
@@ -153,10 +154,14 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     prev_dir: Path | None = None
     try:
         for k in range(steps):
-            nxt = batches[k + 1] if (pregen and k + 1 < steps) else None
+            ahead = range(k + 1, min(steps, k + 1 + max(1, lookahead))) if pregen else ()
+            nxt: Any = [batches[j] for j in ahead] or None
+            nxt_seeds: Any = [seeds[j] for j in ahead] or None
+            if nxt is not None and lookahead <= 1:  # the one-batch form
+                nxt, nxt_seeds = nxt[0], nxt_seeds[0]
             t0 = time.monotonic()
             res = client.rollout(batches[k], n=n, sampling_params=sampling, seeds=seeds[k],
-                                 next_prompts=nxt, next_seeds=seeds[k + 1] if nxt else None,
+                                 next_prompts=nxt, next_seeds=nxt_seeds,
                                  pregen=pregen, pregen_window=pregen_window)
             wall = time.monotonic() - t0
             groups = []

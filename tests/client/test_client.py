@@ -16,7 +16,7 @@ from bubblespec.client import (
     BubbleSpecUnavailable,
     StepReport,
 )
-from bubblespec.client.client import prompt_json, rollout_body, sampling_json
+from bubblespec.client.client import next_prompts_json, prompt_json, rollout_body, sampling_json
 from bubblespec.cluster import free_ports
 from bubblespec.gateway.config import GatewayConfig
 from bubblespec.gateway.server import create_app
@@ -112,6 +112,27 @@ def test_request_building() -> None:
                     "sampling_params": {"temperature": 1.0}, "return_logprobs": False,
                     "pregen": True, "step": 7, "seeds": [[1, 2, 3]],
                     "next_prompts": [{"input_ids": [2]}]}
+
+
+def test_next_prompts_take_one_batch_or_a_list_of_the_next_steps_batches() -> None:
+    """Every prompt form a trainer holds, as one batch or as several steps' batches."""
+    import numpy as np
+
+    one = [{"input_ids": [2, 3]}, {"text": "x"}]
+    for batch in ([[2, 3], "x"], [np.array([2, 3]), {"text": "x"}], [_Prompt((2, 3)), "x"]):
+        assert next_prompts_json(batch) == one
+        assert next_prompts_json([batch, batch]) == [one, one]
+    assert next_prompts_json(np.array([[2, 3], [4, 5]])) == [{"input_ids": [2, 3]},
+                                                            {"input_ids": [4, 5]}]
+    assert next_prompts_json([["a", "b"], ["c"]]) == [[{"text": "a"}, {"text": "b"}],
+                                                      [{"text": "c"}]]
+    body = rollout_body([[1]], 1, None, None, [[[2]], [[3], [4]]], None,
+                        [[[7]], [[8], [9]]], True, True)
+    assert body["next_prompts"] == [[{"input_ids": [2]}], [{"input_ids": [3]},
+                                                           {"input_ids": [4]}]]
+    assert body["next_seeds"] == [[[7]], [[8], [9]]]
+    assert rollout_body([[1]], 1, None, None, [[2]], None, [[7]], True,
+                        True)["next_seeds"] == [[7]]
 
 
 def test_results_parse_everything_the_gateway_emits() -> None:

@@ -79,6 +79,15 @@ BAD_ROLLOUTS = [
     (with_(next_prompts=[{"input_ids": [1]}] * 5), "next_prompts"),
     (with_(next_seeds=[[1, 2]]), "next_seeds"),
     (with_(next_prompts=[{"input_ids": [1]}], next_seeds=[[1, 2, 3]]), "next_seeds[0]"),
+    # next_prompts as a list of the next steps' batches
+    (with_(next_prompts=[[{"input_ids": [1]}], [{"input_ids": [1, 300]}]]),
+     "next_prompts[1][0].input_ids[1]"),
+    (with_(next_prompts=[[{"input_ids": [1]}], [{"input_ids": [1]}] * 5]), "next_prompts[1]"),
+    (with_(next_prompts=[[{"input_ids": [1]}]] * 9), "next_prompts"),
+    (with_(next_prompts=[[{"input_ids": [1]}]] * 2, next_seeds=[[[1, 2]]]), "next_seeds"),
+    (with_(next_prompts=[[{"input_ids": [1]}]] * 2, next_seeds=[[[1, 2]], [[1]]]),
+     "next_seeds[1][0]"),
+    (with_(next_prompts=[[{"input_ids": [1]}], [{"ids": [1]}]]), "next_prompts[1][0].ids"),
     (with_(return_logprobs="perhaps"), "return_logprobs"),
 ]
 

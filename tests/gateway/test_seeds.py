@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bubblespec.gateway.seeds import assign_keys, pregen_tasks, step_seeds
+from bubblespec.gateway.seeds import assign_keys, lookahead_tasks, pregen_tasks, step_seeds
 from bubblespec.gateway.shard import LengthEstimator, make_items
 from bubblespec.protocol.keys import SEED_LIMIT, derive_seed, derive_seeds, prompt_key
 from bubblespec.protocol.sampling import SamplingParams
@@ -81,3 +81,21 @@ def test_handoff_steps_sample_keyed_unless_the_request_names_its_seed_mode() -> 
     rich = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=33, stop_token_ids=(5,))
     out = resolve_seed_mode(rich, True, SeedMode.KEYED)
     assert out.model_dump(exclude={"seed_mode"}) == rich.model_dump(exclude={"seed_mode"})
+
+
+def test_prompts_handed_several_steps_ahead_get_each_steps_own_seeds() -> None:
+    """Batch j of a list handed at step s is step s+1+j's: its tasks name that step and
+    carry the seeds that step's rollout derives (or the trainer's, per batch)."""
+    run_seed, step, n = 5, 3, 2
+    batches = [[[1, 2]], [[1, 2], [1, 9]]]  # the same prompt in both future steps
+    sp = SamplingParams(max_new_tokens=8)
+    tasks = lookahead_tasks(run_seed, step, batches, n, sp)
+    assert [(t.step, t.sample_index) for t in tasks] == [(4, 0), (4, 1), (5, 0), (5, 1),
+                                                         (5, 0), (5, 1)]
+    for j, batch in enumerate(batches):
+        want = step_seeds(run_seed, step + 1 + j, assign_keys(batch), n)
+        got = [t.seed for t in tasks if t.step == step + 1 + j]
+        assert got == [s for ss in want for s in ss]
+    assert tasks[0].seed != tasks[2].seed  # same prompt, other step: other seeds
+    given = lookahead_tasks(0, 0, [[[1]], [[2]]], 1, sp, [[[11]], [[22]]])
+    assert [(t.step, t.seed) for t in given] == [(1, 11), (2, 22)]

@@ -65,6 +65,57 @@ def test_lanes_drain_the_queue_with_exact_drafts(loop_runner: Any, spec_engine: 
     loop_runner.run(go())
 
 
+def test_a_bubble_goes_on_to_later_steps_and_refreshes_stale_drafts(loop_runner: Any,
+                                                                    spec_engine: Any) -> None:
+    """Tasks handed for steps 1 and 2: one bubble drafts both (each pushed for its step, each
+    the rollout's exact keyed sample). Handed step 2 again after a weight push, the stored
+    drafts come back as refreshes: the engine is given the old draft, so the refresh decodes
+    the same tokens mostly from it (the aligned source's accepted tokens)."""
+    import dataclasses
+
+    task = default_task()
+    near = tasks_for(task.make_prompts(2, 21), 1, 40)
+    far = [dataclasses.replace(t, prompt_key=f"f{t.prompt_key}", step=2)
+           for t in tasks_for(task.make_prompts(2, 22), 2, 40)]
+
+    async def go() -> None:
+        async with serving(rank_timeout_s=120.0) as (_, sync):
+            for r in ("fast", "slow"):
+                await sync.register(r, r)
+            await sync.open_step(0, {"fast": 1, "slow": 1}, near + far, weight_version=0)
+            await sync.report_done(0, "fast")
+            out = await Pregenerator(spec_engine, sync, "fast", 0, inflight=2, poll_every=4,
+                                     local_stop=asyncio.Event()).run()
+            assert (out.tasks, out.complete, out.refreshed) == (6, 6, 0)
+            got1 = await sync.fetch_drafts(1, sorted({t.prompt_key for t in near}))
+            got2 = await sync.fetch_drafts(2, sorted({t.prompt_key for t in far}))
+            assert (len(got1), len(got2)) == (2, 4)
+            stored = {(d.prompt_key, d.sample_index): list(d.token_ids) for d in got2}
+            again = await spec_engine.generate([direct(t) for t in far])
+            for t, g in zip(far, again):
+                assert stored[(t.prompt_key, t.sample_index)] == g.samples[0].output_ids
+            await sync.report_done(0, "slow")
+            # step 1, after a weight push (version 1 at the synchronizer; the engine's
+            # weights are the same, so every old token is accepted)
+            await sync.open_step(1, {"fast": 1, "slow": 1}, far, weight_version=1)
+            await sync.report_done(1, "fast")
+            await spec_engine.source_stats(reset=True)
+            out = await Pregenerator(spec_engine, sync, "fast", 1, inflight=2, poll_every=4,
+                                     local_stop=asyncio.Event()).run()
+            src = await spec_engine.source_stats()
+            assert (out.tasks, out.complete, out.refreshed) == (4, 4, 4)
+            after = {(d.prompt_key, d.sample_index): list(d.token_ids)
+                     for d in await sync.fetch_drafts(2, sorted({t.prompt_key for t in far}))}
+            assert after == stored
+            # each refresh is given its old draft: a forward accepts up to k = 8 of its
+            # tokens and samples one more, so about 8 of every 9 tokens come from it (a
+            # refresh costs ~1/9 of the forwards of decoding from nothing)
+            assert src["aligned_accepted"] >= 0.75 * out.tokens, src
+            assert src["aligned_wins"] <= out.tokens / 8, src
+
+    loop_runner.run(go())
+
+
 def run_until_stopped(runner: Any, engine: Any, window: PregenWindow) -> tuple[Any, dict]:
     """Pre-generate long responses; fire the stop signal after some progress, then (after
     more progress, in the training window) close the step."""

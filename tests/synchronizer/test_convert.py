@@ -27,10 +27,25 @@ def test_prompts_carry_tokens_once_and_flatten_back() -> None:
              for p in range(2) for s in range(3)]
     prompts = cv.tasks_to_prompts(tasks)
     assert [len(p.samples) for p in prompts] == [3, 3] and prompts[0].max_new_tokens == 33
-    back = cv.prompts_to_tasks(prompts)
+    back = cv.prompts_to_tasks(prompts, 6)
     assert [(t.prompt_key, list(t.prompt_token_ids), t.sample_index, t.seed, t.sampling)
             for t in back] == [(t.prompt_key, t.prompt_token_ids, t.sample_index, t.seed,
                                 t.sampling) for t in tasks]
+    assert {t.step for t in back} == {7}  # unnamed: the step after the opened one
+
+
+def test_tasks_of_several_future_steps_travel_per_step() -> None:
+    """One prompt handed for two future steps travels once per step and flattens back with
+    each task's step; a claimed task keeps its step and refresh hint on the wire."""
+    tasks = [PregenTask("p", [1, 2], s, seed=s, sampling=FULL, step=step)
+             for step in (4, 5) for s in range(2)]
+    prompts = cv.tasks_to_prompts(tasks)
+    assert [(p.step, len(p.samples)) for p in prompts] == [(4, 2), (5, 2)]
+    back = cv.prompts_to_tasks(prompts, 3)
+    assert [(t.step, t.sample_index) for t in back] == [(4, 0), (4, 1), (5, 0), (5, 1)]
+    t = PregenTask("p", [1], 0, 9, FULL, step=5, hint=[3, 4, 5])
+    back1 = cv.task_from_pb(cv.task_to_pb(t))
+    assert back1.step == 5 and list(back1.hint) == [3, 4, 5]
 
 
 def test_tasks_of_one_prompt_must_agree_on_sampling() -> None:

@@ -161,21 +161,23 @@ class PregenSample(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class PregenPrompt(_message.Message):
-    __slots__ = ("prompt_key", "prompt_token_ids", "max_new_tokens", "sampling", "samples")
+    __slots__ = ("prompt_key", "prompt_token_ids", "max_new_tokens", "sampling", "samples", "step")
     PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     prompt_key: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     sampling: SamplingParams
     samples: _containers.RepeatedCompositeFieldContainer[PregenSample]
-    def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[PregenSample, _Mapping]]] = ...) -> None: ...
+    step: int
+    def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[PregenSample, _Mapping]]] = ..., step: _Optional[int] = ...) -> None: ...
 
 class PregenTask(_message.Message):
-    __slots__ = ("prompt_key", "prompt_token_ids", "sample_index", "seed", "max_new_tokens", "sampling", "prefix_token_ids", "branch_at")
+    __slots__ = ("prompt_key", "prompt_token_ids", "sample_index", "seed", "max_new_tokens", "sampling", "prefix_token_ids", "branch_at", "step", "hint_token_ids")
     PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +186,8 @@ class PregenTask(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BRANCH_AT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    HINT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     prompt_key: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sample_index: int
@@ -192,19 +196,23 @@ class PregenTask(_message.Message):
     sampling: SamplingParams
     prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
     branch_at: int
-    def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sample_index: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., branch_at: _Optional[int] = ...) -> None: ...
+    step: int
+    hint_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_key: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sample_index: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., branch_at: _Optional[int] = ..., step: _Optional[int] = ..., hint_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OpenStepRequest(_message.Message):
-    __slots__ = ("step", "shards", "next_prompts", "pregen_window")
+    __slots__ = ("step", "shards", "next_prompts", "pregen_window", "weight_version")
     STEP_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     PREGEN_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     step: int
     shards: _containers.RepeatedCompositeFieldContainer[ShardAssignment]
     next_prompts: _containers.RepeatedCompositeFieldContainer[PregenPrompt]
     pregen_window: PregenWindow
-    def __init__(self, step: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardAssignment, _Mapping]]] = ..., next_prompts: _Optional[_Iterable[_Union[PregenPrompt, _Mapping]]] = ..., pregen_window: _Optional[_Union[PregenWindow, str]] = ...) -> None: ...
+    weight_version: int
+    def __init__(self, step: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardAssignment, _Mapping]]] = ..., next_prompts: _Optional[_Iterable[_Union[PregenPrompt, _Mapping]]] = ..., pregen_window: _Optional[_Union[PregenWindow, str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class OpenStepResponse(_message.Message):
     __slots__ = ("step", "num_tasks", "already_open", "opened_unix_s")
