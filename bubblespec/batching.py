@@ -20,7 +20,10 @@ the two; the adapters keep only their own quirks (their wire formats, how a step
   or `gcd_of_counts` (verl: n = the gcd of the counts; a prompt with more calls appears
   several times).
 - The next step's prompts (`add_next`, or announced with the batch) go with the last step
-  of the batch, pre-generated in its bubble; each is used once.
+  of the batch, pre-generated in its bubble; each is used once. Prompts of steps further
+  ahead (`add_next(..., ahead=j)`, or a list of batches announced with the batch) go along
+  as the later batches of the step's `next_prompts`, and move one step nearer with each
+  step run.
 - Steps run one at a time (the gateway runs one step at a time); calls that arrive while
   one runs form the next batch. `pause` holds back batches not yet started; queued calls
   can be aborted (answered with no sample and `ABORT_BEFORE_PREFILL`, which AReaL re-sends).
@@ -33,10 +36,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import numbers
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bubblespec.protocol.gateway import RolloutResponse, RolloutSample
 from bubblespec.protocol.sampling import SamplingParams
@@ -96,7 +101,8 @@ class Step:
     n: int
     prompts: list[Prompt] = field(default_factory=list)
     asks: list[list[Ask]] = field(default_factory=list)
-    next_prompts: list[list[int]] | None = None
+    next_prompts: list[list[list[int]]] | None = None
+    """The future steps' prompt ids handed ahead with this step, the next step's first."""
 
     @property
     def size(self) -> int:
@@ -157,10 +163,25 @@ RunFn = Callable[[Step], Awaitable[RolloutResponse]]
 
 @dataclass(frozen=True)
 class Expectation:
-    """An announced batch: `count` calls, then the next batch's prompt ids (or None)."""
+    """An announced batch: `count` calls, then the next batches' prompt ids (or None)."""
 
     count: int
-    next_prompts: list[list[int]] | None
+    next_prompts: list[list[list[int]]] | None
+
+
+def as_batches(prompts: Sequence[Sequence[int]] | Sequence[Sequence[Sequence[int]]] | None
+               ) -> list[list[list[int]]] | None:
+    """Prompt ids of the next step, or of the next steps (a list of batches), as a list of
+    batches of int lists; None when there are none."""
+    if prompts is None or len(prompts) == 0:
+        return None
+    # nested when some entry's first item is itself a prompt (a sequence), not a token id
+    first = next((e for e in prompts if len(e)), None)
+    nested = first is not None and not isinstance(first[0], numbers.Integral) and (
+        getattr(first[0], "ndim", 1) != 0)
+    batches = prompts if nested or first is None else [prompts]
+    out = [[[int(t) for t in p] for p in b] for b in batches]
+    return out if any(out) else None
 
 
 class StepBatcher:
@@ -179,7 +200,8 @@ class StepBatcher:
         self.steps: deque[RolloutResponse] = deque(maxlen=64)
         """The last steps run (the gateway's answers)."""
         self.steps_run = 0
-        self._next: dict[tuple[int, ...], None] = {}
+        self._next: list[dict[tuple[int, ...], None]] = []
+        """Per future step (the next one first), the prompts handed ahead for it."""
         self._expected: Expectation | None = None
         self._arrived: asyncio.Event | None = None
         self._resumed: asyncio.Event | None = None
@@ -193,21 +215,29 @@ class StepBatcher:
 
     @property
     def next_prompts(self) -> list[list[int]]:
-        """Prompts waiting to go with the last step of the next batch."""
-        return [list(p) for p in self._next]
+        """Prompts waiting to go with the last step of the next batch, for the step after."""
+        return [list(p) for p in self._next[0]] if self._next else []
 
-    def add_next(self, prompts: Sequence[Sequence[int]]) -> int:
-        """Queue the next step's prompts (repeats dropped); how many are waiting now."""
+    @property
+    def next_batches(self) -> list[list[list[int]]]:
+        """Every future step's waiting prompts, the next step's first."""
+        return [[list(p) for p in b] for b in self._next]
+
+    def add_next(self, prompts: Sequence[Sequence[int]], ahead: int = 0) -> int:
+        """Queue prompts of the step `ahead` steps after the next one (repeats dropped);
+        how many are waiting for that step now."""
+        while len(self._next) <= ahead:
+            self._next.append({})
         for p in prompts:
-            self._next[tuple(int(t) for t in p)] = None
-        return len(self._next)
+            self._next[ahead][tuple(int(t) for t in p)] = None
+        return len(self._next[ahead])
 
-    def expect(self, count: int, next_prompts: Sequence[Sequence[int]] | None) -> None:
-        """Announce the next batch: `count` calls; `next_prompts` pre-generated in its steps."""
+    def expect(self, count: int, next_prompts: Sequence[Any] | None) -> None:
+        """Announce the next batch: `count` calls; `next_prompts` (the next step's prompt
+        ids, or a list of the next steps' batches) pre-generated in its steps."""
         if count < 1:
             raise ValueError(f"count must be >= 1, not {count}")
-        nxt = [list(map(int, p)) for p in next_prompts] if next_prompts else None
-        self._expected = Expectation(count, nxt)
+        self._expected = Expectation(count, as_batches(next_prompts))
         self._wake()
 
     async def generate(self, asks: Sequence[Ask]) -> list[Answer]:
@@ -284,9 +314,9 @@ class StepBatcher:
                 if i == len(steps) - 1:
                     if exp is not None:
                         step.next_prompts = exp.next_prompts
-                    else:
-                        step.next_prompts = self.next_prompts or None
-                        self._next.clear()
+                    else:  # every waiting step moves one step nearer
+                        step.next_prompts = as_batches(self.next_batches)
+                        self._next = self._next[1:]
                 await self._step(step)
 
     async def _step(self, step: Step) -> None:

@@ -320,6 +320,34 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
     return out
 
 
+MODEL_CONTEXT = 2048
+"""KV tokens per running sequence assumed for the modelled forward beside the drafting cost
+(the workload's responses are 1-4k tokens long)."""
+
+
+def forward_lines(sizes: tuple[int, ...], draft_us: dict[int, float | None]) -> list[str]:
+    """Per batch size, the engine-time model's decode forward (H100 and H200, 8B model, B
+    sequences of `MODEL_CONTEXT` KV tokens) without drafts (1 token each) and verifying k
+    drafted tokens each, beside the measured drafting cost and its share of the step with
+    the draft-free forward (the larger share): what a GPU host adds to every engine step
+    (MODELLED forwards, measured drafting)."""
+    from bubblespec.core.engine_time import EngineTime
+
+    out = [f"modelled decode forward (8B model, {MODEL_CONTEXT} KV tokens per sequence; 1 / "
+           f"1 + {K} tokens per sequence) beside the measured drafting:"]
+    for size in sizes:
+        cells = []
+        d = draft_us.get(size)
+        for gpu in ("h100", "h200"):
+            et = EngineTime.preset(gpu)
+            one = et.forward(size, size * MODEL_CONTEXT) * 1e6
+            full = et.forward(size * (1 + K), size * MODEL_CONTEXT) * 1e6
+            share = "" if d is None else f" (drafting {100 * d / (one + d):.1f}% of the step)"
+            cells.append(f"{gpu} {one / 1e3:.2f} / {full / 1e3:.2f} ms{share}")
+        out.append(f"  B={size}: " + "; ".join(cells))
+    return out
+
+
 def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: int = 0,
               suffix_groups: int = 64, arctic: bool = True, ngram: bool = True) -> None:
     """Print the suffix rows with the native matcher, the per-step table and the last line."""
@@ -359,5 +387,7 @@ def run_bench(sizes: tuple[int, ...] = (64, 256, 1024), steps: int = 40, seed: i
     main = next((n for n in ("proposer (native)", "native step", "python step")
                  if n in res.get(sizes[0], {})), "python step")
     print(f"draft cost per step: {main}")
+    for line in forward_lines(sizes, {s: r.get(main, {}).get("median") for s, r in res.items()}):
+        print(line)
     print("draft_cost_per_step_us: " + " ".join(f"b{s}={fig(s, main)}" for s in sizes)
           + f" arctic_b256={fig(256, 'arctic tree (Python loop)')}")

@@ -21,6 +21,10 @@ Definitions (the paced bench's own; the rest are `bubblespec.bench.modes`'):
   the ranks; a mode's figures are valid only with under 1% overruns. "scale for <1%": the
   pace scale x the 99th percentile of real / paced time per forward (the largest over the
   seeds): the scale that would have made the run valid under the same load.
+- **drafting %**: the proposer's measured CPU time in the ranks' paced forwards / the ranks'
+  modelled time (summed over ranks, whole run). Ranks charge it on top of each forward
+  (`--pace-charge-drafting`, on by default since 2026-12-03), as a GPU host pays it;
+  "(absorbed)" marks a run whose ranks did not, so its modelled seconds leave it out.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
     pace = [(r.get("cluster") or {}).get("pace") or {} for r in runs]
     forwards = sum(p.get("forwards", 0) for p in pace)
     overruns = sum(p.get("overruns", 0) for p in pace)
+    ranks_modelled = sum(p.get("modelled_s", 0.0) for p in pace)
+    drafting = sum(p.get("drafting_s", 0.0) for p in pace)
     bubbles = [s["bubble_fraction"] for s in steps if s.get("bubble_fraction") is not None]
     draft = sum(s["draft_tokens"] for s in steps)
     mem = [(r.get("cluster") or {}).get("memory") or {} for r in runs]
@@ -92,6 +98,8 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
         "forwards": forwards, "overruns": overruns,
         "overrun_share": overruns / forwards if forwards else 0.0,
         "valid": forwards > 0 and overruns < 0.01 * forwards,
+        "drafting_share": drafting / ranks_modelled if ranks_modelled > 0 else None,
+        "drafting_charged": any(p.get("charged_s", 0.0) > 0 for p in pace),
         "worst_ratio": max((p.get("worst_ratio", 0.0) for p in pace), default=0.0),
         "scale_for_valid": max((p.get("scale_for_valid", 0.0) for p in pace), default=0.0),
         "peak_rss_mib": max((m.get("peak_total_mib", 0.0) for m in mem), default=0.0),
@@ -183,12 +191,20 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 
+def _drafting(s: Mapping[str, Any]) -> str:
+    """Drafting's share of the ranks' modelled time; "(absorbed)" when it was not charged."""
+    share = s.get("drafting_share")
+    if share is None:
+        return "-"
+    return f"{100 * share:.1f}" + ("" if s.get("drafting_charged") or share == 0 else " (absorbed)")
+
+
 def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
                        sp: Mapping[str, float | None]) -> str:
     """Per-mode rows of the paced bench."""
     head = ["mode", "tok/s (modelled)", "speed-up", "crit steps", "crit/longest (95% CI)",
-            "bubble %", "pregen tok", "pregen acc", "accept %", "overruns", "scale for <1%",
-            "peak GiB rss/pss"]
+            "bubble %", "pregen tok", "pregen acc", "accept %", "drafting %", "overruns",
+            "scale for <1%", "peak GiB rss/pss"]
     rows = []
     for name, s in summaries.items():
         ci = s["crit_per_longest_ci95"]
@@ -199,6 +215,7 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
             _f(None if s["bubble_fraction"] is None else 100 * s["bubble_fraction"], ".0f"),
             str(s["pregen_tokens"]), str(s["accepted_pregen_tokens"]),
             _f(None if s["acceptance"] is None else 100 * s["acceptance"], ".0f"),
+            _drafting(s),
             f"{s['overruns']}/{s['forwards']}" + ("" if s["valid"] else " INVALID"),
             _f(s.get("scale_for_valid"), ".0f"),
             f"{s['peak_rss_mib'] / 1024:.1f}/{s['peak_cluster_pss_mib'] / 1024:.1f}"])

@@ -78,6 +78,10 @@ class EngineConfig(BaseModel):
     """Pace every forward to the simulator's engine-time model of this GPU (8B model)."""
     pace_scale: float = Field(20.0, gt=0)
     """Paced forwards last modelled GPU time x this (large enough that CPU work fits)."""
+    pace_charge_drafting: bool = True
+    """Charge the proposer's measured CPU time of each engine step on top of the paced
+    forward (as modelled seconds, x pace_scale in wall time), as a GPU host pays it; off:
+    it is absorbed in the forward's paced time (the paced runs before 2026-12-03)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """GPU memory share for the engine (GPU only)."""
     enforce_eager: bool = True

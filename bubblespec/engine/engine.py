@@ -122,7 +122,8 @@ class RolloutEngine:
         if cfg.fault_poison_token >= 0:
             await llm.collective_rpc("bubblespec_install_poison", args=(cfg.fault_poison_token,))
         if cfg.pace != "off":
-            await llm.collective_rpc("bubblespec_install_pace", args=(cfg.pace, cfg.pace_scale))
+            await llm.collective_rpc("bubblespec_install_pace",
+                                     args=(cfg.pace, cfg.pace_scale, cfg.pace_charge_drafting))
         if spec is not None:
             await llm.collective_rpc("bubblespec_configure", args=(eng.proposer_options(),))
         log.info("engine started in %.1f s (model %s, spec %s)", time.monotonic() - t0,

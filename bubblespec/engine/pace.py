@@ -21,6 +21,13 @@ real CPU time too: a gap up to the previous forward's paced time is counted insi
 forward's paced time (the model's `t_fixed` holds the engine's per-step overhead); a longer
 gap means the engine was idle and the next forward is paced from its own start.
 
+Drafting is not in the model: on a GPU host the proposer's CPU time between two forwards
+is real time on top of the forward (the GPU waits for the drafts to verify). With
+`charge_drafting` the pacer adds each step's measured proposer time (`drafted`) to the
+forward it ends, unscaled in modelled time (this machine's CPU stands for the host's), so
+x scale in wall time; `drafting_s` sums it either way, so a run can say drafting's share
+of its modelled time.
+
 This module is pure arithmetic and bookkeeping (no vLLM, no torch): `vllm_glue.install_pace`
 wraps the worker's forward with a `Pacer` and reads each forward's shape from vLLM's
 scheduler output.
@@ -135,6 +142,10 @@ class PaceStats:
     draft_tokens: int = 0
     prefill_tokens: int = 0
     context_tokens: int = 0
+    drafting_s: float = 0.0
+    """Proposer CPU seconds measured in paced forwards (modelled seconds: unscaled)."""
+    charged_s: float = 0.0
+    """Of those, the seconds charged on top of the forwards (x scale in `paced_s`)."""
     ratio_hist: list[int] = field(default_factory=lambda: [0] * (len(RATIO_EDGES) + 1))
     """Forwards per bucket of real / paced time (`RATIO_EDGES`)."""
 
@@ -154,7 +165,8 @@ class PaceStats:
 
 
 _COUNTERS = ("forwards", "overruns", "paced_s", "real_s", "overrun_s", "decode_tokens",
-             "draft_tokens", "prefill_tokens", "context_tokens", "modelled_s")
+             "draft_tokens", "prefill_tokens", "context_tokens", "modelled_s", "drafting_s",
+             "charged_s")
 
 
 def _shares(out: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +220,7 @@ class Pacer:
 
     model: EngineTime
     scale: float
+    charge_drafting: bool = False
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     stats: PaceStats = field(init=False)
@@ -215,6 +228,7 @@ class Pacer:
     _paced: float = field(default=0.0, init=False)
     _last_end: float | None = field(default=None, init=False)
     _last_paced: float = field(default=0.0, init=False)
+    _drafting: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if not self.scale > 0:
@@ -228,6 +242,11 @@ class Pacer:
 
     def paced_seconds(self, shape: ForwardShape) -> float:
         return self.scale * self.model.forward(shape.tokens, shape.context, shape.prefill)
+
+    def drafted(self, seconds: float) -> None:
+        """The proposer ran for `seconds` within the current forward (ignored outside one)."""
+        if self._start is not None and seconds > 0:
+            self._drafting += seconds
 
     def begin(self, shape: ForwardShape) -> None:
         now = self.clock()
@@ -247,6 +266,11 @@ class Pacer:
         real = self.clock() - self._start
         s = self.stats
         s.forwards += 1
+        s.drafting_s += self._drafting
+        if self.charge_drafting:
+            s.charged_s += self._drafting
+            self._paced += self.scale * self._drafting
+        self._drafting = 0.0
         s.paced_s += self._paced
         s.real_s += real
         ratio = real / self._paced if self._paced > 0 else 0.0

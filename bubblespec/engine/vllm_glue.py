@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -422,11 +423,26 @@ already computed) of new requests, the same of cached ones, scheduled tokens per
 and drafted tokens per request (see `pace.forward_shape`)."""
 
 
-def install_pace(worker: Any, begin: ForwardBegin, end: Callable[[], None]) -> None:
+def install_pace(worker: Any, begin: ForwardBegin, end: Callable[[], None],
+                 drafted: Callable[[float], None] | None = None) -> None:
     """Call `begin(...)` when a forward of `worker` begins in `execute_model` and `end()`
     when its output is ready (from `execute_model`, or from `sample_tokens` when
-    `execute_model` returned None), drafting of the next step included."""
+    `execute_model` returned None), drafting of the next step included; and
+    `drafted(seconds)` with the wall time of each call of the worker's proposer (its
+    `propose`, run between the two), when it has one."""
     execute, sample = worker.execute_model, worker.sample_tokens
+    drafter = proposer_of(worker)
+    if drafted is not None and drafter is not None and hasattr(drafter, "propose"):
+        propose = drafter.propose
+
+        def timed_propose(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return propose(*args, **kwargs)
+            finally:
+                drafted(time.perf_counter() - t0)
+
+        drafter.propose = timed_propose
 
     def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         so = scheduler_output

@@ -60,14 +60,17 @@ class WorkerExtension:
     def bubblespec_index_stats(self) -> dict[str, int]:
         return self._drafter().index_stats()
 
-    def bubblespec_install_pace(self, profile: str, scale: float) -> bool:
-        """Pace this worker's forwards to `profile` x `scale` (once; `pace.py`)."""
+    def bubblespec_install_pace(self, profile: str, scale: float,
+                                charge_drafting: bool = True) -> bool:
+        """Pace this worker's forwards to `profile` x `scale` (once; `pace.py`), with the
+        proposer's CPU time charged on top when `charge_drafting`."""
         from bubblespec.engine.pace import Pacer, engine_time, forward_shape
 
         if getattr(self, "_bubblespec_pacer", None) is None:
-            pacer = self._bubblespec_pacer = Pacer(engine_time(profile), scale)
+            pacer = self._bubblespec_pacer = Pacer(engine_time(profile), scale,
+                                                   charge_drafting=charge_drafting)
             vllm_glue.install_pace(self, lambda *seen: pacer.begin(forward_shape(*seen)),
-                                   pacer.end)
+                                   pacer.end, pacer.drafted)
         return True
 
     def bubblespec_install_poison(self, token: int) -> bool:

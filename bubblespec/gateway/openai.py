@@ -289,8 +289,8 @@ class OpenAiFront:
                 lambda i: names.of(f"prompts[{i}]") if names.batched else names.prompt)
         except ApiError as e:
             raise ApiError(400 if e.status == 422 else e.status, e.detail, e.field) from None
-        if prep.next_prompts:
-            self.batcher.add_next(prep.next_prompts)
+        for j, batch in enumerate(prep.next_batches):
+            self.batcher.add_next(batch, ahead=j)
         rid = uuid.uuid4().hex
         asks = [Ask(ids, sampling, None if body.seed is None else body.seed + k,
                     f"{rid}-{i * body.n + k}")

@@ -81,6 +81,11 @@ class Prepared:
     """Their seeds, per batch (None: derived)."""
 
     @property
+    def hands_ahead(self) -> bool:
+        """Some future step's prompts were handed ahead."""
+        return any(self.next_batches)
+
+    @property
     def next_prompts(self) -> list[list[int]]:
         """The next step's prompts (empty when none were handed ahead)."""
         return self.next_batches[0] if self.next_batches else []

@@ -268,13 +268,13 @@ class Rollouts:
         if not ready:
             known = "; ".join(f"{r.rank_id}: {r.error or r.state}" for r in d.ranks) or "none"
             raise ApiError(503, f"no rank is ready (known ranks: {known})")
-        hands_ahead = bool(prep.next_prompts) and req.pregen
+        hands_ahead = prep.hands_ahead and req.pregen
         sp = resolve_seed_mode(req.sampling_params, hands_ahead or self.handed_ahead,
                                c.handoff_seed_mode)
         self.handed_ahead = hands_ahead
         seeds = step_seeds(c.run_seed, step, prep.keys, req.n, prep.seeds)
         tasks = []
-        if prep.next_prompts and req.pregen:
+        if hands_ahead:
             tasks = lookahead_tasks(c.run_seed, step, prep.next_batches, req.n, sp,
                                     prep.next_seeds)
         by_id = {r.rank_id: r for r in ready}

@@ -9,7 +9,7 @@ Routes (SGLang's names, bodies and answers; bodies in `bubblespec.protocol.sglan
   batched into rollout steps (`sglang_steps.py`); `next_input_ids` hands the next step's
   prompts ahead. `max_new_tokens: 0` scores the prompts instead (no step, `scoring.py`):
   `input_token_logprobs` from `logprob_start_len` on;
-- POST /v1/next_prompts  the next step's prompts alone (bubblespec);
+- POST /v1/next_prompts  the next step's prompts alone, or the next steps' batches (bubblespec);
 - POST /update_weights_from_disk  {model_path, weight_version}: every rank reloads;
 - POST /abort_request  {rid}: that request if still queued; {abort_all}: every queued
   request, and the running step on every rank (its unfinished samples answer with finish
@@ -327,8 +327,11 @@ async def next_prompts(request: Request) -> JSONResponse:
         body = await parse(request, NextPromptsIn)
     except ApiError as e:
         return api_error(e)
-    waiting = front(request).batcher.add_next(body.input_ids)
-    return JSONResponse({"success": True, "next_prompts": waiting})
+    batcher = front(request).batcher
+    for j, batch in enumerate(body.batches()):
+        batcher.add_next(batch, ahead=j)
+    return JSONResponse({"success": True, "next_prompts": len(batcher.next_prompts),
+                         "next_batches": [len(b) for b in batcher.next_batches]})
 
 
 @protected.post("/update_weights_from_disk")

@@ -32,7 +32,8 @@ def step_request(step: Step) -> RolloutRequest:
     return RolloutRequest(
         prompts=[_prompt_in(p) for p in step.prompts], n=step.n,
         sampling_params=step.sampling, seeds=step.seeds,
-        next_prompts=[_prompt_in(p) for p in step.next_prompts or ()] or None,
+        next_prompts=[[_prompt_in(p) for p in b] for b in step.next_prompts]
+        if step.next_prompts else None,
         return_logprobs=True)
 
 

@@ -206,3 +206,7 @@ class PaceBody(_Body):
     draft_tokens: int = 0
     prefill_tokens: int = 0
     context_tokens: int = 0
+    drafting_s: float = Field(0.0, description="Proposer CPU seconds measured in paced "
+                              "forwards (modelled seconds).")
+    charged_s: float = Field(0.0, description="Of those, the seconds charged on top of the "
+                             "forwards (included in paced_s x 1/scale, i.e. modelled_s).")

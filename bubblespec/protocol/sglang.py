@@ -232,17 +232,28 @@ class PauseIn(_Body):
 
 class NextPromptsIn(_Body):
     """POST /v1/next_prompts (bubblespec): prompts of the next step, pre-generated in the
-    bubble of the next step that starts."""
+    bubble of the next step that starts; or a list of the next steps' batches (the next
+    step's first), which later bubbles go on to once the nearer steps are covered."""
 
-    input_ids: BatchIds = Field(..., min_length=1)
+    input_ids: BatchIds | Annotated[list[BatchIds], Field(max_length=L.MAX_LOOKAHEAD)] = Field(
+        ..., min_length=1)
 
     @field_validator("input_ids")
     @classmethod
-    def _not_empty(cls, v: list[list[int]]) -> list[list[int]]:
-        for p in v:
-            if not p:
-                raise ValueError("a prompt is empty")
+    def _not_empty(cls, v: list) -> list:
+        for b in cls._of(v):
+            for p in b:
+                if not p:
+                    raise ValueError("a prompt is empty")
         return v
+
+    @staticmethod
+    def _of(v: list) -> list[list[list[int]]]:
+        return v if v and isinstance(v[0], list) and v[0] and isinstance(v[0][0], list) else [v]
+
+    def batches(self) -> list[list[list[int]]]:
+        """The prompts as a list of future steps' batches (one batch: a list of one)."""
+        return self._of(self.input_ids)
 
 
 class FinishReason(BaseModel):

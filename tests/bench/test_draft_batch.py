@@ -36,3 +36,17 @@ def test_bench_draft_batch_smoke():
     assert len(deferred) == rows and len(appends) == rows, lines
     assert all(float(line.split()[-1]) > 0 for line in deferred)
     assert all(line.split()[-1] == "-" for line in appends)
+    # the modelled forward beside the drafting cost, at both sizes
+    assert sum(line.strip().startswith(("B=8:", "B=16:")) for line in lines) == 2, lines
+
+
+def test_modelled_forward_lines_put_drafting_beside_the_engine_time_model() -> None:
+    from bubblespec.bench.draft_batch import forward_lines
+    from bubblespec.core.engine_time import EngineTime
+
+    lines = forward_lines((64, 256), {64: 447.0, 256: None})
+    one = EngineTime.preset("h100").forward(64, 64 * 2048) * 1e3
+    assert f"h100 {one:.2f} / " in lines[1]
+    share = 100 * 447.0 / (one * 1e3 + 447.0)
+    assert f"drafting {share:.1f}% of the step" in lines[1]
+    assert "drafting" not in lines[2]  # no measurement at 256

@@ -47,6 +47,18 @@ def test_summary_uses_modelled_seconds_after_step_0() -> None:
     assert s["valid"] and s["peak_rss_mib"] == 4096.0
 
 
+def test_drafting_share_is_the_proposers_time_over_the_ranks_modelled_time() -> None:
+    run = _run("keyed", [1, 1])
+    assert mode_summary([run], 1.0)["drafting_share"] is None  # an older run: not recorded
+    run["cluster"]["pace"].update(modelled_s=200.0, drafting_s=5.0, charged_s=5.0)
+    s = mode_summary([run, run], 1.0)
+    assert s["drafting_share"] == pytest.approx(0.025) and s["drafting_charged"]
+    assert "2.5" in format_paced_table({"keyed": s}, {"keyed": 1.0})
+    run["cluster"]["pace"]["charged_s"] = 0.0
+    absorbed = format_paced_table({"keyed": mode_summary([run], 1.0)}, {"keyed": 1.0})
+    assert "2.5 (absorbed)" in absorbed
+
+
 def test_overruns_of_one_percent_invalidate_a_mode() -> None:
     assert not mode_summary([_run("default", [1, 1], overruns=10)], 1.0)["valid"]
     assert mode_summary([_run("default", [1, 1], overruns=9)], 1.0)["valid"]

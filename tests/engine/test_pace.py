@@ -79,6 +79,36 @@ def test_forward_sleeps_the_rest_of_its_paced_time() -> None:
     assert s.as_dict()["modelled_s"] == pytest.approx(paced / 10.0)
 
 
+def test_drafting_is_charged_on_top_of_the_forward_unscaled_in_modelled_time() -> None:
+    """The proposer's CPU time within a forward adds scale x its seconds to the forward's
+    wall time (its seconds to modelled time), as a GPU host pays it; uncharged it is only
+    counted. Drafting outside a forward is ignored."""
+    shape = ForwardShape(tokens=16, context=4000, prefill=0)
+    for charge in (True, False):
+        clk = FakeClock()
+        pacer = Pacer(engine_time("h100"), 10.0, charge_drafting=charge, clock=clk,
+                      sleep=clk.sleep)
+        paced = pacer.paced_seconds(shape)
+        pacer.drafted(5.0)  # no forward: ignored
+        t0 = clk.t
+        pacer.begin(shape)
+        clk.work(0.1 * paced)
+        pacer.drafted(0.002)
+        clk.work(0.002)
+        pacer.end()
+        s = pacer.stats.as_dict()
+        assert s["drafting_s"] == pytest.approx(0.002)
+        extra = 10.0 * 0.002 if charge else 0.0
+        assert clk.t - t0 == pytest.approx(paced + extra)
+        assert s["modelled_s"] == pytest.approx(paced / 10.0 + (0.002 if charge else 0.0))
+        assert s["charged_s"] == pytest.approx(0.002 if charge else 0.0)
+        assert s["overruns"] == 0
+    # the next forward starts clean
+    pacer.begin(shape)
+    pacer.end()
+    assert pacer.stats.drafting_s == pytest.approx(0.002)
+
+
 def test_overrun_is_counted_and_not_slept() -> None:
     pacer, clk = _pacer()
     shape = ForwardShape(tokens=16, context=0, prefill=0)

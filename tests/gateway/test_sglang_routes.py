@@ -115,9 +115,13 @@ def test_control_routes(gw: TestClient) -> None:
     assert gw.post("/flush_cache").text.startswith("Cache flushed")
     assert gw.get("/flush_cache").status_code == 200
     r = gw.post("/v1/next_prompts", json={"input_ids": [[1, 5], [1, 5], [1, 6]]})
-    assert r.json() == {"success": True, "next_prompts": 2}
+    assert r.json() == {"success": True, "next_prompts": 2, "next_batches": [2]}
     assert gw.get("/v1/loads").json()["next_prompts"] == 2
+    # the next steps' batches: merged per step with what is waiting
+    r = gw.post("/v1/next_prompts", json={"input_ids": [[[1, 6], [1, 7]], [[1, 8]]]})
+    assert r.json() == {"success": True, "next_prompts": 3, "next_batches": [3, 1]}
     sgl_error(gw.post("/v1/next_prompts", json={"input_ids": []}), 400, "input_ids")
+    sgl_error(gw.post("/v1/next_prompts", json={"input_ids": [[[1], []]]}), 400, "input_ids")
 
 
 def test_info_routes(gw: TestClient) -> None:

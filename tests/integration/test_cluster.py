@@ -138,6 +138,24 @@ def test_handoff_steps_default_to_keyed_sampling(client: BubbleSpecClient, task:
     assert client.rollout(a, n=1, sampling_params=named, next_prompts=b).seed_mode == "default"
 
 
+def test_prompts_handed_two_steps_ahead_feed_both_steps(client: BubbleSpecClient,
+                                                        task: Any) -> None:
+    """`next_prompts` as the next two steps' batches: the bubble of one step drafts both, so
+    the step after next fetches drafts although the step between handed nothing ahead; the
+    keyed tokens are those of keyed sampling with the same seeds without any drafts."""
+    now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
+    b1, b2 = [task.make_prompt(9, 4, 40)], [task.make_prompt(21, 2, 30)]
+    keyed = {**SAMPLING, "seed_mode": "keyed"}
+    a = client.rollout(now, n=1, sampling_params=keyed, seeds=[[11], [12]],
+                       next_prompts=[b1, b2], next_seeds=[[[13]], [[14]]])
+    r1 = client.rollout(b1, n=1, sampling_params=keyed, seeds=[[13]])
+    r2 = client.rollout(b2, n=1, sampling_params=keyed, seeds=[[14]])
+    assert (r1.step, r2.step) == (a.step + 1, a.step + 2)
+    assert r2.counters.drafts_fetched_tokens > 0, r2.counters
+    again = client.rollout(b2, n=1, sampling_params=keyed, seeds=[[14]], pregen=False)
+    assert again.output_ids() == r2.output_ids()
+
+
 def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task: Any) -> None:
     # one long and one short prompt: the short one's rank has a bubble to pre-generate in
     now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]

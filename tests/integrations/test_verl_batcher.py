@@ -90,10 +90,34 @@ def test_announced_batch_runs_as_one_step_with_next_prompts() -> None:
         outs = await asyncio.gather(*[submit_to(b, p, HOT) for p in ([1, 2], [3], [1, 2], [3])])
         assert len(gw.steps) == 1
         prompts, n, sp, nxt = gw.steps[0]
-        assert prompts == [(1, 2), (3,)] and n == 2 and sp == HOT and nxt == [[7, 8]]
+        assert prompts == [(1, 2), (3,)] and n == 2 and sp == HOT and nxt == [[[7, 8]]]
         # each caller gets its own sample of its own prompt
         assert [s.output_ids for _, s in outs] == [[1, 2, 100], [3, 100], [1, 2, 101], [3, 101]]
         assert {step for step, _ in outs} == {1}
+
+    asyncio.run(main())
+
+
+def test_batches_announced_several_steps_ahead_go_with_the_step() -> None:
+    async def main() -> None:
+        gw = Gateway()
+        b = verl_batcher(gw, linger_s=0.01, idle_s=5.0)
+        b.expect(1, [[[7, 8], [9]], [[10]]])
+        await submit_to(b, [1], HOT)
+        assert gw.steps[0][3] == [[[7, 8], [9]], [[10]]]
+
+    asyncio.run(main())
+
+
+def test_prompts_added_ahead_move_one_step_nearer_per_step() -> None:
+    async def main() -> None:
+        gw = Gateway()
+        b = verl_batcher(gw, linger_s=0.01)
+        assert b.add_next([[5]]) == 1 and b.add_next([[6], [6]], ahead=1) == 1
+        await submit_to(b, [1], HOT)
+        await submit_to(b, [2], HOT)
+        await submit_to(b, [3], HOT)
+        assert [st[3] for st in gw.steps] == [[[[5]], [[6]]], [[[6]]], None]
 
     asyncio.run(main())
 

@@ -114,7 +114,12 @@ def test_twin_dataloader_peeks_the_trainers_next_batch_across_epochs(tmp_path: P
     for g in range(1, len(trainer)):  # verl's global steps count from 1
         batch = np.repeat(_objects(trainer[g - 1]), 2)  # rollout.n, interleaved
         nxt = peeker.next_prompts(g, batch)
-        assert nxt == [by_text[m[0]["content"]] for m in trainer[g]], g
+        assert nxt == [[by_text[m[0]["content"]] for m in trainer[g]]], g
+    # two batches ahead: the next two training batches, across the epoch boundary too
+    ahead = NextBatchPeeker(cfg, model, depth=2)
+    for g in range(1, len(trainer) - 1):
+        nxt = ahead.next_prompts(g, np.repeat(_objects(trainer[g - 1]), 2))
+        assert nxt == [[by_text[m[0]["content"]] for m in trainer[j]] for j in (g, g + 1)], g
     assert trainer[0] != trainer[3]  # the epochs' orders differ: the twin followed them
     # a batch the twin does not hold: no next prompts (speed lost, nothing wrong)
     assert peeker.next_prompts(2, _objects(trainer[0])) is None

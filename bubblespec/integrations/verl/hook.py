@@ -4,7 +4,9 @@
 `actor_rollout_ref.rollout.agent.agent_loop_manager_class`) with one addition: before its
 workers send a batch's `generate` calls, it tells the server actor how many calls make the
 step and the next training batch's prompt ids, which the ranks pre-generate in the step's
-bubble. verl's trainer does not hand the rollout its next batch, so the hook finds it
+bubble (and, with `lookahead` > 1, the batches after it, which bubbles go on to once the
+next one is covered). verl's trainer does not hand the rollout its next batch, so the hook
+finds it
 without touching the trainer's data order: `NextBatchPeeker` walks a twin of the trainer's
 train dataloader, built as verl builds it (`create_rl_dataset`, `create_rl_sampler`, the
 same batch size and `drop_last`; with the same seed the sampler draws the same order every
@@ -49,9 +51,10 @@ def distinct_in_order(items: Any) -> list[Any]:
 
 
 class NextBatchPeeker:
-    """A twin of the trainer's train dataloader, read ahead by one batch (module docstring)."""
+    """A twin of the trainer's train dataloader, read `depth` batches ahead (module
+    docstring)."""
 
-    def __init__(self, config: Any, model_config: Any) -> None:
+    def __init__(self, config: Any, model_config: Any, depth: int = 1) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
         from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
         from verl.utils.dataset.rl_dataset import collate_fn
@@ -74,6 +77,7 @@ class NextBatchPeeker:
             mm_processor_kwargs=data.get("mm_processor_kwargs", {}),
             processor=model_config.processor)
         self._it: Any = None
+        self.depth = max(1, int(depth))
         self._pos = -1  # global index of the batch last read from the twin
         self._cache: dict[int, list[Any]] = {}
         self._warned = False
@@ -90,7 +94,8 @@ class NextBatchPeeker:
                 self._it = iter(self.loader)
             self._pos += 1
             raw = list(next(self._it)["raw_prompt"])
-            self._cache = {k: v for k, v in self._cache.items() if k >= self._pos - 1}
+            self._cache = {k: v for k, v in self._cache.items()
+                           if k >= self._pos - self.depth}
             self._cache[self._pos] = raw
         return self._cache[index]
 
@@ -98,9 +103,11 @@ class NextBatchPeeker:
         ids = self.builder.build_initial_tokens(list(messages))
         return list(ids[-self.prompt_length:])
 
-    def next_prompts(self, global_steps: int | None, raw_prompts: Any) -> list[list[int]] | None:
-        """Prompt ids of the batch after the one of `global_steps` (1-based, as verl counts),
-        or None when the twin does not hold the trainer's batch there."""
+    def next_prompts(self, global_steps: int | None, raw_prompts: Any
+                     ) -> list[list[list[int]]] | None:
+        """Prompt ids of the `depth` batches after the one of `global_steps` (1-based, as
+        verl counts), nearest first, or None when the twin does not hold the trainer's batch
+        there."""
         if global_steps is None or global_steps < 1 or raw_prompts is None:
             return None
         now = [_key(m) for m in distinct_in_order(raw_prompts)]
@@ -112,13 +119,17 @@ class NextBatchPeeker:
                             global_steps)
                 self._warned = True
             return None
+        out = [self._ids(self.batch(global_steps + j)) for j in range(self.depth)]
+        return out if any(out) else None
+
+    def _ids(self, batch: list[Any]) -> list[list[int]]:
         out = []
-        for messages in distinct_in_order(self.batch(global_steps)):
+        for messages in distinct_in_order(batch):
             try:
                 out.append(self.prompt_ids(messages))
             except Exception as e:  # noqa: BLE001 (a prompt the text-only builder cannot render)
                 log.info("next prompt skipped: %s", e)
-        return out or None
+        return out
 
 
 class BubbleSpecAgentLoopManager(AgentLoopManager):
@@ -132,7 +143,7 @@ class BubbleSpecAgentLoopManager(AgentLoopManager):
         self.peeker: NextBatchPeeker | None = None
         if settings.pregen:
             model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-            self.peeker = NextBatchPeeker(config, model)
+            self.peeker = NextBatchPeeker(config, model, settings.lookahead)
 
     @auto_await
     async def generate_sequences(self, prompts: Any) -> Any:

@@ -92,8 +92,9 @@ class BubbleSpecServer:
                            log_probs=list(s.output_logprobs or []) if logprobs else None,
                            stop_reason=stop, extra_fields=extra)
 
-    async def begin_step(self, count: int, next_prompts: list[list[int]] | None = None) -> None:
-        """The next `count` generate calls are one step; `next_prompts` are pre-generated."""
+    async def begin_step(self, count: int, next_prompts: list[Any] | None = None) -> None:
+        """The next `count` generate calls are one step; `next_prompts` (the next batch's
+        prompt ids, or a list of the next batches') are pre-generated."""
         self.batcher.expect(count, next_prompts)
 
     def steps(self, last: int = 16) -> list[dict[str, Any]]:

@@ -23,6 +23,10 @@ SERVER_NAME = "verl-bubblespec-server"
 prefixed `bubblespec-`: `bubblespec ray status/down` treat those as the cluster's actors)."""
 
 
+LOOKAHEAD = 2
+"""Default batches handed ahead (docs/results.md, "Prompts handed two steps ahead")."""
+
+
 class BubbleSpecSettings(BaseModel):
     """What the replica starts and how the server actor batches (module docstring)."""
 
@@ -48,6 +52,10 @@ class BubbleSpecSettings(BaseModel):
         "on or off and coupled to the pre-generated drafts; `default`: vLLM's sampler. "
         "Unset: the gateway's choice (keyed on steps that hand the next batch ahead).")
     pregen: bool = Field(True, description="Pre-generate the next batch in each step's bubble.")
+    lookahead: int = Field(
+        LOOKAHEAD, ge=1, le=8, description="Training batches handed ahead with each step (1: "
+        "the next batch only): a bubble that covered the next batch goes on to the ones "
+        "after it, and drafts made under older weights are refreshed later.")
     pregen_window: PregenWindow | None = Field(
         None, description="`training`: also through the training window until the weight "
         "push (rollout devices idle while the trainer trains). Default: the gateway's.")
