@@ -39,6 +39,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt seed of the first step")
     p.add_argument("--epoch-steps", type=int, default=0,
                    help="repeat the prompt batches every K steps (0: fresh prompts each step)")
+    p.add_argument("--lookahead", type=int, default=1,
+                   help="training batches handed ahead with each rollout (1: the next one)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--model", default=None, help="HF model dir [the task's model]")
     p.add_argument("--task", choices=TASKS, default="addchain",

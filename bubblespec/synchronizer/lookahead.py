@@ -104,13 +104,23 @@ class Lookahead:
     def branchable_claimed(self) -> int:
         return sum(q.branchable_claimed for q in self.queues.values())
 
-    def claim(self, rank_id: str, max_tasks: int) -> list[PregenTask]:
-        """Up to `max_tasks` tasks, nearest step first (each names its step)."""
+    def claim(self, rank_id: str, max_tasks: int, max_hint_tokens: int | None = None
+              ) -> list[PregenTask]:
+        """Up to `max_tasks` tasks, nearest step first (each names its step); once the
+        refresh hints handed out reach `max_hint_tokens`, no more (at least one task), so a
+        claim's reply stays within the message size."""
         out: list[PregenTask] = []
+        hints = 0
         for q in self.queues.values():
-            if len(out) >= max_tasks:
-                break
-            out += q.claim(rank_id, max_tasks - len(out))
+            while len(out) < max_tasks:
+                if max_hint_tokens is not None and out and hints >= max_hint_tokens:
+                    return out
+                got = q.claim(rank_id, 1 if max_hint_tokens is not None else
+                              max_tasks - len(out))
+                if not got:
+                    break
+                out += got
+                hints += sum(len(t.hint) for t in got)
         return out
 
     def release(self, rank_id: str) -> int:

@@ -289,7 +289,9 @@ class SyncState:
             raise precondition(
                 "rank_id", f"rank {rank_id!r} has not reported done for step {step}: "
                 "pre-generation only runs in the bubble")
-        tasks = cur.queue.claim(rank_id, min(max_tasks, self.config.max_tasks_per_claim))
+        # refresh hints travel in the reply: 4 bytes a token, half the message for them
+        tasks = cur.queue.claim(rank_id, min(max_tasks, self.config.max_tasks_per_claim),
+                                self.config.max_message_bytes // 8)
         if tasks:
             self.metrics.tasks_claimed.inc(len(tasks))
         return (tasks, cur.queue.target_step, False, cur.queue.queued,

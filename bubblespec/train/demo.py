@@ -37,6 +37,8 @@ class DemoConfig:
     log_dir: str | None
     task: str = "addchain"
     """The task (`bubblespec.tasks.TASKS`) whose prompts and reward the loop uses."""
+    lookahead: int = 1
+    """Training batches handed ahead with each rollout (`run_grpo`)."""
 
 
 def resolve_model(model: str | None, task: str = "addchain") -> str:
@@ -89,7 +91,7 @@ def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]
         print(HEADER, flush=True)
         records = run_grpo(client, task, model_dir, args.steps, args.prompts, args.n, sampling,
                            seed=args.seed, lr=args.lr, work_dir=str(out / "weights"),
-                           epoch_steps=args.epoch_steps,
+                           epoch_steps=args.epoch_steps, lookahead=args.lookahead,
                            log=lambda s: print(s, flush=True))
     doc = {"config": asdict(args), "model": model_dir, "steps": records}
     (out / "grpo_log.json").write_text(json.dumps(doc, indent=1))

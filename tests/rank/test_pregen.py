@@ -116,6 +116,19 @@ def test_a_bubble_goes_on_to_later_steps_and_refreshes_stale_drafts(loop_runner:
     loop_runner.run(go())
 
 
+def test_a_cut_refresh_that_agrees_with_its_old_draft_keeps_the_stored_one() -> None:
+    from bubblespec.protocol.domain import PregenDraft
+    from bubblespec.rank.pregen import stale_kept
+
+    t = PregenTask("p", [1], 0, 5, KEYED, step=3, hint=[4, 5, 6, 7])
+    cut = lambda ids, complete=False: PregenDraft("p", 0, ids, complete)  # noqa: E731
+    assert stale_kept(t, cut([4, 5]))  # agrees so far: the longer stored draft stays
+    assert stale_kept(t, cut([]))
+    assert not stale_kept(t, cut([4, 9]))  # flipped under the new weights: replace it
+    assert not stale_kept(t, cut([4, 5], complete=True))  # complete: the fresh one
+    assert not stale_kept(t, cut([4, 5, 6, 7, 8]))  # longer than the old draft
+
+
 def run_until_stopped(runner: Any, engine: Any, window: PregenWindow) -> tuple[Any, dict]:
     """Pre-generate long responses; fire the stop signal after some progress, then (after
     more progress, in the training window) close the step."""

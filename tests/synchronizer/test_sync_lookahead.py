@@ -34,6 +34,15 @@ def test_claims_take_the_nearest_step_first_then_go_on() -> None:
     assert Lookahead.empty(5).target_step == 6 and Lookahead.empty(5).last_step == 6
 
 
+def test_a_claim_stops_when_its_refresh_hints_reach_their_budget() -> None:
+    store = {(7, f"p{p}", 0): ([1] * 100, True, 0) for p in range(4)}
+    q = Lookahead(6, ahead(make_tasks(4, 1), 7), stored=lambda *k: store.get(k),
+                  weight_version=1)
+    assert len(q.claim("a", 9, max_hint_tokens=250)) == 3  # 300 tokens: the third crossed
+    assert len(q.claim("a", 9, max_hint_tokens=50)) == 1  # at least one task
+    assert q.queued == 0
+
+
 def test_stored_drafts_are_done_at_the_current_version_and_refreshed_otherwise() -> None:
     store = {(7, "p0", 0): ([4, 5, 6], True, 3),   # complete, current version: done
              (7, "p1", 0): ([4, 5], True, 2),      # complete, older weights: refresh
