@@ -333,8 +333,9 @@ def forward_lines(sizes: tuple[int, ...], draft_us: dict[int, float | None]) -> 
     (MODELLED forwards, measured drafting)."""
     from bubblespec.core.engine_time import EngineTime
 
-    out = [f"modelled decode forward (8B model, {MODEL_CONTEXT} KV tokens per sequence; 1 / "
-           f"1 + {K} tokens per sequence) beside the measured drafting:"]
+    head = (f"modelled decode forward (8B model, {MODEL_CONTEXT} KV tokens per sequence; 1 / "
+            f"1 + {K} tokens per sequence) beside the measured drafting:")
+    out = [head]
     for size in sizes:
         cells = []
         d = draft_us.get(size)

@@ -121,7 +121,7 @@ def test_a_cut_refresh_that_agrees_with_its_old_draft_keeps_the_stored_one() -> 
     from bubblespec.rank.pregen import stale_kept
 
     t = PregenTask("p", [1], 0, 5, KEYED, step=3, hint=[4, 5, 6, 7])
-    cut = lambda ids, complete=False: PregenDraft("p", 0, ids, complete)  # noqa: E731
+    cut = lambda ids, complete=False: PregenDraft("p", 0, ids, complete)
     assert stale_kept(t, cut([4, 5]))  # agrees so far: the longer stored draft stays
     assert stale_kept(t, cut([]))
     assert not stale_kept(t, cut([4, 9]))  # flipped under the new weights: replace it
