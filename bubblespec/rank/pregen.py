@@ -19,7 +19,12 @@ names (a bubble that covered the next step goes on to tasks of the steps after i
 A refresh task (`PregenTask.hint`: the sample's draft stored under older weights) hands the
 old draft to the engine as the sample's draft first, so decoding mostly verifies it; a
 refresh cut short whose tokens so far agree with the old draft pushes nothing (the stored
-draft is the longer one, and agrees where it was checked).
+draft is the longer one, and agrees where it was checked). A refresh offers its margin
+branches when complete (its smallest margins), never streamed: it scans its whole draft in
+the bubble's first forwards, when the calibrated threshold still moves with the first flips
+reported, and a streamed offer at a transient threshold spent the draft's branch budget at
+position 0 in the first measured run (docs/results.md, "Prompts handed several steps
+ahead").
 With `branches` > 0 the rank asks for top log-probs, each complete keyed draft offers its
 `branches` smallest-margin positions to the synchronizer, and the rank also decodes branch
 tasks (of any rank's drafts) that the queue hands out after its plain tasks: while other
@@ -254,8 +259,11 @@ class Pregenerator:
         if t.branch_at is None:
             req: GenRequest | None = task_request(t, self.branches > 0)
             if req.top_logprobs:
+                # a refresh verifies its old draft several tokens a forward, so it completes
+                # early: it offers at its smallest margins when complete, not streamed at a
+                # threshold that the bubble's first flip reports may still be moving
                 watch = MarginWatch(t.seed, t.sampling.temperature, self.branches,
-                                    self.branch_margin)
+                                    0.0 if t.hint else self.branch_margin)
         else:
             req = branch_request(t)
         lane = asyncio.create_task(self._lane(req, t, watch))
