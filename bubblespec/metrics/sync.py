@@ -100,6 +100,14 @@ class SyncMetrics:
             "bubblespec_pregen_tasks_claimed", "Pre-generation tasks handed to ranks.",
             registry=registry,
         )
+        self.tasks_handed = Counter(
+            "bubblespec_pregen_tasks_handed",
+            "Pre-generation tasks opened steps were handed, by what became of them: queued "
+            "fresh, queued as a refresh of a draft of older weights, or done (a complete "
+            "draft of the step's weights was stored already).", ["kind"], registry=registry,
+        )
+        for kind in ("fresh", "refresh", "done"):
+            self.tasks_handed.labels(kind)
         self.tasks_requeued = Counter(
             "bubblespec_pregen_tasks_requeued",
             "Claimed tasks put back in the queue (rank lost or restarted).", registry=registry,

@@ -155,6 +155,9 @@ class SyncState:
         queue = Lookahead(step, tasks, self.lengths, self.config.pregen_depth,
                           self.store.version_of, weight_version)
         h = queue.handed
+        for kind, n in (("fresh", h.fresh), ("refresh", h.refresh), ("done", h.done)):
+            if n:
+                self.metrics.tasks_handed.labels(kind).inc(n)
         if h.refresh or h.done:
             log.info("step %d: %d pre-generation tasks new, %d refreshes of older drafts, "
                      "%d already done at weight version %s", step, h.fresh, h.refresh, h.done,

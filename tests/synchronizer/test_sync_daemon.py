@@ -112,6 +112,8 @@ async def test_metrics_endpoint_exposes_the_documented_names() -> None:
         "bubblespec_sync_step 0.0",
         "bubblespec_step_duration_seconds_count 1.0",
         "bubblespec_pregen_tasks_claimed_total 2.0",
+        'bubblespec_pregen_tasks_handed_total{kind="fresh"} 4.0',
+        'bubblespec_pregen_tasks_handed_total{kind="refresh"} 0.0',
         "bubblespec_pregen_tasks_queued 2.0",
         "bubblespec_draft_store_sequences 1.0",
         "bubblespec_draft_store_tokens 10.0",
