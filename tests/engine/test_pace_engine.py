@@ -45,6 +45,9 @@ def test_paced_engine_counts_and_paces_every_forward(loop_runner, spec_engine) -
         assert wall >= 0.95 * st["paced_s"]
         assert st["real_s"] <= st["paced_s"] + st["overrun_s"] + 1e-6
         assert st["modelled_s"] == pytest.approx(st["paced_s"] / 4.0)
+        # the proposer's own time was measured inside the forwards and charged on top
+        assert 0 < st["drafting_s"] < st["modelled_s"]
+        assert st["charged_s"] == pytest.approx(st["drafting_s"])
         # the same keyed tokens as an unpaced engine
         ref = loop_runner.run(spec_engine.generate(_requests(3, 40)))
         assert [[s.output_ids for s in r.samples] for r in res] == \
