@@ -64,7 +64,7 @@ async def test_a_grpo_group_becomes_one_step_with_n() -> None:
     answers = await b.generate(group)
     (req,) = run.requests
     assert req.n == 4 and [p.input_ids for p in req.prompts] == [[7, 1], [8, 1]]
-    assert [p.input_ids for p in req.next_prompts or []] == [[9, 1], [10, 1]]
+    assert [[p.input_ids for p in b] for b in req.next_batches()] == [[[9, 1], [10, 1]]]
     assert [a.sample.output_ids for a in answers if a.sample] == \
         [[7, 0, j] for j in range(4)] + [[8, 1, j] for j in range(4)]
     assert all(a.input_ids in ([7, 1], [8, 1]) and a.step == 0 for a in answers)

@@ -139,6 +139,7 @@ def test_handoff_steps_default_to_keyed_sampling(client: BubbleSpecClient, task:
 
 
 def test_prompts_handed_two_steps_ahead_feed_both_steps(client: BubbleSpecClient,
+                                                        cluster: LocalCluster,
                                                         task: Any) -> None:
     """`next_prompts` as the next two steps' batches: the bubble of one step drafts both, so
     the step after next fetches drafts although the step between handed nothing ahead; the
@@ -146,8 +147,15 @@ def test_prompts_handed_two_steps_ahead_feed_both_steps(client: BubbleSpecClient
     now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
     b1, b2 = [task.make_prompt(9, 4, 40)], [task.make_prompt(21, 2, 30)]
     keyed = {**SAMPLING, "seed_mode": "keyed"}
+    # the training window: pre-generation goes on until the next rollout closes the step,
+    # so how long this step's bubble is (the weights earlier tests pushed) does not matter
     a = client.rollout(now, n=1, sampling_params=keyed, seeds=[[11], [12]],
-                       next_prompts=[b1, b2], next_seeds=[[[13]], [[14]]])
+                       next_prompts=[b1, b2], next_seeds=[[[13]], [[14]]],
+                       pregen_window="training")
+    deadline = time.monotonic() + 120
+    while not _complete_draft(cluster, a.step + 2, list(b2[0].input_ids)):
+        assert time.monotonic() < deadline, "step + 2's draft was never pre-generated"
+        time.sleep(0.25)
     r1 = client.rollout(b1, n=1, sampling_params=keyed, seeds=[[13]])
     r2 = client.rollout(b2, n=1, sampling_params=keyed, seeds=[[14]])
     assert (r1.step, r2.step) == (a.step + 1, a.step + 2)
@@ -188,6 +196,21 @@ def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task
     assert first.bubble_s > 0 and 0 < first.bubble_fraction <= 1, rep.ranks
     assert first.pregen_s > 0 and first.pregen_tokens > 0, rep.ranks
     assert rep.pregen_tokens == sum(r.pregen_tokens for r in rep.ranks)
+
+
+def _complete_draft(cluster: LocalCluster, step: int, prompt: list[int]) -> bool:
+    """The synchronizer stores a complete draft of `prompt` (sample 0) for `step`."""
+    import asyncio
+
+    from bubblespec.protocol.keys import prompt_key
+    from bubblespec.synchronizer.client import SyncClient
+
+    async def fetch() -> bool:
+        async with SyncClient(cluster.sync_address, timeout_s=5.0) as sync:
+            drafts = await sync.fetch_drafts(step, [prompt_key(prompt)])
+        return any(d.complete and d.branch_at is None for d in drafts)
+
+    return asyncio.run(fetch())
 
 
 def _rank_counter(cluster: LocalCluster, name: str) -> float:
