@@ -82,7 +82,7 @@ def test_slime_style_rollouts_with_weight_push_and_pregen(cluster: LocalCluster,
         now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
         nxt = [task.make_prompt(9, 4, 40), task.make_prompt(21, 2, 30)]
         r = http.post("/v1/next_prompts", json={"input_ids": [list(p.input_ids) for p in nxt]})
-        assert r.json() == {"success": True, "next_prompts": 2}
+        assert r.json() == {"success": True, "next_prompts": 2, "next_batches": [2]}
 
         first = asyncio.run(rollout(url, [list(p.input_ids) for p in now]))
         for out, p in zip(first, [q for q in now for _ in range(N)]):
