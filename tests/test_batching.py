@@ -84,7 +84,7 @@ def test_next_prompts_go_with_the_last_step_of_a_batch_once() -> None:
         b.add_next([[9], [9], [10]])
         await b.generate([Ask([1], SP), Ask([2], SP), Ask([3], HOT)])
         big, small = run.steps
-        assert big.next_prompts is None and small.next_prompts == [[9], [10]]
+        assert big.next_prompts is None and small.next_prompts == [[[9], [10]]]
         await b.generate([Ask([1], SP)])
         assert run.steps[2].next_prompts is None and b.steps_run == 3
 
