@@ -148,7 +148,22 @@ LOOKAHEAD_MODES: tuple[Mode, ...] = (
 """Prompts handed several steps ahead (`next_prompts` as a list of batches,
 docs/design.md section 6): a bubble that covered the next step goes on to the one after,
 and a draft made under older weights is refreshed when the step before it hands it again."""
-ALL_MODES = MODES + KEYED_BASELINE_MODES + BRANCH_MODES + ORDER_MODES + LOOKAHEAD_MODES
+TAIL_FILL_MODES: tuple[Mode, ...] = (
+    Mode("bubblespec-keyed-tail5", ("--spec-mode=bubblespec", "--no-src-history",
+                                    "--tail-fill-budget=0.05"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_tail5"),
+    Mode("bubblespec-keyed-tail20", ("--spec-mode=bubblespec", "--no-src-history",
+                                     "--tail-fill-budget=0.2"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_tail20"),
+    Mode("bubblespec-tail5", ("--spec-mode=bubblespec", "--no-src-history",
+                              "--tail-fill-budget=0.05"),
+         pregen=True, label="bubblespec_tail5"),
+)
+"""Tail-fill (`--tail-fill-budget`, rank/tail_fill.py): pre-generation starts beside each
+rank's own last requests, with as many lanes as keep a modelled forward within 5% (20%) of
+its own."""
+ALL_MODES = (MODES + KEYED_BASELINE_MODES + BRANCH_MODES + ORDER_MODES + LOOKAHEAD_MODES
+             + TAIL_FILL_MODES)
 BASELINE = "nospec"
 KEYED_BASELINE = "nospec-keyed"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",

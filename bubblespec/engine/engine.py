@@ -25,7 +25,7 @@ from bubblespec.engine import vllm_glue
 from bubblespec.engine.checkpoint import CheckpointError, read_manifest, validate_checkpoint
 from bubblespec.engine.config import EngineConfig
 from bubblespec.engine.sampling import vllm_sampling, vllm_scoring
-from bubblespec.engine.types import GenRequest, GenResult, SampleResult, SpecMode
+from bubblespec.engine.types import BatchProgress, GenRequest, GenResult, SampleResult, SpecMode
 from bubblespec.engine.validate import bad_token, validate_request
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.keys import group_token, make_request_id
@@ -305,13 +305,16 @@ class RolloutEngine:
     async def generate(self, requests: list[GenRequest], should_stop: StopHook | None = None,
                        poll_every: int = 8, counters: bool = True,
                        observe: Observer | None = None,
-                       validated: bool = False) -> list[GenResult]:
+                       validated: bool = False,
+                       progress: BatchProgress | None = None) -> list[GenResult]:
         """Run a batch; with `should_stop`, poll it every `poll_every` decode steps and abort
         the unfinished samples when it says so (their partial outputs are returned).
         `counters=False` skips fetching the per-request draft counters (one engine RPC per
         call; pre-generation runs each task as its own call and does not use them).
         `observe(sample index, ids so far, top log-probs so far or None)` is called as each
         sample's tokens arrive (pre-generation streams its margin branches from it).
+        `progress`, when given, follows the batch's running sequences and their context as
+        tokens arrive (a rank's tail-fill reads it while the batch decodes).
 
         Each request is checked with `validate` (InvalidRequest) before anything runs, unless
         `validated`: the caller checked them at the edge they came in by (the rank's HTTP
@@ -323,7 +326,8 @@ class RolloutEngine:
             self._gen_count += 1
             self._idle.clear()
         try:
-            return await self._generate(requests, should_stop, poll_every, counters, observe)
+            return await self._generate(requests, should_stop, poll_every, counters, observe,
+                                        progress)
         finally:
             self._gen_count -= 1
             if self._gen_count == 0:
@@ -331,7 +335,8 @@ class RolloutEngine:
 
     async def _generate(self, requests: list[GenRequest], should_stop: StopHook | None,
                         poll_every: int, counters: bool = True,
-                        observe: Observer | None = None) -> list[GenResult]:
+                        observe: Observer | None = None,
+                        shape: BatchProgress | None = None) -> list[GenResult]:
         from vllm.inputs import TokensPrompt
 
         version = self.weight_version
@@ -340,6 +345,16 @@ class RolloutEngine:
         progress = asyncio.Event()
 
         async def run(sub: _Sub, prompt: Any, sp: Any) -> None:
+            if shape is None:
+                return await decode(sub, prompt, sp)
+            plen = len(prompt["prompt_token_ids"])
+            shape.start(plen, sp.max_tokens or 0)
+            try:
+                await decode(sub, prompt, sp)
+            finally:
+                shape.ended(plen + len(sub.ids))
+
+        async def decode(sub: _Sub, prompt: Any, sp: Any) -> None:
             async for out in self.llm.generate(prompt, sp, request_id=sub.rid):
                 if sub.prompt is not None:  # scoring: the prompt's log-probs, no output
                     if out.prompt_logprobs:
@@ -353,6 +368,8 @@ class RolloutEngine:
                 comp = out.outputs[0]
                 sub.ids.extend(comp.token_ids)
                 self.tokens_generated += len(comp.token_ids)
+                if shape is not None:
+                    shape.grew(len(comp.token_ids))
                 if comp.logprobs:
                     sub.logprobs.extend(next(iter(lp.values())).logprob if len(lp) == 1
                                         else lp[t].logprob

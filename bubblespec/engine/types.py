@@ -103,3 +103,31 @@ class GenResult:
 
     group: str
     samples: list[SampleResult]
+
+
+@dataclass
+class BatchProgress:
+    """The live shape of one `generate` call, kept by the engine as tokens arrive: how many
+    of its sequences still decode and how many KV tokens they read (prompt + output so
+    far). A rank's tail-fill sizes its pre-generation lanes from it (`core/tail_fill.py`)."""
+
+    running: int = 0
+    context: int = 0
+    longest: int = 0
+    """Longest prompt + max new tokens of any of its sequences (a lane's context bound)."""
+    generated: int = 0
+    """Output tokens that arrived so far, over every sequence it followed."""
+
+    def start(self, prompt_len: int, max_new_tokens: int) -> None:
+        self.running += 1
+        self.context += prompt_len
+        self.longest = max(self.longest, prompt_len + max_new_tokens)
+
+    def grew(self, tokens: int) -> None:
+        self.context += tokens
+        self.generated += tokens
+
+    def ended(self, length: int) -> None:
+        """A sequence of `length` tokens (prompt + output) finished or was aborted."""
+        self.running = max(0, self.running - 1)
+        self.context = max(0, self.context - length)

@@ -8,7 +8,9 @@ For each rank of a step (wall = open -> stop signal, i.e. until the slowest rank
 - idle seconds: bubble - pre-gen (the bubble left unused);
 - bubble fraction: bubble / wall; pre-gen share: pre-gen / bubble;
 - window pre-gen seconds and tokens: pre-generation after the stop signal, in the training
-  window (steps opened with the TRAINING pre-gen window; outside the step's wall).
+  window (steps opened with the TRAINING pre-gen window; outside the step's wall);
+- tail pre-gen seconds and tokens: pre-generation beside the rank's own requests before it
+  was done (tail-fill; inside its busy time, not its bubble).
 
 Spans of a step are those the rank filed under it (pre-generation during step s is filed
 under s, for step s+1's drafts).
@@ -44,6 +46,8 @@ class StepBubbles:
     window_pregen_s: float = 0.0
     window_pregen_tokens: int = 0
     """Pre-generation in the training window, after the stop signal (all ranks)."""
+    tail_pregen_tokens: int = 0
+    """Pre-generation beside the ranks' own requests (tail-fill, all ranks)."""
 
     def as_dict(self) -> dict:
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "ranks"},
@@ -90,12 +94,14 @@ def step_bubbles(t: StepTimeline, now_unix_s: float | None = None) -> StepBubble
         ends = [s.end_unix_s for s in spans if s.kind is SpanKind.PREGEN]
         lag = max(0.0, max(ends) - t.stop_unix_s) if ends and t.stop_unix_s else None
         win_s, win_tokens = _clipped(spans, SpanKind.PREGEN_WINDOW, 0.0, float("inf"))
+        tail_s, tail_tokens = _clipped(spans, SpanKind.PREGEN_TAIL, 0.0, float("inf"))
         ranks.append(RankBubble(
             rank_id=r, num_requests=shards.get(r, 0), done_s=done_s, busy_s=busy,
             bubble_s=bubble, pregen_s=pregen, idle_s=max(0.0, bubble - pregen),
             bubble_fraction=_ratio(bubble, wall), pregen_share=_ratio(pregen, bubble),
             pregen_tokens=pregen_tokens, decode_tokens=decode_tokens, spans=len(spans),
-            stop_lag_s=lag, window_pregen_s=win_s, window_pregen_tokens=win_tokens))
+            stop_lag_s=lag, window_pregen_s=win_s, window_pregen_tokens=win_tokens,
+            tail_pregen_s=tail_s, tail_pregen_tokens=tail_tokens))
     total_bubble = sum(r.bubble_s for r in ranks)
     return StepBubbles(
         step=t.step, opened_unix_s=t.opened_unix_s, stop_unix_s=t.stop_unix_s,
@@ -105,4 +111,5 @@ def step_bubbles(t: StepTimeline, now_unix_s: float | None = None) -> StepBubble
         pregen_tokens=sum(r.pregen_tokens for r in ranks),
         stop_lag_s=max((r.stop_lag_s for r in ranks if r.stop_lag_s is not None), default=None),
         window_pregen_s=sum(r.window_pregen_s for r in ranks),
-        window_pregen_tokens=sum(r.window_pregen_tokens for r in ranks))
+        window_pregen_tokens=sum(r.window_pregen_tokens for r in ranks),
+        tail_pregen_tokens=sum(r.tail_pregen_tokens for r in ranks))

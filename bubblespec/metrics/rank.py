@@ -27,6 +27,7 @@ class RankMetrics:
     pregen_branches: Counter
     pregen_offers_streamed: Counter
     pregen_refreshed: Counter
+    pregen_tail_tokens: Counter
     pregen_tokens: Counter
     pregen_pushed_tokens: Counter
     drafts_fetched_tokens: Counter
@@ -69,6 +70,10 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
         pregen_refreshed=counter(
             "bubblespec_pregen_refreshed",
             "Pre-generation tasks that refreshed a draft of older weights (handed ahead)."),
+        pregen_tail_tokens=counter(
+            "bubblespec_pregen_tail_tokens",
+            "Tokens pre-generated beside the rank's own requests before it was done "
+            "(--tail-fill-budget)."),
         pregen_tokens=counter("bubblespec_pregen_tokens", "Tokens pre-generated."),
         pregen_pushed_tokens=counter("bubblespec_pregen_pushed_tokens",
                                      "Pre-generated tokens stored in the draft store."),
@@ -93,7 +98,7 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
     for c in (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.decode_steps,
               m.generation_tokens, m.bubble_seconds, m.pregen_seconds, m.pregen_requests,
               m.pregen_branches, m.pregen_offers_streamed, m.pregen_refreshed, m.pregen_tokens,
-              m.pregen_pushed_tokens, m.drafts_fetched_tokens, m.engine_restarts):
+              m.pregen_tail_tokens, m.pregen_pushed_tokens, m.drafts_fetched_tokens, m.engine_restarts):
         c.labels(rank_id)
     m.engine_alive.labels(rank_id).set(0)
     return m

@@ -36,6 +36,8 @@ class SpanKind(str, enum.Enum):
     IDLE = "idle"
     PREGEN_WINDOW = "pregen_window"
     """Pre-generation after the step's stop signal, in the training window."""
+    PREGEN_TAIL = "pregen_tail"
+    """Pre-generation beside the rank's own requests before it was done (tail-fill)."""
 
 
 class StepEventKind(str, enum.Enum):

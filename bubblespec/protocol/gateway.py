@@ -234,6 +234,10 @@ class RankBubble(_Reply):
                           "(null: no pre-generation).")
     window_pregen_s: float = 0.0
     window_pregen_tokens: int = 0
+    tail_pregen_s: float = Field(
+        0.0, description="Pre-generation beside the rank's own requests before it was done "
+                         "(tail-fill), seconds.")
+    tail_pregen_tokens: int = 0
 
 
 class StepReport(_Reply):

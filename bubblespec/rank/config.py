@@ -59,6 +59,15 @@ class RankConfig(BaseConfig, EngineConfig, TlsSettings):
     the draft completes (0: offers only with the complete draft; needs pregen_branches).
     auto: the synchronizer's threshold, calibrated from where responses flipped away from
     their drafts (`core/branch_margin.py`; 0 until the first flip)."""
+    tail_fill_budget: float = Field(0.0, ge=0.0, le=1.0)
+    """Tail-fill: start pre-generating the next steps' tasks while this rank's own requests
+    still decode, with as many lanes as keep a modelled decode forward within (1 + this) x
+    its own (e.g. 0.05: 5% longer); own requests are admitted first. 0: off, pre-generation
+    starts when the shard is done (docs/design.md, "Tail-fill"; the default follows the
+    paced measurement in docs/results.md)."""
+    tail_fill_gpu: Literal["h100", "h200"] = "h100"
+    """The engine-time model (8B model on this GPU) the tail-fill budget is judged with when
+    the engine is not paced; a paced engine uses its `pace` profile."""
     engine_restarts: int = Field(3, ge=0, le=1000)
     """Engine restarts this process may make per engine_restart_window_s after its engine
     died (with the last good weights; failed attempts count); when that many happened within

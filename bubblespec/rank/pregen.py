@@ -32,6 +32,9 @@ ranks still decode plain tasks (whose drafts may offer more), a rank with free l
 asking every `branch_poll_s` instead of ending its pre-generation (`rank/branches.py`).
 With `branch_margin` > 0 as well, a draft still decoding offers each position whose keyed
 margin falls below it at once, pushed with the partial draft so far (streamed offers).
+With a `TailFill` (`rank/tail_fill.py`) the run starts while the rank's shard still decodes,
+with at most the lanes the tail-fill budget allows, claims as a tail-fill claim, and goes on
+as the bubble's pre-generation when the shard ends.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bubblespec.engine.types import GenRequest, GenResult
+from bubblespec.engine.types import BatchProgress, GenRequest, GenResult
 from bubblespec.protocol.domain import PregenDraft, PregenTask, StepEventKind
 from bubblespec.rank.branches import (
     TOP_LOGPROBS,
@@ -61,16 +64,17 @@ class StopWatch:
     """Has pre-generation of `step` to end? Asked by every lane at every decode step, it
     answers from a local flag, set by the synchronizer's step stream (at once), by a
     PollStop RPC about every T decode steps (the fallback if the stream is down), or by a
-    local stop. `stop_seen` is (time, engine token counter) when the step's stop signal
-    was first seen while pre-generation went on (the TRAINING window; None otherwise)."""
+    local stop. `stop_seen` is (time, `tokens()`: pre-generated tokens so far) when the
+    step's stop signal was first seen while pre-generation went on (the TRAINING window;
+    None otherwise)."""
 
     def __init__(self, sync: Any, step: int, rank_id: str, local: asyncio.Event,
-                 engine: Any, poll_every: int = 8, lanes: Any = lambda: 1) -> None:
+                 tokens: Any, poll_every: int = 8, lanes: Any = lambda: 1) -> None:
         self.sync = sync
         self.step = step
         self.rank_id = rank_id
         self.local = local
-        self.engine = engine
+        self.tokens = tokens
         self.poll_every = poll_every
         self.lanes = lanes
         self.fired = False
@@ -84,7 +88,7 @@ class StopWatch:
 
     def _apply(self, stop: bool, over: bool) -> None:
         if stop and not over and self.stop_seen is None:  # the training window begins
-            self.stop_seen = (time.time(), self.engine.tokens_generated)
+            self.stop_seen = (time.time(), self.tokens())
         self.fired = self.fired or over
 
     async def poll(self) -> bool:
@@ -136,19 +140,27 @@ class PregenOutcome:
     started_at: float = 0.0
     ended_at: float = 0.0
     stop_seen: tuple[float, int] | None = None
-    """(time, tokens generated so far) when the step's stop signal was first seen."""
+    """(time, tokens pre-generated so far) when the step's stop signal was first seen."""
+    tail_end: tuple[float, int] | None = None
+    """(time, tokens pre-generated so far) when the rank's shard ended, for a run that
+    began beside it (tail-fill); None otherwise."""
+    tail_lanes: int = 0
+    """Most lanes the tail-fill budget allowed at once beside the shard."""
 
     def spans(self) -> list[tuple[str, float, float, int]]:
-        """(kind, start, end, tokens): the bubble part ("pregen") and the part after the
-        stop signal ("pregen_window"; only when pre-generation went on past it)."""
+        """(kind, start, end, tokens): the part beside the rank's own shard ("pregen_tail";
+        only with tail-fill), the bubble part ("pregen") and the part after the stop signal
+        ("pregen_window"; only when pre-generation went on past it). Tokens are those
+        decoded in each part (lanes' tokens as they arrive)."""
         if self.ended_at <= self.started_at:
             return []
-        cut = self.stop_seen
-        if cut is None or cut[0] >= self.ended_at or cut[0] <= self.started_at:
-            return [("pregen", self.started_at, self.ended_at, self.tokens)]
-        before = min(cut[1], self.tokens)
-        return [("pregen", self.started_at, cut[0], before),
-                ("pregen_window", cut[0], self.ended_at, self.tokens - before)]
+        # where each part begins: (its kind, time, tokens decoded before it)
+        marks = [("pregen_tail" if self.tail_end is not None else "pregen", self.started_at, 0)]
+        for kind, cut in (("pregen", self.tail_end), ("pregen_window", self.stop_seen)):
+            if cut is not None and marks[-1][1] < cut[0] < self.ended_at:
+                marks.append((kind, cut[0], min(max(cut[1], marks[-1][2]), self.tokens)))
+        ends = [(t, n) for _, t, n in marks[1:]] + [(self.ended_at, self.tokens)]
+        return [(kind, t0, t1, n1 - n0) for (kind, t0, n0), (t1, n1) in zip(marks, ends)]
 
 
 def task_request(t: PregenTask, branching: bool = False) -> GenRequest:
@@ -185,7 +197,8 @@ class Pregenerator:
 
     def __init__(self, engine: Any, sync: Any, rank_id: str, step: int, inflight: int,
                  poll_every: int, local_stop: asyncio.Event, branches: int = 0,
-                 branch_poll_s: float = 0.25, branch_margin: float | str = 0.0) -> None:
+                 branch_poll_s: float = 0.25, branch_margin: float | str = 0.0,
+                 tail: Any = None) -> None:
         self.engine = engine
         self.sync = sync
         self.rank_id = rank_id
@@ -199,22 +212,30 @@ class Pregenerator:
         self.watches: dict[asyncio.Task, MarginWatch] = {}
         self._streams: set[asyncio.Task] = set()
         self._streamed = 0
-        self.stop = StopWatch(sync, step, rank_id, local_stop, engine, poll_every,
-                              lambda: len(self.lanes))
+        self.progress = BatchProgress()
+        """The lanes' live shape; `generated` counts the tokens they decoded so far."""
+        self.stop = StopWatch(sync, step, rank_id, local_stop, lambda: self.progress.generated,
+                              poll_every, lambda: len(self.lanes))
         self.target = step + 1
+        self.tail = tail
+        """A `TailFill` while the rank's shard still decodes (None: a bubble's run)."""
 
     async def run(self) -> PregenOutcome:
         out = PregenOutcome(started_at=time.time())
-        base = self.engine.tokens_generated
         lanes = self.lanes
         groups: set[str] = set()
         exhausted = waiting = False
+        tail = self.tail is not None
         watcher = asyncio.create_task(self.stop.watch())
         try:
             while True:
-                room = self.inflight - len(lanes)
-                if room > 0 and not exhausted and not await self.stop():
-                    claim = await self.sync.claim_tasks(self.step, self.rank_id, room)
+                if tail and not self._tail_mark(out):
+                    tail = exhausted = False  # the shard ended: claim again for the bubble
+                limit = min(self.inflight, self.tail.lanes()) if tail else self.inflight
+                room = limit - len(lanes)
+                if room > 0 and (tail or not exhausted) and not await self.stop():
+                    claim = await self.sync.claim_tasks(self.step, self.rank_id, room,
+                                                        tail_fill=tail)
                     self.target = claim.target_step
                     if self.auto_margin:  # the synchronizer's calibrated threshold
                         self.branch_margin = claim.branch_margin
@@ -230,14 +251,17 @@ class Pregenerator:
                         self._start(t)
                         groups.add(t.prompt_key)
                     out.tasks += sum(t.branch_at is None for t in claim.tasks)
+                if tail and not self.stop.fired:  # beside the shard: wake for a finished
+                    # lane, the shard's end, or a tick (the allowance changes as the shard's
+                    # own sequences finish)
+                    await self._push(out, await self._next_done(tail=True))
+                    continue
                 if not lanes:
                     if not waiting or await self.stop():
                         break
                     await asyncio.sleep(self.branch_poll_s)
                     continue
-                done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_COMPLETED,
-                                             timeout=self.branch_poll_s if waiting else None)
-                await self._push(out, [(lanes.pop(d), d) for d in done])
+                await self._push(out, await self._next_done(tail=False, waiting=waiting))
         finally:
             watcher.cancel()
             for lane in lanes:  # only on an error: do not leave requests decoding
@@ -249,9 +273,36 @@ class Pregenerator:
         out.stopped = self.stop.fired
         out.streamed_offers = self._streamed
         out.ended_at = time.time()
-        seen = self.stop.stop_seen
-        out.stop_seen = None if seen is None else (seen[0], seen[1] - base)
+        out.stop_seen = self.stop.stop_seen
+        if self.tail is not None:
+            out.tail_lanes = self.tail.peak
         return out
+
+    def _tail_mark(self, out: PregenOutcome) -> bool:
+        """Is the run still beside the rank's shard? Notes when the shard ended."""
+        if self.tail is None:
+            return False
+        if not self.tail.active and out.tail_end is None:
+            out.tail_end = (self.tail.ended_at or time.time(), self.progress.generated)
+        return self.tail.active
+
+    async def _next_done(self, tail: bool, waiting: bool = False
+                         ) -> list[tuple[PregenTask, asyncio.Task]]:
+        """Wait for finished lanes (with `tail` also for the shard's end or a tick; with
+        `waiting` for a tick) and take them out of the running set."""
+        waits: list[asyncio.Future] = list(self.lanes)
+        ended = None
+        if tail:
+            ended = asyncio.ensure_future(self.tail.changed.wait())
+            waits.append(ended)
+        timeout = self.branch_poll_s if tail or waiting else None
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED,
+                                         timeout=timeout)
+        finally:
+            if ended is not None:
+                ended.cancel()
+        return [(self.lanes.pop(d), d) for d in done if d in self.lanes]
 
     def _start(self, t: PregenTask) -> None:
         """A lane for a claimed task: a plain task, or a branch task (its prefix first)."""
@@ -285,7 +336,8 @@ class Pregenerator:
                     if new:
                         self._stream(t, list(ids), new, watch)
         results = await self.engine.generate([req], should_stop=self.stop, poll_every=1,
-                                             counters=False, observe=observe)
+                                             counters=False, observe=observe,
+                                             progress=self.progress)
         return results[0]
 
     def _stream(self, t: PregenTask, ids: list[int], new: list[tuple[int, int]],

@@ -1,5 +1,6 @@
 """A rank's step logic: run its shard with drafts from the store, report done, then
-pre-generate the next step's tasks in the bubble until the synchronizer says stop.
+pre-generate the next step's tasks in the bubble until the synchronizer says stop (with a
+tail-fill budget, already beside the shard's last requests: `rank/tail_fill.py`).
 
 Degrades, never blocks: without a synchronizer (or when it is unreachable) the shard is
 decoded without shared drafts and no pre-generation happens; the step still completes.
@@ -12,7 +13,9 @@ import logging
 import time
 from typing import Any
 
-from bubblespec.engine.types import GenRequest, GenResult, SampleResult
+from bubblespec.core.engine_time import EngineTime
+from bubblespec.engine.pace import engine_time
+from bubblespec.engine.types import BatchProgress, GenRequest, GenResult, SampleResult
 from bubblespec.metrics.rank import RankMetrics, set_state
 from bubblespec.protocol.domain import Flip, RankState, RankStatus, Span, SpanKind
 from bubblespec.protocol.keys import prompt_key
@@ -20,6 +23,7 @@ from bubblespec.protocol.limits import MAX_FLIPS
 from bubblespec.protocol.rank import PromptOut, SampleOut, ShardRequest, StepShard, StepShardResult
 from bubblespec.rank.config import RankConfig
 from bubblespec.rank.pregen import Pregenerator, PregenOutcome
+from bubblespec.rank.tail_fill import TailFill
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +116,21 @@ class RankWorker:
         async def aborted() -> bool:
             return self.aborted_step == shard.step
 
+        tail = self._tail_fill(shard)
+        if tail is not None:
+            self._pregen_stop = asyncio.Event()
+            self._pregen_task = asyncio.create_task(self._pregen(shard.step, t0, tail))
         try:
             results = await self.engine.generate(reqs, should_stop=aborted,
                                                  poll_every=self.cfg.poll_every,
-                                                 validated=True)
+                                                 validated=True,
+                                                 progress=None if tail is None
+                                                 else tail.progress)
+        except BaseException:
+            if tail is not None:  # no bubble follows a failed shard
+                self._pregen_stop.set()
+                tail.end()
+            raise
         finally:
             await self.engine.release_groups([r.group_key() for r in reqs])
         t1 = time.time()
@@ -133,10 +148,25 @@ class RankWorker:
         if not shard.rerun:
             self.done_step = shard.step
         self._set("idle")
-        if shard.pregen and not shard.rerun and self.sync is not None:
+        if tail is not None:  # the lanes beside the shard go on as the bubble's
+            tail.end()
+            if self._pregen_task is not None and not self._pregen_task.done():
+                self._set("pregen")
+        elif shard.pregen and not shard.rerun and self.sync is not None:
             self._pregen_stop = asyncio.Event()
             self._pregen_task = asyncio.create_task(self._pregen(shard.step, t1))
         return out
+
+    def _tail_fill(self, shard: StepShard) -> TailFill | None:
+        """The tail-fill allowance of this shard (None: off, or no bubble follows it)."""
+        c = self.cfg
+        if (c.tail_fill_budget <= 0 or self.sync is None or not shard.pregen
+                or shard.rerun):
+            return None
+        et = engine_time(c.pace) if c.pace != "off" else EngineTime.preset(c.tail_fill_gpu)
+        lane_tokens = 1 + (c.num_speculative_tokens if self.engine.speculative else 0)
+        return TailFill(et, c.tail_fill_budget, BatchProgress(), lane_tokens,
+                        c.pregen_inflight)
 
     def _count(self, results: list[GenResult]) -> int:
         tokens = 0
@@ -164,18 +194,21 @@ class RankWorker:
         return n
 
     # ------------------------------------------------------------------ pre-generation
-    async def _pregen(self, step: int, done_at: float) -> None:
+    async def _pregen(self, step: int, done_at: float, tail: TailFill | None = None) -> None:
         """Pre-generate next-step tasks (see `rank/pregen.py`) until the stop signal (or the
         close, in the TRAINING window), then idle until the stop signal or a local stop
-        (next shard, weight update)."""
+        (next shard, weight update). With `tail`, it starts beside the shard (which sets
+        the rank's state) and the bubble begins when the shard ends."""
         assert self.sync is not None
-        self._set("pregen")
+        if tail is None:
+            self._set("pregen")
         out = PregenOutcome()
         try:
             out = await Pregenerator(self.engine, self.sync, self.rank_id, step,
                                      self.cfg.pregen_inflight, self.cfg.poll_every,
                                      self._pregen_stop, self.cfg.pregen_branches,
-                                     branch_margin=self.cfg.pregen_branch_margin).run()
+                                     branch_margin=self.cfg.pregen_branch_margin,
+                                     tail=tail).run()
         except Exception:  # pre-generation is best effort: never take the rank down
             log.exception("pre-generation of step %d failed", step + 1)
         t1 = time.time()
@@ -187,6 +220,8 @@ class RankWorker:
         self.m.pregen_offers_streamed.labels(lab).inc(out.streamed_offers)
         self.m.pregen_refreshed.labels(lab).inc(out.refreshed)
         self.m.pregen_tokens.labels(lab).inc(out.tokens)
+        if out.tail_end is not None:
+            self.m.pregen_tail_tokens.labels(lab).inc(out.tail_end[1])
         self.m.pregen_pushed_tokens.labels(lab).inc(out.pushed_tokens)
         if out.ended_at > out.started_at:
             spans = [Span(SpanKind(k), a, b, n) for k, a, b, n in out.spans()]
@@ -197,7 +232,9 @@ class RankWorker:
         t2 = time.time()
         if t2 > t1:
             await self.sync.report_spans(lab, step, [Span(SpanKind.IDLE, t1, t2, 0)])
-        self.m.bubble_seconds.labels(lab).inc(t2 - done_at)
+        if tail is not None:
+            done_at = tail.ended_at or t2
+        self.m.bubble_seconds.labels(lab).inc(max(0.0, t2 - done_at))
 
     async def _wait_stop_or_cancel(self, step: int) -> None:
         """Idle until the step's stop signal or a local stop (next shard, weight update)."""

@@ -349,10 +349,12 @@ class SyncClient:
     # ------------------------------------------------------------------ pre-gen and drafts
 
     async def claim_tasks(self, step: int, rank_id: str, max_tasks: int,
-                          timeout_s: float | None = None) -> Claim:
-        """Claim pre-generation tasks (for step+1) in the rank's bubble; empty when degraded."""
+                          timeout_s: float | None = None, tail_fill: bool = False) -> Claim:
+        """Claim pre-generation tasks (for step+1) in the rank's bubble, or with `tail_fill`
+        while it still decodes its shard; empty when degraded."""
         r = await self._soft(
-            "ClaimTasks", pb.ClaimTasksRequest(step=step, rank_id=rank_id, max_tasks=max_tasks),
+            "ClaimTasks", pb.ClaimTasksRequest(step=step, rank_id=rank_id, max_tasks=max_tasks,
+                                               tail_fill=tail_fill),
             timeout_s, rank_id)
         if r is None:
             return Claim([], step + 1, False, 0)

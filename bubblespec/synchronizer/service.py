@@ -179,7 +179,8 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
     @_rpc(mutating=True)
     def ClaimTasks(self, r: pb.ClaimTasksRequest) -> pb.ClaimTasksResponse:
         self.v.claim(r)
-        tasks, target, stop, remaining, busy = self.state.claim(r.step, r.rank_id, r.max_tasks)
+        tasks, target, stop, remaining, busy = self.state.claim(r.step, r.rank_id, r.max_tasks,
+                                                                r.tail_fill)
         return pb.ClaimTasksResponse(tasks=[cv.task_to_pb(t) for t in tasks],
                                      target_step=target, stop=stop, remaining=remaining,
                                      in_progress=busy,

@@ -280,15 +280,17 @@ class SyncState:
 
     # ------------------------------------------------------------------ pre-generation, drafts
 
-    def claim(self, step: int, rank_id: str, max_tasks: int
+    def claim(self, step: int, rank_id: str, max_tasks: int, tail_fill: bool = False
               ) -> tuple[list[PregenTask], int, bool, int, int]:
         """Tasks for a rank in its bubble: (tasks, target step, stop, remaining queued,
-        plain tasks in progress on some rank whose drafts may still offer branches)."""
+        plain tasks in progress on some rank whose drafts may still offer branches). With
+        `tail_fill` a rank still decoding its shard claims too (lanes beside its own
+        requests, within its tail-fill budget)."""
         self.ranks.require_live(rank_id)
         cur = self._require_step(step)
         if cur is None or self.pregen_over(step):
             return [], step + 1, True, 0, 0
-        if rank_id in cur.shards and rank_id not in cur.done:
+        if rank_id in cur.shards and rank_id not in cur.done and not tail_fill:
             raise precondition(
                 "rank_id", f"rank {rank_id!r} has not reported done for step {step}: "
                 "pre-generation only runs in the bubble")

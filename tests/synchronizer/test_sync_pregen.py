@@ -67,6 +67,9 @@ async def test_claim_requires_done_and_is_empty_after_stop() -> None:
         # the client degrades (rank decodes on), a rank outside the step may claim at once
         assert (await client.claim_tasks(0, "r0", 1)).tasks == []
         assert len((await client.claim_tasks(0, "idle", 1)).tasks) == 1
+        # a tail-fill claim: a rank still decoding its shard takes lanes beside it
+        tail = await client.claim_tasks(0, "r1", 1, tail_fill=True)
+        assert keys(tail.tasks) == [("p1", 0)] and not tail.stop
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await raw.ClaimTasks(pb.ClaimTasksRequest(step=1, rank_id="idle", max_tasks=1))
         assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION

@@ -45,6 +45,7 @@ class SpanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPAN_KIND_PREGEN: _ClassVar[SpanKind]
     SPAN_KIND_IDLE: _ClassVar[SpanKind]
     SPAN_KIND_PREGEN_WINDOW: _ClassVar[SpanKind]
+    SPAN_KIND_PREGEN_TAIL: _ClassVar[SpanKind]
 RANK_STATE_UNSPECIFIED: RankState
 RANK_STATE_IDLE: RankState
 RANK_STATE_DECODING: RankState
@@ -69,6 +70,7 @@ SPAN_KIND_DECODE: SpanKind
 SPAN_KIND_PREGEN: SpanKind
 SPAN_KIND_IDLE: SpanKind
 SPAN_KIND_PREGEN_WINDOW: SpanKind
+SPAN_KIND_PREGEN_TAIL: SpanKind
 
 class RegisterRankRequest(_message.Message):
     __slots__ = ("rank_id", "address", "capacity", "weight_version", "vocab_size")
@@ -311,14 +313,16 @@ class StepEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[StepEventKind, str]] = ..., step: _Optional[int] = ..., unix_s: _Optional[float] = ...) -> None: ...
 
 class ClaimTasksRequest(_message.Message):
-    __slots__ = ("step", "rank_id", "max_tasks")
+    __slots__ = ("step", "rank_id", "max_tasks", "tail_fill")
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FILL_FIELD_NUMBER: _ClassVar[int]
     step: int
     rank_id: str
     max_tasks: int
-    def __init__(self, step: _Optional[int] = ..., rank_id: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
+    tail_fill: bool
+    def __init__(self, step: _Optional[int] = ..., rank_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., tail_fill: _Optional[bool] = ...) -> None: ...
 
 class ClaimTasksResponse(_message.Message):
     __slots__ = ("tasks", "target_step", "stop", "remaining", "in_progress", "branch_margin")
