@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import numbers
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,6 +44,7 @@ from typing import Any
 
 from bubblespec.protocol.gateway import RolloutResponse, RolloutSample
 from bubblespec.protocol.sampling import SamplingParams
+from bubblespec.protocol.shapes import is_batch_list
 
 log = logging.getLogger("bubblespec.batching")
 
@@ -175,11 +175,7 @@ def as_batches(prompts: Sequence[Sequence[int]] | Sequence[Sequence[Sequence[int
     batches of int lists; None when there are none."""
     if prompts is None or len(prompts) == 0:
         return None
-    # nested when some entry's first item is itself a prompt (a sequence), not a token id
-    first = next((e for e in prompts if len(e)), None)
-    nested = first is not None and not isinstance(first[0], numbers.Integral) and (
-        getattr(first[0], "ndim", 1) != 0)
-    batches = prompts if nested or first is None else [prompts]
+    batches = prompts if is_batch_list(prompts) else [prompts]
     out = [[[int(t) for t in p] for p in b] for b in batches]
     return out if any(out) else None
 

@@ -162,8 +162,19 @@ TAIL_FILL_MODES: tuple[Mode, ...] = (
 """Tail-fill (`--tail-fill-budget`, rank/tail_fill.py): pre-generation starts beside each
 rank's own last requests, with as many lanes as keep a modelled forward within 5% (20%) of
 its own."""
+GLOBAL_LIVE = ("--src-global", "--src-global-live")
+FALLBACK_MODES: tuple[Mode, ...] = (
+    Mode("bubblespec-glive", ("--spec-mode=bubblespec", "--no-src-history", *GLOBAL_LIVE),
+         pregen=True, label="bubblespec_glive"),
+    Mode("bubblespec-keyed-glive", ("--spec-mode=bubblespec", "--no-src-history",
+                                    *GLOBAL_LIVE),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_glive"),
+)
+"""The fallback of a response that left its draft, as suffix decoding's: the global pool
+holds every prompt's responses while they are generated (`--src-global
+--src-global-live`)."""
 ALL_MODES = (MODES + KEYED_BASELINE_MODES + BRANCH_MODES + ORDER_MODES + LOOKAHEAD_MODES
-             + TAIL_FILL_MODES)
+             + TAIL_FILL_MODES + FALLBACK_MODES)
 BASELINE = "nospec"
 KEYED_BASELINE = "nospec-keyed"
 FINAL_ORDER = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",

@@ -92,7 +92,8 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
         "crit_per_longest_mean": ratio_mean, "crit_per_longest_ci95": ratio_ci,
         "bubble_fraction": sum(bubbles) / len(bubbles) if bubbles else None,
         "pregen_tokens": sum(s["pregen_tokens"] + s.get("window_pregen_tokens", 0)
-                             for s in steps),
+                             + s.get("tail_pregen_tokens", 0) for s in steps),
+        "tail_pregen_tokens": sum(s.get("tail_pregen_tokens", 0) for s in steps),
         "accepted_pregen_tokens": sum(s["accepted_pregen_tokens"] for s in steps),
         "acceptance": sum(s["accepted_tokens"] for s in steps) / draft if draft else None,
         "forwards": forwards, "overruns": overruns,

@@ -17,7 +17,6 @@ Over TLS: `ca=` (the CA that signed the gateway's certificate; a `host:port` the
 from __future__ import annotations
 
 import asyncio
-import numbers
 import os
 import ssl
 import time
@@ -30,6 +29,7 @@ from typing_extensions import Self
 from bubblespec.client.record import Recorder, derived_seeds, step_record
 from bubblespec.protocol.gateway import RankEntry, RolloutResponse, StepReport, WeightsResult
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
+from bubblespec.protocol.shapes import is_batch_list
 from bubblespec.tls import client_context
 
 
@@ -67,24 +67,11 @@ def prompt_json(p: Any) -> dict[str, Any]:
     return {"input_ids": [int(t) for t in ids]}
 
 
-def _is_id(x: Any) -> bool:
-    """A token id or seed: an int, a numpy integer or a 0-d tensor."""
-    return isinstance(x, numbers.Integral) or getattr(x, "ndim", None) == 0
-
-
-def _is_prompt(p: Any) -> bool:
-    """One prompt: text, a dict, an object with `input_ids`, or a row of token ids."""
-    if isinstance(p, (str, Mapping)) or hasattr(p, "input_ids"):
-        return True
-    first = next(iter(p), None)
-    return first is None or _is_id(first)
-
-
 def next_prompts_json(next_prompts: Sequence[Any]) -> list[Any]:
     """`next_prompts` as the gateway wants it: one batch of prompts (the next step's), or a
     list of the next steps' batches (each batch a sequence of prompts)."""
     items = list(next_prompts)
-    if items and not _is_prompt(items[0]):
+    if is_batch_list(items):
         return [[prompt_json(p) for p in batch] for batch in items]
     return [prompt_json(p) for p in items]
 
@@ -92,7 +79,7 @@ def next_prompts_json(next_prompts: Sequence[Any]) -> list[Any]:
 def _seed_rows(rows: Any) -> list[Any]:
     """Seeds per prompt, or (a list of batches) per batch and prompt."""
     rows = list(rows)
-    if rows and len(rows[0]) and not _is_id(next(iter(rows[0]))):
+    if is_batch_list(rows):
         return [[[int(s) for s in row] for row in batch] for batch in rows]
     return [[int(s) for s in row] for row in rows]
 

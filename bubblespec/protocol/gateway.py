@@ -18,6 +18,7 @@ from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seeds, Step, TokenIds
 from bubblespec.protocol.sample import SampleMeta, SampleTotals
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams, SeedMode
+from bubblespec.protocol.shapes import is_batch_list
 
 SeedLists = Annotated[list[Seeds], Field(max_length=L.MAX_LIST)]
 
@@ -90,9 +91,7 @@ def _batches(value: list) -> list:
     """A one-batch form (a list of prompts / of seed lists) wrapped as a list of batches."""
     if value is None or not value:
         return []
-    first = value[0]
-    nested = isinstance(first, list) and (not first or isinstance(first[0], (list, PromptIn)))
-    return list(value) if nested else [value]
+    return list(value) if is_batch_list(value) else [value]
 
 
 class RolloutSample(SampleMeta):
@@ -257,6 +256,8 @@ class StepReport(_Reply):
     warnings: list[str] = Field(default_factory=list)
     window_pregen_tokens: int = Field(
         0, description="Tokens pre-generated after the stop signal, in the training window.")
+    tail_pregen_tokens: int = Field(
+        0, description="Tokens pre-generated beside the ranks' own requests (tail-fill).")
 
     @model_validator(mode="before")
     @classmethod
@@ -268,7 +269,8 @@ class StepReport(_Reply):
                   "ranks": t.get("ranks", []), "bubble_fraction": t.get("bubble_fraction"),
                   "pregen_share": t.get("pregen_share"),
                   "pregen_tokens": int(t.get("pregen_tokens", 0)),
-                  "window_pregen_tokens": int(t.get("window_pregen_tokens", 0))}
+                  "window_pregen_tokens": int(t.get("window_pregen_tokens", 0)),
+                  "tail_pregen_tokens": int(t.get("tail_pregen_tokens", 0))}
         return {**lifted, **data, "timeline": data.get("timeline") or None}
 
     @property

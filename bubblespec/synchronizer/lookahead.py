@@ -53,6 +53,8 @@ class Lookahead:
                  stored: Stored | None = None, weight_version: int | None = None) -> None:
         self.opened = opened
         self.handed = Handed()
+        self.hinted: set[int] = set()
+        """Future steps with refresh tasks (claimed one by one: their hints are sized)."""
         by_step: dict[int, list[PregenTask]] = {}
         for t in tasks:
             step = t.step if t.step is not None else opened + 1
@@ -64,6 +66,7 @@ class Lookahead:
                     continue
                 t = dataclasses.replace(t, hint=list(tokens))
                 self.handed.refresh += 1
+                self.hinted.add(step)
             else:
                 self.handed.fresh += 1
             by_step.setdefault(step, []).append(
@@ -111,12 +114,12 @@ class Lookahead:
         claim's reply stays within the message size."""
         out: list[PregenTask] = []
         hints = 0
-        for q in self.queues.values():
+        for step, q in self.queues.items():
+            sized = max_hint_tokens is not None and step in self.hinted
             while len(out) < max_tasks:
                 if max_hint_tokens is not None and out and hints >= max_hint_tokens:
                     return out
-                got = q.claim(rank_id, 1 if max_hint_tokens is not None else
-                              max_tasks - len(out))
+                got = q.claim(rank_id, 1 if sized else max_tasks - len(out))
                 if not got:
                     break
                 out += got

@@ -61,3 +61,22 @@ def test_zero_wall_is_not_a_division_by_zero() -> None:
                      shards=[ShardAssignment("a", 0)], done_unix_s={"a": T0})
     b = step_bubbles(t)
     assert b.wall_s == 0 and b.bubble_fraction == 0 and b.ranks[0].bubble_fraction == 0
+
+
+def test_tail_fill_is_counted_apart_from_the_bubble() -> None:
+    """Pre-generation beside a rank's own requests (tail-fill) is inside its busy time: it
+    neither shrinks nor fills the bubble, and is reported on its own."""
+    t = StepTimeline(
+        step=2, opened_unix_s=T0, stop_unix_s=T0 + 10,
+        shards=[ShardAssignment("r0", 8), ShardAssignment("r1", 8)],
+        spans={"r0": [Span(SpanKind.DECODE, T0, T0 + 6, 100),
+                      Span(SpanKind.PREGEN_TAIL, T0 + 2, T0 + 6, 80),
+                      Span(SpanKind.PREGEN, T0 + 6, T0 + 10, 200)],
+               "r1": [Span(SpanKind.DECODE, T0, T0 + 10, 250)]},
+        done_unix_s={"r0": T0 + 6, "r1": T0 + 10})
+    b = step_bubbles(t)
+    r0 = b.ranks[0]
+    assert r0.busy_s == pytest.approx(6) and r0.bubble_s == pytest.approx(4)
+    assert r0.pregen_s == pytest.approx(4) and r0.pregen_tokens == 200
+    assert r0.tail_pregen_s == pytest.approx(4) and r0.tail_pregen_tokens == 80
+    assert b.tail_pregen_tokens == 80 and b.pregen_tokens == 200
