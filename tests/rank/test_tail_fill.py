@@ -12,9 +12,14 @@ import pytest
 
 from bubblespec.core.engine_time import EngineTime
 from bubblespec.engine.types import BatchProgress, GenRequest
+from bubblespec.metrics.rank import new_rank_metrics
+from bubblespec.protocol.domain import SpanKind
+from bubblespec.protocol.rank import ShardRequest, StepShard
 from bubblespec.protocol.sampling import SamplingParams
+from bubblespec.rank.config import RankConfig
 from bubblespec.rank.pregen import Pregenerator
 from bubblespec.rank.tail_fill import TailFill
+from bubblespec.rank.worker import RankWorker, to_gen_request
 from bubblespec.tasks import default_task
 
 from ..synchronizer.helpers import serving
@@ -101,5 +106,54 @@ def test_without_budget_nothing_runs_beside_the_shard(loop_runner: Any,
             out = await asyncio.wait_for(run, 120)
             assert out.tail_end is not None and out.tail_end[1] == 0
             assert out.tail_lanes == 0 and out.complete == 2  # the bubble did them
+
+    loop_runner.run(go())
+
+
+def test_a_rank_with_a_budget_pregenerates_beside_its_shard_then_in_its_bubble(
+        loop_runner: Any, spec_engine: Any) -> None:
+    """The rank worker end to end (`--tail-fill-budget`): its state stays "decoding" while
+    lanes run beside the shard, its timeline files a pregen_tail span inside its busy time
+    and a pregen span after it, and the tail tokens are counted."""
+    task = default_task()
+    tasks = tasks_for(task.make_prompts(4, 45), 2, 60)
+    own = own_requests(task.make_prompts(2, 46))
+    shard = StepShard(step=0, requests=[
+        ShardRequest(index=i, input_ids=r.input_ids, n=r.n, seeds=r.seeds, prompt_key=r.group,
+                     sampling_params=r.sampling) for i, r in enumerate(own)])
+
+    async def go() -> None:
+        async with serving(rank_timeout_s=120.0) as (_, sync):
+            for r in ("me", "other"):
+                await sync.register(r, r)
+            await sync.open_step(0, {"me": 1, "other": 1}, tasks)
+            cfg = RankConfig(rank_id="me", tail_fill_budget=0.05, pregen_inflight=4,
+                             pregen_branches=0)
+            m = new_rank_metrics("me")
+            w = RankWorker(cfg, "me", spec_engine, sync, m)
+            states: list[str] = []
+
+            async def watch() -> None:
+                while True:
+                    states.append(w.state)
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch())
+            out = await w.run_shard(shard, [to_gen_request(r) for r in shard.requests])
+            assert out.step == 0 and len(out.results) == 2
+            await sync.report_done(0, "other")
+            await asyncio.wait_for(w._pregen_task, 120)
+            watcher.cancel()
+            assert "pregen" not in states[: states.index("decoding") + 1]
+            spans = (await sync.get_timeline(0)).spans["me"]
+            kinds = [s.kind for s in spans]
+            assert SpanKind.DECODE in kinds and SpanKind.PREGEN_TAIL in kinds, kinds
+            decode = next(s for s in spans if s.kind is SpanKind.DECODE)
+            tail = next(s for s in spans if s.kind is SpanKind.PREGEN_TAIL)
+            assert decode.start_unix_s <= tail.start_unix_s < tail.end_unix_s
+            assert tail.end_unix_s <= decode.end_unix_s + 0.5 and tail.tokens > 0
+            tail_tokens = m.registry.get_sample_value("bubblespec_pregen_tail_tokens_total",
+                                                      {"rank": "me"})
+            assert tail_tokens == tail.tokens
 
     loop_runner.run(go())
