@@ -28,6 +28,13 @@ from .test_pregen import direct, tasks_for
 pytestmark = pytest.mark.engine
 
 
+async def open_step_zero(sync: Any, tasks: list[Any]) -> None:
+    """Ranks "me" (under test) and "other" (the straggler), step 0 open with `tasks`."""
+    for r in ("me", "other"):
+        await sync.register(r, r)
+    await sync.open_step(0, {"me": 1, "other": 1}, tasks)
+
+
 def own_requests(prompts: list[Any]) -> list[GenRequest]:
     """A shard of keyed requests, one long enough to leave a tail."""
     return [GenRequest(input_ids=list(p.input_ids), n=2, seeds=[31 * i + 1, 31 * i + 2],
@@ -46,9 +53,7 @@ def test_lanes_run_beside_the_shard_and_go_on_into_the_bubble(loop_runner: Any,
     async def go() -> None:
         alone = await spec_engine.generate(own)  # the shard without tail-fill
         async with serving(rank_timeout_s=120.0) as (_, sync):
-            for r in ("me", "other"):
-                await sync.register(r, r)
-            await sync.open_step(0, {"me": 1, "other": 1}, tasks)
+            await open_step_zero(sync, tasks)
             progress = BatchProgress()
             tail = TailFill(EngineTime.preset("h100"), 0.05, progress, lane_tokens=9,
                             max_lanes=4)
@@ -90,9 +95,7 @@ def test_without_budget_nothing_runs_beside_the_shard(loop_runner: Any,
 
     async def go() -> None:
         async with serving(rank_timeout_s=120.0) as (_, sync):
-            for r in ("me", "other"):
-                await sync.register(r, r)
-            await sync.open_step(0, {"me": 1, "other": 1}, tasks)
+            await open_step_zero(sync, tasks)
             progress = BatchProgress()
             tail = TailFill(EngineTime.preset("h100"), 1e-6, progress, lane_tokens=9,
                             max_lanes=4)
@@ -124,9 +127,7 @@ def test_a_rank_with_a_budget_pregenerates_beside_its_shard_then_in_its_bubble(
 
     async def go() -> None:
         async with serving(rank_timeout_s=120.0) as (_, sync):
-            for r in ("me", "other"):
-                await sync.register(r, r)
-            await sync.open_step(0, {"me": 1, "other": 1}, tasks)
+            await open_step_zero(sync, tasks)
             cfg = RankConfig(rank_id="me", tail_fill_budget=0.05, pregen_inflight=4,
                              pregen_branches=0)
             m = new_rank_metrics("me")
