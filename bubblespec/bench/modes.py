@@ -158,10 +158,14 @@ TAIL_FILL_MODES: tuple[Mode, ...] = (
     Mode("bubblespec-tail5", ("--spec-mode=bubblespec", "--no-src-history",
                               "--tail-fill-budget=0.05"),
          pregen=True, label="bubblespec_tail5"),
+    Mode("bubblespec-keyed-ahead3-tail5", ("--spec-mode=bubblespec", "--no-src-history",
+                                           "--tail-fill-budget=0.05"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_ahead3_tail5", lookahead=3),
 )
 """Tail-fill (`--tail-fill-budget`, rank/tail_fill.py): pre-generation starts beside each
 rank's own last requests, with as many lanes as keep a modelled forward within 5% (20%) of
-its own."""
+its own; `-ahead3-tail5` with prompts handed three steps ahead, so that the queue outlasts
+a long step's bubble."""
 GLOBAL_LIVE = ("--src-global", "--src-global-live")
 FALLBACK_MODES: tuple[Mode, ...] = (
     Mode("bubblespec-glive", ("--spec-mode=bubblespec", "--no-src-history", *GLOBAL_LIVE),
