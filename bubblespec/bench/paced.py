@@ -9,8 +9,9 @@ modelled GPU seconds whatever the contention on this machine's CPU cores. Each m
 `bench service` schedule (`service.run_schedule`: greedy check, then rollout -> reward ->
 train -> push weights per step). A cluster start takes minutes at 8 ranks, so modes with the
 same rank arguments whose engines keep nothing across steps share one cluster
-(`cluster_groups`; the weights are loaded back between them); suffix decoding and history
-modes get their own. Each mode's paced-forward counters (GET /v1/pace of every rank, before
+(`cluster_groups`; the weights are loaded back between them); suffix decoding, history and
+bubblespec's global pool (on by default) keep responses across steps, so those modes get
+their own. Each mode's paced-forward counters (GET /v1/pace of every rank, before
 and after) and the peak RSS of every process of the bench (ranks, engines, synchronizer,
 gateway; the trainer separately) are recorded.
 
@@ -199,10 +200,12 @@ def rank_branches(cluster: Any) -> dict[str, int]:
 def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
     """Whether a mode may run on a cluster a previous mode used: its engines keep nothing
     across steps (no speculation, vLLM's n-gram, bubblespec without history or global
-    pool). vLLM's suffix decoding keeps a global tree of past responses, and history keeps
-    earlier steps' responses: those would draft from the previous mode's outputs."""
-    a = " ".join((*mode.rank_args, extra_rank_args))
-    return (mode.needs == "" and "--src-history" not in a and "--src-global" not in a)
+    pool). vLLM's suffix decoding keeps a global tree of past responses, bubblespec's global
+    pool (on by default) recent responses and history earlier steps' responses: those would
+    draft from the previous mode's outputs."""
+    a = [*mode.rank_args, *extra_rank_args.split()]
+    pool = "--src-global" in a or ("--spec-mode=bubblespec" in a and "--no-src-global" not in a)
+    return mode.needs == "" and "--src-history" not in a and not pool
 
 
 def cluster_groups(modes: Sequence[Mode], extra_rank_args: str = "") -> list[list[Mode]]:
@@ -311,6 +314,8 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> PacedDoc:
         for m in todo:
             if m.needs and importlib.util.find_spec(m.needs) is None:
                 by_seed[seed][m.name] = {"skipped": f"{m.needs} not importable"}
+                print(f"[{m.name}] skipped: {m.needs} not importable (make bench-deps)",
+                      flush=True)
         for group in cluster_groups([m for m in todo if m.name not in by_seed[seed]],
                                     cfg.extra_rank_args):
             try:

@@ -39,13 +39,15 @@ class EngineConfig(BaseModel):
     """Draft from the request's own prompt and output."""
     src_history: bool = False
     """Keep finished responses across batches as drafts."""
-    src_global: bool = False
-    """Draft from a global pool of recent finished responses to any prompt."""
-    src_global_live: bool = False
+    src_global: bool = True
+    """Draft from a global pool of recent responses to any prompt."""
+    src_global_live: bool = True
     """With `src_global`: the global pool also holds the responses still being generated
     (as vLLM's suffix decoding does); a finished one stays in the pool when its prompt's
-    batch ends. Closes the gap to suffix decoding on live sources at a drafting cost per
-    engine step, so it is off by default (docs/results.md, "Draft choice per step")."""
+    batch ends. It closes the gap to suffix decoding on live sources, and a response that
+    left its draft falls back on it, for a drafting cost per engine step; on by default
+    since the paced plain-sampling run (docs/results.md, "The live global pool by
+    default")."""
     src_defer_appends: bool = False
     """Append each step's emitted tokens to the draft index after the step's drafts are
     sent, on a worker thread beside the next forward (native index: without the GIL),

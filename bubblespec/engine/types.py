@@ -38,9 +38,9 @@ class DraftSources:
     history: bool = False
     """Responses to the same prompt from earlier steps (kept across batches)."""
     global_pool: bool = False
-    """Recent finished responses to any prompt (one global pool, FIFO under a token budget),
-    as SuffixDecoding's global tree: drafts from step 0 on, also while pre-generating. Off
-    by default: on the embedded task it did not shorten the critical path (README)."""
+    """Recent responses to any prompt (one global pool, FIFO under a token budget), as
+    SuffixDecoding's global tree: drafts from step 0 on, also while pre-generating. The
+    engine's configuration turns it on (`EngineConfig.src_global`, with live outputs)."""
 
 
 @dataclass

@@ -120,9 +120,13 @@ def test_cluster_groups_share_only_stateless_engines() -> None:
 
     modes = mode_by_name(ALL_FRESH_MODES.split(","))
     groups = [[m.name for m in g] for g in cluster_groups(modes)]
-    assert groups == [["nospec", "nospec-keyed"],
-                      ["bubblespec", "bubblespec-keyed", "bubblespec-keyed-window"],
-                      ["suffix-keyed"], ["suffix"], ["ngram", "ngram-keyed"]]
+    # bubblespec's global pool (on by default) keeps responses: each mode its own cluster
+    assert groups == [["nospec", "nospec-keyed"], ["bubblespec"], ["bubblespec-keyed"],
+                      ["bubblespec-keyed-window"], ["suffix-keyed"], ["suffix"],
+                      ["ngram", "ngram-keyed"]]
+    pool_off = cluster_groups(mode_by_name(["bubblespec", "bubblespec-keyed"]),
+                              "--no-src-global")
+    assert [[m.name for m in g] for g in pool_off] == [["bubblespec", "bubblespec-keyed"]]
     rep = [[m.name for m in g] for g in cluster_groups(mode_by_name(REPEATS_MODES.split(",")))]
     assert rep == [["nospec", "nospec-keyed"], ["history"], ["history-keyed"],
                    ["bubblespec-history"], ["bubblespec-keyed-history"]]
