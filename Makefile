@@ -50,7 +50,8 @@ test-drills: install
 # Every suite marked slow (not in `make test`): the poison drills, verl on Ray, the soak's
 # and the keyed-cost bench's smoke runs, Ray under TLS, the replays on real clusters, the
 # supervised cluster's rank restarts, the two-engine reproducibility check, the
-# batch-invariant-mode probe.
+# batch-invariant-mode probe, the context-keys exactness test, `bubblespec up` giving up
+# on a dying child, and a Ray rank actor killed mid-step.
 test-slow: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow --durations=25
 

@@ -64,6 +64,7 @@ def _healthy(url: str) -> bool:
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # ~1 min; the supervisor's restarts also run in tests/cluster without engines
 def test_up_restarts_a_dead_child_and_stops_when_it_keeps_dying(tmp_path: Path) -> None:
     """SIGKILL the gateway under `bubblespec up --give-up-restarts 1`: the first death is
     reported and the gateway restarted (the command keeps serving), the second one is more

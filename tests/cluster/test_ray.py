@@ -146,6 +146,7 @@ def test_ray_keyed_rollouts_equal_local_ones(cluster: RayCluster,
             f"Actor({cls},"), n
 
 
+@pytest.mark.slow  # ~1 min: a rank engine restart under Ray (make test-slow)
 def test_rank_actor_killed_mid_step_is_rerun_and_comes_back(
         client: BubbleSpecClient, cluster: RayCluster) -> None:
     task = _task()

@@ -176,6 +176,7 @@ def _repeat_counts(runner, engine, prompt: list[int], mode: str, drafts: list) -
     return Counter(tuple(s.output_ids) for r in res for s in r.samples)
 
 
+@pytest.mark.slow  # ~1 min of sampling; keyed_context is not a default seed mode
 def test_context_keys_exact_where_the_model_repeats_itself(loop_runner, plain_engine,
                                                           spec_engine) -> None:
     prompt = repeating_prompt(loop_runner, plain_engine)
