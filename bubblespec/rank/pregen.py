@@ -56,6 +56,7 @@ from bubblespec.rank.branches import (
     branchable,
     offers,
 )
+from bubblespec.rank.tail_fill import TailFill
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class Pregenerator:
     def __init__(self, engine: Any, sync: Any, rank_id: str, step: int, inflight: int,
                  poll_every: int, local_stop: asyncio.Event, branches: int = 0,
                  branch_poll_s: float = 0.25, branch_margin: float | str = 0.0,
-                 tail: Any = None) -> None:
+                 tail: TailFill | None = None) -> None:
         self.engine = engine
         self.sync = sync
         self.rank_id = rank_id
