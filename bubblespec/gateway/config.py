@@ -85,6 +85,10 @@ class GatewayConfig(BaseConfig, TlsSettings):
     """Deadline of a rank state probe (GET /v1/state), seconds."""
     weights_timeout_s: float = Field(900.0, gt=0)
     """Deadline of a weight update on each rank, seconds."""
+    lost_poll_s: float = Field(1.0, gt=0)
+    """While a step's shards run, ask the synchronizer this often for ranks it marked LOST
+    (no heartbeat): their calls fail at once and their shards re-run elsewhere (a frozen or
+    partitioned rank never answers nor closes its connection), seconds."""
     max_reruns: int = Field(8, ge=0)
     """Most shard re-runs (after rank failures) in one rollout before giving up."""
     quarantine_s: float = Field(600.0, ge=0)

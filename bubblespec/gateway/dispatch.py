@@ -12,7 +12,11 @@ with plain functions and used with HTTP by `Rollouts`. Guarantees:
 - a rank that refuses the body (400/422) fails the whole call (re-running would not help);
 - a rank whose engine died running the shard (`RankCallError.engine_died`) is reported to
   `on_engine_death`, which may end the step at once (a poison request, `quarantine.py`):
-  then no further rank receives the shard.
+  then no further rank receives the shard;
+- a rank that `lost()` names (the synchronizer marked it LOST: no heartbeat) fails its
+  running calls at once, which are dropped and re-run: a frozen or partitioned rank never
+  answers nor closes its connection, so without this the step would wait for it until the
+  deadline. Should it answer later, that reply is not read (its call was cancelled).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ CallFn = Callable[[str, list[WorkItem], bool, float], Awaitable[dict[str, Any]]]
 FailFn = Callable[[str, str], Awaitable[None]]
 DeathFn = Callable[[str, list[WorkItem], str], "Poisoned | None"]
 """(rank id, the shard's items, why the engine died) -> the step's end, or None to re-run."""
+LostFn = Callable[[], Awaitable[set[str]]]
+"""The ranks the synchronizer holds LOST now (an empty set when it cannot be asked)."""
 
 
 @dataclass(frozen=True)
@@ -119,11 +125,13 @@ def check_reply(rank_id: str, items: Sequence[WorkItem], body: Mapping[str, Any]
 async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
                    timeout_s: float, max_reruns: int = 8,
                    on_failure: FailFn | None = None, send_empty: bool = False,
-                   on_engine_death: DeathFn | None = None) -> DispatchResult:
+                   on_engine_death: DeathFn | None = None, lost: LostFn | None = None,
+                   lost_poll_s: float = 1.0) -> DispatchResult:
     """Run `assignment` (rank -> items); re-run failed shards; see the module docstring.
 
     `send_empty`: call ranks that got no items too (an empty shard lets a rank report done
-    and pre-generate at once); otherwise they are not called.
+    and pre-generate at once); otherwise they are not called. `lost`: asked every
+    `lost_poll_s` while calls run, in its own task (a slow answer delays no reply).
     """
     deadline = time.monotonic() + timeout_s
     alive = set(assignment)
@@ -138,17 +146,29 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
         task = asyncio.ensure_future(call(rank_id, items, rerun, remaining))
         running[task] = run
 
+    async def poll_lost() -> set[str]:
+        await asyncio.sleep(lost_poll_s)
+        assert lost is not None
+        return await lost()
+
+    def drop_calls(rank_id: str) -> list[ShardRun]:
+        """Cancel every call still running on `rank_id`; their runs."""
+        runs = []
+        for task, other in list(running.items()):
+            if other.rank_id == rank_id:
+                del running[task]
+                task.cancel()
+                dropped.append(task)
+                runs.append(other)
+        return runs
+
     def same_engine(run: ShardRun) -> list[WorkItem]:
         """The items of `run` and of every other call still running on its rank, those calls
         dropped: they ran in the engine that just died (one death, counted once)."""
         items = list(run.items)
-        for task, other in list(running.items()):
-            if other.rank_id == run.rank_id:
-                del running[task]
-                task.cancel()
-                dropped.append(task)
-                other.error = run.error
-                items += other.items
+        for other in drop_calls(run.rank_id):
+            other.error = run.error
+            items += other.items
         return items
 
     async def fail(run: ShardRun, reason: str, engine_died: bool = False) -> None:
@@ -188,12 +208,18 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
     for rank_id, items in assignment.items():
         if items or send_empty:
             start(rank_id, list(items), False)
+    watch: asyncio.Task[set[str]] | None = None
     try:
         while running:
+            if lost is not None and watch is None:
+                watch = asyncio.ensure_future(poll_lost())
             remaining = deadline - time.monotonic()
-            done, _ = await asyncio.wait(running, timeout=max(0.0, remaining),
+            waiting: set[asyncio.Future[Any]] = {*running, *([watch] if watch else [])}
+            done, _ = await asyncio.wait(waiting, timeout=max(0.0, remaining),
                                          return_when=asyncio.FIRST_COMPLETED)
-            if not done:
+            polled = watch is not None and watch in done
+            done.discard(watch)  # type: ignore[arg-type]
+            if not done and time.monotonic() >= deadline:
                 pending = sorted({r.rank_id for r in running.values()})
                 raise DispatchError(504, f"deadline of {timeout_s:g} s passed waiting for "
                                          f"rank(s) {', '.join(pending)}", pending)
@@ -215,9 +241,22 @@ async def dispatch(assignment: Mapping[str, list[WorkItem]], call: CallFn, *,
                     continue
                 for index, samples in got.items():
                     out.samples.setdefault(index, []).extend(samples)
+            if polled:  # after the replies that came in meanwhile: those are kept
+                assert watch is not None
+                gone = watch.result() if watch.exception() is None else set()
+                watch = None
+                for rank_id in sorted(gone & {r.rank_id for r in running.values()}):
+                    runs = drop_calls(rank_id)
+                    await fail(ShardRun(rank_id, [it for r in runs for it in r.items],
+                                        any(r.rerun for r in runs)),
+                               "LOST at the synchronizer (no heartbeat) while running its "
+                               "shard")
+                    for r in runs:
+                        r.error = out.failed[rank_id]
     finally:
-        for task in running:
+        for task in [*running, *([watch] if watch else [])]:
             task.cancel()
-        if running or dropped:
-            await asyncio.gather(*running, *dropped, return_exceptions=True)
+        if running or dropped or watch:
+            await asyncio.gather(*running, *dropped, *([watch] if watch else []),
+                                 return_exceptions=True)
     return out

@@ -42,6 +42,7 @@ from bubblespec.gateway.shard import (
     make_items,
 )
 from bubblespec.metrics.gateway import GatewayMetrics
+from bubblespec.protocol.domain import RankState
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import (
     PromptResult,
@@ -320,12 +321,20 @@ class Rollouts:
             if opened and self.sync is not None:  # the stop signal must not wait for it
                 await self.sync.report_done(step, rank_id, timeout_s=c.sync_timeout_s)
 
+        async def lost() -> set[str]:
+            snapshot, _ = await self.pool.sync_snapshot()
+            if snapshot is None:  # unreachable or restarting: nothing known to be lost
+                return set()
+            return {r.rank_id for r in snapshot.ranks if r.state is RankState.LOST}
+
         remaining = c.rollout_timeout_s - (time.monotonic() - t0)
         try:
             res = await dispatch(assignment, call, timeout_s=remaining,
                                  max_reruns=c.max_reruns, on_failure=on_failure,
                                  send_empty=bool(tasks) and opened,
-                                 on_engine_death=self._on_engine_death(prep, req.sampling_params))
+                                 on_engine_death=self._on_engine_death(prep, req.sampling_params),
+                                 lost=lost if self.sync is not None else None,
+                                 lost_poll_s=c.lost_poll_s)
         except DispatchError as e:
             raise ApiError(e.status, str(e), trainer_field(e.field)) from None
         if res.failed:  # re-run and completed: no longer suspects of an engine death

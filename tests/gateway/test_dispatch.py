@@ -161,3 +161,46 @@ async def test_empty_shards_are_sent_only_when_asked() -> None:
     res = await dispatch(assignment, ranks.call, timeout_s=5, send_empty=True)
     assert sorted(r for r, _, _ in ranks.calls) == ["r0", "r1"]
     assert sorted(res.samples) == [0]
+
+
+async def test_a_hanging_rank_marked_lost_is_dropped_and_its_shard_rerun() -> None:
+    """A frozen rank never answers nor closes its connection: without the synchronizer's LOST
+    mark the step would wait for it until the deadline (this test's 30 s)."""
+    ranks = Ranks(r1="hang")
+    asked = 0
+
+    async def lost() -> set[str]:
+        nonlocal asked
+        asked += 1
+        return {"r1"} if asked >= 2 else set()
+
+    t0 = asyncio.get_running_loop().time()
+    res = await dispatch(lpt(items(6), ["r0", "r1", "r2"]), ranks.call, timeout_s=30,
+                         on_failure=ranks.on_failure, lost=lost, lost_poll_s=0.05)
+    assert asyncio.get_running_loop().time() - t0 < 5
+    check_complete(res, 6, 2)
+    assert ranks.failed == ["r1"] and "LOST" in res.failed["r1"]
+    hung = next(ix for r, ix, rerun in ranks.calls if r == "r1")
+    assert sorted(i for _, _, ix, _ in res.reruns for i in ix) == sorted(hung)
+    assert {to for _, to, _, _ in res.reruns} <= {"r0", "r2"}
+    assert all(s["rank_id"] != "r1" for ss in res.samples.values() for s in ss)
+    assert [run.error for run in res.runs if run.rank_id == "r1"] == [res.failed["r1"]]
+
+
+async def test_lost_ranks_without_running_calls_and_failed_asks_change_nothing() -> None:
+    """LOST names a rank that already answered (its reply is kept), and an ask that fails
+    counts as no news."""
+    ranks = Ranks(r1="slow")
+    calls = 0
+
+    async def lost() -> set[str]:
+        nonlocal calls
+        calls += 1
+        if calls % 2:
+            raise RuntimeError("synchronizer unreachable")
+        return {"r0"}
+
+    res = await dispatch(lpt(items(4), ["r0", "r1"]), ranks.call, timeout_s=5, lost=lost,
+                         lost_poll_s=0.02)
+    check_complete(res, 4, 2)
+    assert calls >= 2 and not res.failed and not res.reruns
