@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="placement group strategy of the rank bundles [PACK]")
     up.add_argument("--cpus-per-bundle", type=float, default=1.0,
                     help="CPUs in each rank bundle [1]")
+    up.add_argument("--bundle-resource", action="append", default=[], metavar="NAME=AMOUNT",
+                    help="a custom Ray resource every rank bundle also reserves (repeatable), "
+                         "e.g. worker=1: ranks only on the nodes started with it")
     up.add_argument("--gpus", action=argparse.BooleanOptionalAction, default=None,
                     help="GPU bundles [when the Ray cluster has GPUs]")
     up.add_argument("--num-cpus", type=int, default=None,
@@ -122,6 +125,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             p.error("--tls-ca, --tls-cert and --tls-key go together, with --tls")
         if args.tls_host and not args.tls:
             p.error("--tls-host needs --tls")
+        args.bundle_resources = {}
+        for item in args.bundle_resource:
+            name, _, amount = (x.strip() for x in item.partition("="))
+            try:
+                value = float(amount)
+            except ValueError:
+                value = 0.0
+            if not name or name in ("CPU", "GPU", "memory") or not value > 0:
+                p.error(f"--bundle-resource {item!r}: NAME=AMOUNT, a custom resource and an "
+                        "amount > 0, e.g. worker=1")
+            args.bundle_resources[name] = value
     return args
 
 
@@ -139,7 +153,8 @@ def _up(args: argparse.Namespace) -> int:
         gateway_args=args.gateway_arg, sync_args=args.sync_arg, address=args.address,
         num_cpus=args.num_cpus, include_dashboard=args.dashboard, name=args.name,
         namespace=args.namespace, strategy=args.strategy, gpus=args.gpus,
-        cpus_per_bundle=args.cpus_per_bundle, gateway_port=args.gateway_port,
+        cpus_per_bundle=args.cpus_per_bundle, bundle_resources=args.bundle_resources,
+        gateway_port=args.gateway_port,
         sync_port=args.sync_port, sync_metrics_port=args.sync_metrics_port,
         rank_port_base=args.rank_port_base, token=args.token, max_restarts=args.max_restarts,
         detached=args.detach, log_dir=args.log_dir, start_timeout_s=args.start_timeout_s,

@@ -6,7 +6,8 @@ tests take either. On `start()`:
 1. joins a Ray cluster (`address="auto"`, `"ray://head:10001"`, ...) or starts a local one
    (`address=None`);
 2. reserves one placement group of N x tp bundles, `{"GPU": 1, "CPU": c}` where the cluster
-   has GPUs and `{"CPU": c}` otherwise, PACK by default (SPREAD as an option);
+   has GPUs and `{"CPU": c}` otherwise (plus `bundle_resources`), PACK by default (SPREAD
+   as an option);
 3. starts the named synchronizer actor on the driver's node and waits for its gRPC health;
 4. starts one rank actor per data-parallel rank, pinned with
    `PlacementGroupSchedulingStrategy` to its first bundle; each finds the synchronizer by
@@ -52,14 +53,22 @@ from bubblespec.tls import (
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
-def plan_bundles(ranks: int, tp: int, gpus: bool, cpus_per_bundle: float) -> list[dict]:
-    """The placement group's bundles: `ranks * tp`, one GPU each where there are GPUs.
-    Rank i owns bundles i*tp .. i*tp+tp-1 and its actor sits on the first of them."""
+def plan_bundles(ranks: int, tp: int, gpus: bool, cpus_per_bundle: float,
+                 extra: Mapping[str, float] | None = None) -> list[dict]:
+    """The placement group's bundles: `ranks * tp`, one GPU each where there are GPUs, and
+    the custom resources of `extra` (which nodes may hold ranks). Rank i owns bundles
+    i*tp .. i*tp+tp-1 and its actor sits on the first of them."""
     if ranks < 1 or tp < 1:
         raise ValueError("ranks and tp must be >= 1")
+    clash = {"CPU", "GPU", "memory"} & set(extra or {})
+    if clash:
+        raise ValueError(f"bundle resources name custom resources, not {sorted(clash)}")
+    if any(v <= 0 for v in (extra or {}).values()):
+        raise ValueError("bundle resource amounts must be > 0")
     bundle: dict[str, float] = {"CPU": cpus_per_bundle}
     if gpus:
         bundle["GPU"] = 1
+    bundle.update(extra or {})
     return [dict(bundle) for _ in range(ranks * tp)]
 
 
@@ -121,6 +130,9 @@ class RayCluster(Cluster):
     gpus: bool | None = None
     """GPU bundles; None: when the Ray cluster has GPUs."""
     cpus_per_bundle: float = 1.0
+    bundle_resources: Mapping[str, float] = field(default_factory=dict)
+    """Custom Ray resources each rank bundle also reserves, e.g. `{"worker": 1}`: the ranks
+    go only to nodes started with them (`ray start --resources`), not to the head."""
     role_cpus: float = 0.5
     """CPUs the synchronizer and gateway actors each reserve."""
     gateway_port: int = 0
@@ -230,7 +242,9 @@ class RayCluster(Cluster):
         if self.address is None:  # logical CPUs: enough for every bundle and both roles
             need = math.ceil(self.ranks * self.tp * self.cpus_per_bundle + 2 * self.role_cpus)
             kw.update(num_cpus=self.num_cpus or max(need, os.cpu_count() or 1),
-                      include_dashboard=self.include_dashboard)
+                      include_dashboard=self.include_dashboard,
+                      resources={k: v * self.ranks * self.tp
+                                 for k, v in self.bundle_resources.items()})
         try:
             ray.init(address=self.address, **kw)
         except Exception as e:  # Ray raises a bare Exception, ConnectionError, ...
@@ -246,7 +260,7 @@ class RayCluster(Cluster):
                         namespace=self.namespace, grace_s=self.grace_s,
                         state_dir=self.log_dir or "", tls=self._pem)
 
-    def _actor(self, name: str, spec: RoleSpec, strategy: Any, **resources: float) -> Any:
+    def _actor(self, name: str, spec: RoleSpec, strategy: Any, **resources: Any) -> Any:
         import ray
 
         cls = ray.remote(ACTOR_CLASSES[spec.role])
@@ -291,7 +305,8 @@ class RayCluster(Cluster):
         )
 
         gpus = self.gpus if self.gpus is not None else ray.cluster_resources().get("GPU", 0) > 0
-        bundles = plan_bundles(self.ranks, self.tp, gpus, self.cpus_per_bundle)
+        bundles = plan_bundles(self.ranks, self.tp, gpus, self.cpus_per_bundle,
+                               self.bundle_resources)
         self._pg = ray.util.placement_group(
             bundles, strategy=self.strategy, name=f"{self.name}-pg",
             lifetime="detached" if self.detached else None)
@@ -321,7 +336,7 @@ class RayCluster(Cluster):
             strategy = PlacementGroupSchedulingStrategy(self._pg, i * self.tp)
             spec = self._spec("rank", rank, [*model, *tok, *self.rank_args], ports, env)
             self._actor(rank, spec, strategy, num_cpus=self.cpus_per_bundle,
-                        num_gpus=1 if gpus else 0)
+                        num_gpus=1 if gpus else 0, resources=dict(self.bundle_resources))
         self._wait(self.rank_ids, deadline, self._rank_ready)
         ranks = json.dumps([self.info[r]["address"] for r in self.rank_ids])
         args = ["--ranks", ranks, *(["--tokenizer", self.model] if self.model else [])]

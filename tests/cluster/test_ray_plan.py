@@ -20,6 +20,20 @@ def test_bundles_are_ranks_times_tp_with_a_gpu_each_where_there_are_gpus() -> No
         plan_bundles(0, 1, gpus=False, cpus_per_bundle=1)
 
 
+def test_bundle_resources_keep_ranks_on_the_nodes_that_have_them() -> None:
+    assert plan_bundles(2, 1, gpus=False, cpus_per_bundle=1, extra={"worker": 1}) == [
+        {"CPU": 1, "worker": 1}] * 2
+    for bad in ({"CPU": 1}, {"GPU": 2}, {"worker": 0}):
+        with pytest.raises(ValueError):
+            plan_bundles(1, 1, gpus=False, cpus_per_bundle=1, extra=bad)
+    up = parse_args(["up", "--bundle-resource", "worker=1", "--bundle-resource", "zone_a=0.5"])
+    assert up.bundle_resources == {"worker": 1.0, "zone_a": 0.5}
+    assert parse_args(["up"]).bundle_resources == {}
+    for bad in ("worker", "worker=x", "worker=0", "=1", "CPU=1"):
+        with pytest.raises(SystemExit):
+            parse_args(["up", "--bundle-resource", bad])
+
+
 def test_rank_ports_count_per_node() -> None:
     assert node_slots(["a", "b", "c"]) == [0, 0, 0]  # one rank per pod: all on the base port
     assert node_slots(["a", "a", "b", "a", "b"]) == [0, 1, 0, 2, 1]
