@@ -72,6 +72,8 @@ class SoakStep:
     """Each rank's draft index after the step (its groups released)."""
     index_peak: dict[str, dict[str, int]] = field(default_factory=dict)
     """Each rank's largest index figures seen while the step ran (polled every second)."""
+    heap: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each rank's vLLM worker memory split after the step (rank `GET /v1/heap`)."""
 
 
 def read_rss_kib(pid: int) -> int | None:
@@ -169,6 +171,8 @@ def summarize(records: list[SoakStep], warmup: int) -> dict[str, Any]:
                        "after_step_max_tokens": max(r.index[rank].get("tokens", 0)
                                                     for r in records if rank in r.index)}
     lat = [r.rollout_s for r in tail]
+    heap = {rank: heap_attribution(records, rank, warmup)
+            for rank in sorted({k for r in records for k in r.heap})}
     within = store_max <= store_budget and all(
         v["max_tokens"] <= v["token_budget"] and v["max_global_tokens"]
         <= v["global_token_budget"] for v in index.values())
@@ -178,9 +182,43 @@ def summarize(records: list[SoakStep], warmup: int) -> dict[str, Any]:
             "rss_mib_last": {n: round(records[-1].rss_kib.get(n, 0) / 1024, 1) for n in names},
             "store": {"max_bytes": store_max, "budget_bytes": store_budget},
             "index": index,
+            "heap": heap,
             "latency_s": {"median": statistics.median(lat) if lat else 0.0,
                           "growth_pct_per_100_steps": growth_pct_per_100(lat)},
             "flat": all(abs(s) < FLAT_PCT_PER_100 for s in slopes.values()) and within}
+
+
+HEAP_PARTS = ("rss_kib", "rss_anon_kib", "rss_file_kib", "malloc_in_use", "malloc_free",
+              "malloc_mmapped", "malloc_arena")
+"""The parts of a worker's memory whose change the attribution reports (MiB)."""
+
+
+def _mib(part: str, value: int) -> float:
+    return value / 1024 if part.endswith("_kib") else value / 2**20
+
+
+def heap_attribution(records: list[SoakStep], rank: str, warmup: int) -> dict[str, Any]:
+    """How `rank`'s worker memory changed after `warmup` steps and over the last half, part
+    by part (MiB), with the forward shapes seen at those points and the last step that
+    brought a new one."""
+    rows = [(r.step, r.heap[rank]) for r in records if r.heap.get(rank)]
+    if not rows:
+        return {}
+    first = rows[min(warmup, len(rows) - 1)][1]
+    mid, last = rows[len(rows) // 2][1], rows[-1][1]
+    shapes = [h.get("shapes", 0) for _, h in rows]
+    new_at = [step for (step, _), a, b in zip(rows[1:], shapes, shapes[1:]) if b > a]
+
+    def change(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
+        return {p: round(_mib(p, b.get(p, 0) - a.get(p, 0)), 2) for p in HEAP_PARTS}
+
+    return {"after_warmup_mib": change(first, last), "last_half_mib": change(mid, last),
+            "last_mib": {p: round(_mib(p, last.get(p, 0)), 1) for p in HEAP_PARTS},
+            "shapes": {"after_warmup": first.get("shapes", 0), "half": mid.get("shapes", 0),
+                       "last": last.get("shapes", 0)},
+            "last_new_shape_step": new_at[-1] if new_at else None,
+            "in_use_growth_pct_per_100_steps_last_half": growth_pct_per_100(
+                [h.get("malloc_in_use", 0) for _, h in rows[len(rows) // 2:]])}
 
 
 def final_lines(summary: dict[str, Any]) -> list[str]:
@@ -193,10 +231,22 @@ def final_lines(summary: dict[str, Any]) -> list[str]:
     lat = summary["latency_s"]
     late = " ".join(f"{n}={v:+.2f}"
                     for n, v in summary["rss_growth_pct_per_100_steps_last_half"].items())
+    heap = " | ".join(
+        f"{r} after warm-up: rss {h['after_warmup_mib']['rss_kib']:+.1f} MiB (anon "
+        f"{h['after_warmup_mib']['rss_anon_kib']:+.1f}, file "
+        f"{h['after_warmup_mib']['rss_file_kib']:+.1f}); malloc in use "
+        f"{h['after_warmup_mib']['malloc_in_use']:+.1f}, free "
+        f"{h['after_warmup_mib']['malloc_free']:+.1f}, mmapped "
+        f"{h['after_warmup_mib']['malloc_mmapped']:+.1f}; last half rss "
+        f"{h['last_half_mib']['rss_kib']:+.1f}, in use {h['last_half_mib']['malloc_in_use']:+.1f}"
+        f"; shapes {h['shapes']['after_warmup']}->{h['shapes']['half']}->"
+        f"{h['shapes']['last']} (last new at step {h['last_new_shape_step']})"
+        for r, h in summary.get("heap", {}).items() if h)
     return [f"soak_rss_growth_pct_per_100_steps: {slopes}",
             f"soak_rss_growth_pct_per_100_steps_last_half: {late}",
             f"soak_store_max_vs_budget: {st['max_bytes']}/{st['budget_bytes']} bytes",
             f"soak_index_max_vs_budget: {idx}",
+            f"soak_worker_heap_mib: {heap or '-'}",
             (f"soak_step_latency_s: median={lat['median']:.2f} "
             f"growth_pct_per_100_steps={lat['growth_pct_per_100_steps']:+.2f}"),
             (f"soak_flat: {'yes' if summary['flat'] else 'NO'} (after {summary['warmup']} "
@@ -232,7 +282,7 @@ def plot(records: list[SoakStep], summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = [r.step for r in records]
-    fig, (a, b, c) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    fig, (a, d, b, c) = plt.subplots(4, 1, figsize=(8, 12), sharex=True)
     ref = records[min(summary["warmup"], len(records) - 1)].rss_kib
     for n in summary["rss_growth_pct_per_100_steps"]:
         slope = summary["rss_growth_pct_per_100_steps"][n]
@@ -243,6 +293,7 @@ def plot(records: list[SoakStep], summary: dict[str, Any], path: Path) -> None:
     a.set_ylabel("RSS change vs end of warm-up, %")
     a.axvline(summary["warmup"], color="grey", ls=":")
     a.legend(fontsize=6, ncol=2)
+    _plot_heap(d, records, summary["warmup"])
     b.plot(steps, [100 * r.store.get("bytes", 0) / max(1, r.store.get("budget_bytes", 1))
                    for r in records], label="draft store (bytes)")
     for rank in sorted({k for r in records for k in r.index}):
@@ -261,6 +312,30 @@ def plot(records: list[SoakStep], summary: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _plot_heap(ax: Any, records: list[SoakStep], warmup: int) -> None:
+    """The first rank's worker: each part's change since the end of warm-up (MiB), and the
+    forward shapes seen (right axis)."""
+    rank = min((k for r in records for k in r.heap), default=None)
+    rows = [(r.step, r.heap[rank]) for r in records if rank and r.heap.get(rank)]
+    if not rows:
+        return
+    ref = rows[min(warmup, len(rows) - 1)][1]
+    steps = [s for s, _ in rows]
+    for part in ("rss_kib", "rss_anon_kib", "malloc_in_use", "malloc_free", "malloc_mmapped"):
+        ax.plot(steps, [_mib(part, h.get(part, 0) - ref.get(part, 0)) for _, h in rows],
+                label=part.removesuffix("_kib"))
+    ax.set_ylabel(f"{rank} worker: MiB vs warm-up")
+    ax.legend(fontsize=6, loc="upper left")
+    twin = ax.twinx()
+    twin.plot(steps, [h.get("shapes", 0) for _, h in rows], color="grey", ls="--")
+    twin.set_ylabel("forward shapes seen", color="grey")
+
+
+async def _heap(cluster: LocalCluster, http: httpx.AsyncClient) -> dict[str, dict[str, int]]:
+    return {r: (await http.get(url + "/v1/heap")).raise_for_status().json()
+            for r, url in cluster.rank_urls.items()}
 
 
 async def _index(cluster: LocalCluster, http: httpx.AsyncClient) -> dict[str, dict[str, int]]:
@@ -310,6 +385,7 @@ async def soak_steps(cluster: LocalCluster, cfg: SoakConfig, model_dirs: tuple[P
     async with AsyncBubbleSpecClient(cluster.gateway_url, timeout_s=600) as client, \
             SyncClient(cluster.sync_address) as sync, httpx.AsyncClient(timeout=30) as http:
         await client.wait_ready(timeout_s=120)
+        await _heap(cluster, http)  # the first call starts each worker's shape count
         for k in range(cfg.steps):
             prompts, nxt = nxt, task.make_prompts(cfg.prompts, cfg.seed + k + 1)
             peak: dict[str, dict[str, int]] = {}
@@ -326,10 +402,18 @@ async def soak_steps(cluster: LocalCluster, cfg: SoakConfig, model_dirs: tuple[P
             t2 = time.monotonic()
             records.append(SoakStep(res.step, t1 - t0, t2 - t1, w.weight_version,
                                     res.counters.completion_tokens, procs.rss_kib(), store,
-                                    await _index(cluster, http), peak))
+                                    await _index(cluster, http), peak,
+                                    await _heap(cluster, http)))
             if (k + 1) % cfg.every == 0 or k + 1 == cfg.steps:
                 log(format_rows(records[-cfg.every:], header=k < cfg.every))
+                _checkpoint(Path(cfg.out), records)
     return records, procs.commands
+
+
+def _checkpoint(out: Path, records: list[SoakStep]) -> None:
+    """The steps so far (`<out>/soak.partial.json`): a long run that dies keeps its data."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "soak.partial.json").write_text(json.dumps([asdict(r) for r in records]))
 
 
 def run_soak(cfg: SoakConfig, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -204,6 +204,10 @@ class RolloutEngine:
             return {}
         return dict((await self.llm.collective_rpc("bubblespec_index_stats"))[0])
 
+    async def heap_stats(self) -> dict[str, int]:
+        """The worker process's memory split (`heap.HeapProbe.snapshot`; any spec mode)."""
+        return dict((await self.llm.collective_rpc("bubblespec_heap_stats"))[0])
+
     async def pace_stats(self) -> dict[str, Any]:
         """The paced forwards' counters (`pace.PaceStats`; empty when not paced)."""
         if self.cfg.pace == "off":

@@ -477,6 +477,19 @@ def before_new_requests(worker: Any, hook: Callable[[str, list[int]], None]) -> 
     worker.execute_model = execute_model
 
 
+def on_forward(worker: Any, hook: Callable[[int], None]) -> None:
+    """Call `hook(scheduled tokens)` before each forward of `worker` that schedules any
+    (the heap probe's shape count)."""
+    execute = worker.execute_model
+
+    def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            hook(scheduler_output.total_num_scheduled_tokens)
+        return execute(scheduler_output, *args, **kwargs)
+
+    worker.execute_model = execute_model
+
+
 def runner_of(worker: Any) -> Any:
     """The model runner of a vLLM worker (the `WorkerExtension`'s `self`)."""
     return worker.model_runner

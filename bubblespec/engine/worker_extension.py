@@ -3,8 +3,8 @@
 They run inside the engine-core process, between engine steps, called by the engine
 (`engine.py`) with `AsyncLLM.collective_rpc("bubblespec_...")`. They wire bubblespec's
 parts into the worker: the proposer (`proposer.py`), keyed-noise sampling (`keyed.py`),
-paced forwards (`pace.py`) and injected faults (`faults.py`); what they need of vLLM's
-worker and model runner goes through `vllm_glue`.
+paced forwards (`pace.py`), the memory probe (`heap.py`) and injected faults
+(`faults.py`); what they need of vLLM's worker and model runner goes through `vllm_glue`.
 """
 
 from __future__ import annotations
@@ -86,6 +86,17 @@ class WorkerExtension:
         """The pacer's counters (`PaceStats.as_dict`; empty if not paced)."""
         pacer = getattr(self, "_bubblespec_pacer", None)
         return pacer.stats.as_dict() if pacer is not None else {}
+
+    def bubblespec_heap_stats(self) -> dict[str, int]:
+        """This worker's memory, split (`heap.HeapProbe.snapshot`); the first call installs
+        the probe, so forward shapes count from then on."""
+        from bubblespec.engine.heap import HeapProbe
+
+        probe = getattr(self, "_bubblespec_heap", None)
+        if probe is None:
+            probe = self._bubblespec_heap = HeapProbe()
+            vllm_glue.on_forward(self, probe.seen)
+        return probe.snapshot()
 
     def bubblespec_source_stats(self, reset: bool) -> dict[str, int]:
         return self._drafter().source_stats(reset)

@@ -181,6 +181,28 @@ class DraftIndexBody(_Body):
                                               "configuration).")
 
 
+class HeapBody(_Body):
+    """GET /v1/heap of a rank: what its vLLM worker process's memory is made of (all 0
+    while the engine starts; fields absent on a platform without them stay 0). The first
+    call starts counting forward shapes."""
+
+    rss_kib: int = 0
+    rss_anon_kib: int = Field(0, description="Anonymous resident memory (heap, arenas, "
+                                             "anonymous maps).")
+    rss_file_kib: int = Field(0, description="File-backed resident memory (libraries, "
+                                             "mapped files).")
+    rss_shmem_kib: int = 0
+    vm_data_kib: int = 0
+    malloc_arena: int = Field(0, description="Bytes of glibc's arenas (mallinfo2 arena).")
+    malloc_mmapped: int = Field(0, description="Bytes in separately mapped large blocks.")
+    malloc_in_use: int = Field(0, description="Bytes allocated by malloc's callers (torch's "
+                                              "CPU tensors, oneDNN, Python).")
+    malloc_free: int = Field(0, description="Bytes free inside the arenas.")
+    malloc_top_pad: int = Field(0, description="Releasable bytes at the top of the heap.")
+    forwards: int = Field(0, description="Forwards since the first call.")
+    shapes: int = Field(0, description="Distinct scheduled-token counts of those forwards.")
+
+
 class PaceBody(_Body):
     """GET /v1/pace of a rank: its paced forwards since the engine started (all 0 when the
     rank is not paced; seconds are wall seconds, `modelled_s` = paced_s / scale)."""

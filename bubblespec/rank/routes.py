@@ -11,6 +11,7 @@
                        (field version) for a version that does not go up without `force`
 - GET  /v1/state       rank id, state, weight version, step, address
 - GET  /v1/draft_index the proposer's draft index against its budgets
+- GET  /v1/heap        the engine worker's memory split (RSS, glibc heap, forward shapes)
 - GET  /v1/pace        paced forwards and overruns (ranks started with `--pace`)
 - GET  /health (live), GET /health_generate (ready while the engine is up: 503 while it
   starts or after it died), GET /metrics, GET /config
@@ -30,6 +31,7 @@ from bubblespec.metrics import CONTENT_TYPE_LATEST
 from bubblespec.protocol.rank import (
     AbortStep,
     DraftIndexBody,
+    HeapBody,
     GenerateRequest,
     PaceBody,
     RankStateBody,
@@ -76,6 +78,11 @@ async def state(rank: Rank) -> RankStateBody:
 @public.get("/v1/draft_index", response_model=DraftIndexBody)
 async def draft_index(rank: Rank) -> DraftIndexBody:
     return await rank.draft_index()
+
+
+@public.get("/v1/heap", response_model=HeapBody)
+async def heap(rank: Rank) -> HeapBody:
+    return await rank.heap()
 
 
 @public.get("/v1/pace", response_model=PaceBody)

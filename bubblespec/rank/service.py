@@ -37,6 +37,7 @@ from bubblespec.protocol.rank import (
     ENGINE_DIED_HEADER,
     AbortStep,
     DraftIndexBody,
+    HeapBody,
     GenerateRequest,
     PaceBody,
     RankStateBody,
@@ -343,6 +344,12 @@ class RankService:
         if self.worker is None:
             return DraftIndexBody()
         return DraftIndexBody(**await self.worker.engine.index_stats())
+
+    async def heap(self) -> HeapBody:
+        """The engine worker's memory split (zeros until the engine is up)."""
+        if self.worker is None:
+            return HeapBody()
+        return HeapBody(**await self.worker.engine.heap_stats())
 
     async def pace(self) -> PaceBody:
         """The engine's paced-forward counters (zeros until the engine is up or unpaced)."""

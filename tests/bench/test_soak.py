@@ -58,6 +58,37 @@ def test_summary_leaves_out_the_warmup_and_checks_budgets() -> None:
     assert lines[-1].startswith("soak_flat: yes")
 
 
+def heap_step(k: int, anon_kib: int, in_use: int, shapes: int) -> SoakStep:
+    rec = step(k, 1000)
+    rec.heap = {"r0": {"rss_kib": anon_kib + 500, "rss_anon_kib": anon_kib,
+                       "rss_file_kib": 500, "malloc_in_use": in_use,
+                       "malloc_free": 2**20, "shapes": shapes}}
+    return rec
+
+
+def test_heap_attribution_splits_the_change_and_finds_the_last_new_shape() -> None:
+    # memory that grows with the shapes seen and stops when they stop: a filling cache
+    records = [heap_step(k, 1000 + 10 * min(k, 30), 2**20 * min(k, 30), min(k, 30))
+               for k in range(60)]
+    h = summarize(records, warmup=10)["heap"]["r0"]
+    assert h["after_warmup_mib"]["rss_anon_kib"] == pytest.approx(200 / 1024, abs=0.01)
+    assert h["after_warmup_mib"]["malloc_in_use"] == 20.0
+    assert h["after_warmup_mib"]["malloc_free"] == 0.0
+    assert h["last_half_mib"]["malloc_in_use"] == 0.0
+    assert h["shapes"] == {"after_warmup": 10, "half": 30, "last": 30}
+    assert h["last_new_shape_step"] == 30
+    assert h["in_use_growth_pct_per_100_steps_last_half"] == 0.0
+    line = [ln for ln in final_lines(summarize(records, warmup=10))
+            if ln.startswith("soak_worker_heap_mib")][0]
+    assert "malloc in use +20.0" in line and "shapes 10->30->30 (last new at step 30)" in line
+    # a leak: memory in use that keeps rising with no new shape
+    leak = summarize([heap_step(k, 1000, 2**20 * k, 5) for k in range(60)], warmup=10)
+    assert leak["heap"]["r0"]["last_half_mib"]["malloc_in_use"] == 29.0
+    assert leak["heap"]["r0"]["last_new_shape_step"] is None
+    assert leak["heap"]["r0"]["in_use_growth_pct_per_100_steps_last_half"] > 100
+    assert summarize([step(k, 1000) for k in range(5)], warmup=1)["heap"] == {}
+
+
 def test_process_walk_finds_children_and_their_rss(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -96,7 +127,16 @@ def test_soak_on_a_local_cluster_reports_every_process(tmp_path: Path) -> None:
     assert all(s["index"][r]["token_budget"] > 0 for s in steps for r in ("r0", "r1"))
     assert set(summary["rss_growth_pct_per_100_steps"]) == names
     assert summary["index"]["r0"]["max_tokens"] <= summary["index"]["r0"]["token_budget"]
-    assert [ln.split(":")[0] for ln in lines[-6:]] == [
+    assert [ln.split(":")[0] for ln in lines[-7:]] == [
         "soak_rss_growth_pct_per_100_steps", "soak_rss_growth_pct_per_100_steps_last_half",
-        "soak_store_max_vs_budget",
-        "soak_index_max_vs_budget", "soak_step_latency_s", "soak_flat"]
+        "soak_store_max_vs_budget", "soak_index_max_vs_budget", "soak_worker_heap_mib",
+        "soak_step_latency_s", "soak_flat"]
+    # the worker's memory split, step by step, from inside the vLLM worker process
+    heaps = [s["heap"][r] for s in steps for r in ("r0", "r1")]
+    assert all(h["rss_kib"] > 100_000 and h["malloc_in_use"] > 0 for h in heaps)
+    assert all(h["rss_anon_kib"] + h["rss_file_kib"] <= h["rss_kib"] + 1024 for h in heaps)
+    assert all(h["forwards"] > 0 and 0 < h["shapes"] <= h["forwards"] for h in heaps)
+    assert [s["heap"]["r0"]["forwards"] for s in steps] == sorted(
+        s["heap"]["r0"]["forwards"] for s in steps)
+    assert set(summary["heap"]) == {"r0", "r1"}
+    assert summary["heap"]["r0"]["shapes"]["last"] == steps[-1]["heap"]["r0"]["shapes"]
