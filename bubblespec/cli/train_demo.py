@@ -41,6 +41,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="repeat the prompt batches every K steps (0: fresh prompts each step)")
     p.add_argument("--lookahead", type=int, default=1,
                    help="training batches handed ahead with each rollout (1: the next one)")
+    p.add_argument("--loss-agg", choices=["seq-mean", "token-mean"], default="seq-mean",
+                   help="GRPO loss per response then over responses (seq-mean: each response "
+                        "weighs the same, which favours shortening penalised answers) or "
+                        "over every token of the batch (token-mean, as DAPO and verl's "
+                        "token-mean)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--model", default=None, help="HF model dir [the task's model]")
     p.add_argument("--task", choices=TASKS, default="addchain",

@@ -31,8 +31,8 @@ from bubblespec.metrics import CONTENT_TYPE_LATEST
 from bubblespec.protocol.rank import (
     AbortStep,
     DraftIndexBody,
-    HeapBody,
     GenerateRequest,
+    HeapBody,
     PaceBody,
     RankStateBody,
     ScoreRequest,

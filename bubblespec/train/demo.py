@@ -3,7 +3,9 @@
 `run_demo` runs `run_grpo` against a gateway, prints a line per step (reward, wall time,
 critical-path decode steps, tokens per forward, pre-generated tokens, and
 `max_abs_logprob_gap`: trainer vs rollout log-probs of the same tokens under the same
-weights, the on-policy check), then writes `<out>/grpo_log.json` and `<out>/grpo_reward.png`.
+weights, the on-policy check), then, pooled over the steps, where responses left their
+pre-generated drafts by position class with the policy's entropy there (`positions.py`),
+and writes `<out>/grpo_log.json` and `<out>/grpo_reward.png`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bubblespec.train.positions import format_pooled, pooled
 from bubblespec.train.schedule import HEADER, run_grpo
 
 
@@ -39,6 +42,8 @@ class DemoConfig:
     """The task (`bubblespec.tasks.TASKS`) whose prompts and reward the loop uses."""
     lookahead: int = 1
     """Training batches handed ahead with each rollout (`run_grpo`)."""
+    loss_agg: str = "seq-mean"
+    """The trainer's loss aggregation (`bubblespec.train.grpo.LOSS_AGGS`)."""
 
 
 def resolve_model(model: str | None, task: str = "addchain") -> str:
@@ -92,7 +97,7 @@ def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]
         records = run_grpo(client, task, model_dir, args.steps, args.prompts, args.n, sampling,
                            seed=args.seed, lr=args.lr, work_dir=str(out / "weights"),
                            epoch_steps=args.epoch_steps, lookahead=args.lookahead,
-                           log=lambda s: print(s, flush=True))
+                           loss_agg=args.loss_agg, log=lambda s: print(s, flush=True))
     doc = {"config": asdict(args), "model": model_dir, "steps": records}
     (out / "grpo_log.json").write_text(json.dumps(doc, indent=1))
     ys = [r["mean_reward"] for r in records]
@@ -100,6 +105,9 @@ def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]
     print(f"\nreward: first {q} steps {sum(ys[:q]) / q:.3f} -> last {q} steps "
           f"{sum(ys[-q:]) / q:.3f}; max |logprob gap| "
           f"{max((r['max_abs_logprob_gap'] for r in records), default=0):.2e}")
+    print("\nwhere responses left their pre-generated drafts (steps >= 1; entropy: the "
+          "policy's at the trained samples' positions, nats):")
+    print(format_pooled(pooled(records)))
     if plot_rewards(records, out / "grpo_reward.png", f"GRPO on the {args.task} task "
                     f"({args.prompts}x{args.n}/step)"):
         print(f"wrote {out / 'grpo_log.json'} and {out / 'grpo_reward.png'}")

@@ -1,6 +1,16 @@
 """GRPO on a HF causal LM in torch: group-normalised advantages, PPO-clipped ratio
 against the rollout's own log-probs, one optimiser step per rollout batch.
 
+The loss is aggregated per sequence (`seq-mean`: each response's token mean, then the mean
+over responses, so every response weighs the same whatever its length) or per token
+(`token-mean`: the mean over every token of the batch, as DAPO and verl's `token-mean` do,
+so that a long response is not worth less per token than a short one; the sequence mean
+rewards shortening what is penalised).
+
+The same forward gives the policy's per-token entropy at the sampled positions (no
+gradient), reported per position class and at the positions where responses left their
+pre-generated drafts (`positions.entropy_by_position`).
+
 The ratio is taken against the log-probs the rollout service returned for the emitted
 tokens; with exact (on-policy) rollouts the first step's ratio is 1 up to float error,
 which `Trainer.step` reports as `max_abs_logprob_gap` (a live exactness check).
@@ -10,9 +20,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from bubblespec.train.positions import entropy_by_position
+
+LOSS_AGGS = ("seq-mean", "token-mean")
 
 
 @dataclass
@@ -23,6 +38,9 @@ class Rollout:
     outputs: list[list[int]]
     logprobs: list[list[float]]
     rewards: list[float]
+    first_divergence: list[int | None] = field(default_factory=list)
+    """Per sample: where it left its aligned pre-generated draft at a flip (None: it did not,
+    or its draft ran out there); only the trainer's entropy report reads it."""
 
 
 def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
@@ -37,8 +55,13 @@ class Trainer:
     """Holds the policy and its optimiser; `step` takes one GRPO update."""
 
     def __init__(self, model_dir: str, lr: float = 3e-4, clip: float = 0.2,
-                 max_grad_norm: float = 1.0, seed: int = 0, threads: int | None = None) -> None:
+                 max_grad_norm: float = 1.0, seed: int = 0, threads: int | None = None,
+                 loss_agg: str = "seq-mean") -> None:
         from transformers import AutoModelForCausalLM
+
+        if loss_agg not in LOSS_AGGS:
+            raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, not {loss_agg!r}")
+        self.loss_agg = loss_agg
 
         torch.manual_seed(seed)
         if threads:
@@ -50,8 +73,10 @@ class Trainer:
         self.max_grad_norm = max_grad_norm
         self.pad_id = int(self.model.config.pad_token_id or 0)
 
-    def _token_logprobs(self, seqs: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
-        """Log-probs of tokens seqs[i][starts[i]:] under the current policy."""
+    def _token_logprobs(self, seqs: list[list[int]], starts: list[int]
+                        ) -> tuple[list[torch.Tensor], list[list[float]]]:
+        """Log-probs of tokens seqs[i][starts[i]:] under the current policy, and the
+        policy's entropy (nats, no gradient) at each of those positions."""
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -61,25 +86,37 @@ class Trainer:
         logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
         tok = torch.gather(logp, 2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return [tok[i, starts[i] - 1 : len(s) - 1] for i, s in enumerate(seqs)]
+        ent = []
+        with torch.no_grad():  # row by row: one row's (positions x vocab) at a time
+            for i, s in enumerate(seqs):
+                row = logp[i, starts[i] - 1 : len(s) - 1].detach()
+                ent.append((-(row.exp() * row).sum(-1)).tolist())
+        return [tok[i, starts[i] - 1 : len(s) - 1] for i, s in enumerate(seqs)], ent
 
-    def step(self, batch: list[Rollout], micro_batch: int = 32) -> dict[str, float]:
-        """One optimiser step over all samples of `batch` (sequence-mean GRPO loss)."""
-        items = []
+    def step(self, batch: list[Rollout], micro_batch: int = 32) -> dict[str, Any]:
+        """One optimiser step over all samples of `batch` (the GRPO loss aggregated by
+        `loss_agg`); statistics include the entropy of the samples trained on."""
+        items, flips = [], []
         for r in batch:
-            for out, lp, adv in zip(r.outputs, r.logprobs, group_advantages(r.rewards)):
+            divs = r.first_divergence or [None] * len(r.outputs)
+            for out, lp, adv, div in zip(r.outputs, r.logprobs, group_advantages(r.rewards),
+                                         divs):
                 if out and adv != 0.0:
                     items.append((r.prompt_ids + out, len(r.prompt_ids), lp, adv))
-        stats = {"samples": float(len(items)), "loss": 0.0, "max_abs_logprob_gap": 0.0,
+                    flips.append(div)
+        stats: dict[str, Any] = {"samples": float(len(items)), "loss": 0.0, "max_abs_logprob_gap": 0.0,
                  "mean_reward": sum(sum(r.rewards) for r in batch)
                  / max(1, sum(len(r.rewards) for r in batch))}
         if not items:
             return stats
         self.opt.zero_grad()
         total = 0.0
+        tokens = sum(len(c[0]) - c[1] for c in items)
+        entropies: list[list[float]] = []
         for i in range(0, len(items), micro_batch):
             chunk = items[i : i + micro_batch]
-            new = self._token_logprobs([c[0] for c in chunk], [c[1] for c in chunk])
+            new, ent = self._token_logprobs([c[0] for c in chunk], [c[1] for c in chunk])
+            entropies += ent
             loss = torch.zeros(())
             for (_, _, old, adv), lp in zip(chunk, new):
                 old_t = torch.tensor(old[: lp.shape[0]], dtype=torch.float32)
@@ -88,13 +125,15 @@ class Trainer:
                 ratio = torch.exp(lp - old_t)
                 clipped = torch.clamp(ratio, 1 - self.clip, 1 + self.clip)
                 per_tok = -torch.minimum(ratio * adv, clipped * adv)
-                loss = loss + per_tok.mean()
-            loss = loss / len(items)
+                loss = loss + (per_tok.mean() if self.loss_agg == "seq-mean"
+                               else per_tok.sum())
+            loss = loss / (len(items) if self.loss_agg == "seq-mean" else tokens)
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         stats["loss"] = total
+        stats["entropy"] = entropy_by_position(entropies, flips)
         return stats
 
     def save(self, out_dir: str) -> str:

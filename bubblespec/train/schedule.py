@@ -22,6 +22,7 @@ from typing import Any
 from bubblespec.protocol.keys import derive_seeds
 from bubblespec.protocol.sampling import PregenWindow
 from bubblespec.train.grpo import Rollout, Trainer
+from bubblespec.train.positions import survival_by_position
 
 
 def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
@@ -69,6 +70,8 @@ def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
         "mean_len": sum(lengths) / len(lengths) if lengths else 0.0,
         "divergence": divergence_figures([s for p in result.get("prompts", [])
                                           for s in p.get("samples", [])]),
+        "positions": survival_by_position([s for p in result.get("prompts", [])
+                                           for s in p.get("samples", [])]),
     }
 
 
@@ -136,7 +139,8 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              work_dir: str | None = None, log: Callable[[str], None] = print,
              train: bool = True, timeline_settle_s: float = 0.3,
              epoch_steps: int = 0, pregen_window: PregenWindow | None = None,
-             min_train_s: float = 0.0, lookahead: int = 1) -> list[dict[str, Any]]:
+             min_train_s: float = 0.0, lookahead: int = 1,
+             loss_agg: str = "seq-mean") -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
     `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
@@ -144,8 +148,9 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     larger model's would (paced benchmarks; pre-generation may use the window).
     Every rollout carries the schedule's own seeds (`schedule_seeds`). `lookahead`: how
     many future steps' batches each rollout hands ahead (1: the next step's only).
+    `loss_agg`: the trainer's loss aggregation (`grpo.LOSS_AGGS`).
     Returns one dict per step (figures of `step_figures` plus trainer stats)."""
-    trainer = Trainer(model_dir, lr=lr, seed=seed) if train else None
+    trainer = Trainer(model_dir, lr=lr, seed=seed, loss_agg=loss_agg) if train else None
     own_tmp = work_dir is None
     wdir = Path(tempfile.mkdtemp(prefix="bubblespec-grpo-") if own_tmp else work_dir)
     batches = [task.make_prompts(prompts_per_step, seed + (k % epoch_steps if epoch_steps else k))
@@ -170,7 +175,9 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                 outs = [s.output_ids for s in pr.samples]
                 groups.append(Rollout(list(p.input_ids), outs,
                                       [list(s.output_logprobs or []) for s in pr.samples],
-                                      [task.reward(p, o) for o in outs]))
+                                      [task.reward(p, o) for o in outs],
+                                      [s.first_divergence if s.draft_ran_out is False else None
+                                       for s in pr.samples]))
             rewards = [r for g in groups for r in g.rewards]
             mean_reward = sum(rewards) / max(1, len(rewards))
             t1 = time.monotonic()
@@ -195,6 +202,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
             fig.update(step=k, service_step=res.step, train_s=train_s,
                        max_abs_logprob_gap=float(stats.get("max_abs_logprob_gap", 0.0)),
                        loss=float(stats.get("loss", 0.0)), trained_samples=stats.get("samples"),
+                       entropy=stats.get("entropy"),
                        prompt_keys=[pr.prompt_key for pr in res.prompts],
                        output_lengths=[[len(s.output_ids) for s in pr.samples]
                                        for pr in res.prompts],

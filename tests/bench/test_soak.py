@@ -78,8 +78,8 @@ def test_heap_attribution_splits_the_change_and_finds_the_last_new_shape() -> No
     assert h["shapes"] == {"after_warmup": 10, "half": 30, "last": 30}
     assert h["last_new_shape_step"] == 30
     assert h["in_use_growth_pct_per_100_steps_last_half"] == 0.0
-    line = [ln for ln in final_lines(summarize(records, warmup=10))
-            if ln.startswith("soak_worker_heap_mib")][0]
+    line = next(ln for ln in final_lines(summarize(records, warmup=10))
+                if ln.startswith("soak_worker_heap_mib"))
     assert "malloc in use +20.0" in line and "shapes 10->30->30 (last new at step 30)" in line
     # a leak: memory in use that keeps rising with no new shape
     leak = summarize([heap_step(k, 1000, 2**20 * k, 5) for k in range(60)], warmup=10)

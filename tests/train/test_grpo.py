@@ -1,0 +1,63 @@
+"""The GRPO trainer (`train/grpo.py`) on the embedded tiny model: the two loss aggregations
+against the loss written out by hand at ratio 1, and the policy's entropy at the sampled
+positions against a direct computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bubblespec.train.grpo import Rollout, Trainer
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from bubblespec.tasks import default_model_dir
+
+    try:
+        return str(default_model_dir())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+def on_policy(trainer: Trainer, prompt: list[int], outs: list[list[int]],
+              rewards: list[float], flips: list[int | None] | None = None) -> Rollout:
+    """A group whose rollout log-probs are the trainer's own (the ratio is 1 everywhere)."""
+    lps, _ = trainer._token_logprobs([prompt + o for o in outs], [len(prompt)] * len(outs))
+    return Rollout(prompt, outs, [lp.tolist() for lp in lps], rewards, flips or [])
+
+
+@pytest.mark.parametrize("agg", ["seq-mean", "token-mean"])
+def test_loss_aggregation_at_ratio_one(model_dir: str, agg: str) -> None:
+    trainer = Trainer(model_dir, lr=0.0, loss_agg=agg)
+    # advantages +1 / -1 (two samples, rewards 1 and 0); lengths 2 and 6
+    group = on_policy(trainer, [1, 5, 9], [[4, 4], [6, 6, 6, 6, 6, 6]], [1.0, 0.0])
+    stats = trainer.step([group])
+    assert stats["samples"] == 2.0
+    # per token -adv: seq-mean = -(1 - 1) / 2 = 0; token-mean = -(2 - 6) / 8 = 0.5
+    want = 0.0 if agg == "seq-mean" else 0.5
+    assert stats["loss"] == pytest.approx(want, abs=1e-5)
+    assert stats["max_abs_logprob_gap"] < 1e-5
+
+
+def test_unknown_aggregation_is_refused(model_dir: str) -> None:
+    with pytest.raises(ValueError, match="loss_agg"):
+        Trainer(model_dir, loss_agg="sum")
+
+
+def test_entropy_at_the_sampled_positions_and_at_the_flips(model_dir: str) -> None:
+    trainer = Trainer(model_dir, lr=0.0)
+    prompt, outs = [1, 5, 9], [[4, 7, 3, 8], [6, 2]]
+    group = on_policy(trainer, prompt, outs, [1.0, 0.0], flips=[2, None])
+    stats = trainer.step([group])
+    with torch.no_grad():
+        logits = trainer.model(input_ids=torch.tensor([prompt + outs[0]])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)[len(prompt) - 1: -1]
+    direct = (-(logp.exp() * logp).sum(-1)).tolist()
+    e = stats["entropy"]
+    assert e["tokens"] == 6 and e["flips"] == 1
+    assert e["at_flips"] == pytest.approx(direct[2], rel=1e-4)
+    vocab = trainer.model.config.vocab_size
+    assert 0.0 < e["mean"] <= math.log(vocab) + 1e-6
