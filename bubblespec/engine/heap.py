@@ -17,6 +17,12 @@ cache filling to its high-water mark from a per-step leak it needs the parts, st
 
 `HeapProbe` counts the shapes (its `seen` is called before every forward) and `snapshot`
 returns everything as one flat dict of integers (bytes, KiB for the `/proc` fields).
+
+`trim` hands the arenas' free pages back to the kernel (glibc `malloc_trim(0)`, every
+arena): the worker calls it after each weight reload, the one moment per RL step when
+megabytes of tensors have just been freed. Without it the free space inside the arenas,
+left by caches that evict and refill in chunks of other sizes, stays resident and the RSS
+creeps up although the memory in use does not grow (docs/results.md, "Soak").
 """
 
 from __future__ import annotations
@@ -61,6 +67,17 @@ def status_kib(path: str = "/proc/self/status") -> dict[str, int]:
     except (OSError, ValueError, IndexError):
         return {}
     return out
+
+
+def trim() -> bool:
+    """Return the free pages of every malloc arena to the kernel; True if any were (False
+    where the C library has no `malloc_trim`)."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(fn(0))
 
 
 @dataclass

@@ -44,8 +44,12 @@ class WorkerExtension:
         return True
 
     def bubblespec_reload_weights(self, path: str) -> bool:
-        """Reload the weights from `path` in place (a tied LM head included)."""
+        """Reload the weights from `path` in place (a tied LM head included), then return
+        the heap's free pages to the kernel (`heap.trim`: the old tensors were just freed)."""
+        from bubblespec.engine.heap import trim
+
         vllm_glue.reload_in_worker(vllm_glue.runner_of(self), path)
+        trim()
         return True
 
     def bubblespec_add_drafts(self, items: list[tuple]) -> int:

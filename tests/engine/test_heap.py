@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-from bubblespec.engine.heap import HeapProbe, mallinfo2, status_kib
+from bubblespec.engine.heap import HeapProbe, mallinfo2, status_kib, trim
 
 
 def test_status_split_adds_up_to_the_rss() -> None:
@@ -42,3 +42,26 @@ def test_probe_counts_forwards_and_distinct_shapes() -> None:
     snap = probe.snapshot()
     assert snap["forwards"] == 5 and snap["shapes"] == 3
     assert snap["rss_kib"] > 0 and snap["malloc_arena"] > 0
+
+
+def test_trim_returns_the_free_pages_between_live_blocks() -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    size, count = 32 << 10, 2048  # 64 MiB of arena blocks below the mmap threshold
+    ptrs = [libc.malloc(size) for _ in range(count)]
+    for p in ptrs:
+        libc.memset(p, 1, size)  # resident
+    try:
+        for p in ptrs[::2]:  # every other block freed: fragmented, nothing at the top
+            libc.free(p)
+        before = status_kib()["rss_anon_kib"]
+        assert trim()
+        after = status_kib()["rss_anon_kib"]
+        # half of the 64 MiB is free; whole pages inside each freed block go back
+        assert before - after > 16 << 10
+    finally:
+        for p in ptrs[1::2]:
+            libc.free(p)
