@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test test-slow test-valid-space test-drills bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
+.PHONY: install run up test test-slow test-valid-space test-drills test-nodes bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
 	real-model real-policy bench-real exactness-real
 
 install: $(STAMP)
@@ -51,9 +51,16 @@ test-drills: install
 # and the keyed-cost bench's smoke runs, Ray under TLS, the replays on real clusters, the
 # supervised cluster's rank restarts, the two-engine reproducibility check, the
 # batch-invariant-mode probe, the context-keys exactness test, `bubblespec up` giving up
-# on a dying child, and a Ray rank actor killed mid-step.
+# on a dying child, a Ray rank actor killed mid-step, and the node drills (test-nodes).
 test-slow: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow --durations=25
+
+# Node drills on three Ray nodes of this host (a head, two worker nodes with one rank each):
+# the head's synchronizer killed mid-step, a worker node frozen past the heartbeat timeout,
+# a worker node killed while it owes a shard and a new node joining (docs/results.md).
+test-nodes: install
+	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m nodes tests/cluster/test_ray_nodes.py \
+		--durations=10
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,
 # driving rollout steps with pre-generation in the bubble; prints a per-step table.
