@@ -90,6 +90,8 @@ class PacedMode:
     window: bool
     cluster: str
     baseline: str
+    lookahead: int = 1
+    """Future steps whose prompts each rollout handed ahead."""
 
 
 @dataclass
@@ -137,7 +139,7 @@ class PacedRun:
             modes[name] = PacedMode(name, steps, bool(r.get("pregen")),
                                     r.get("pregen_window") == "training",
                                     str(r.get("shared_cluster") or name),
-                                    baseline_of(name, first))
+                                    baseline_of(name, first), int(r.get("lookahead") or 1))
         if not modes:
             raise ValueError(f"{path}: runs: no mode has steps")
         return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),

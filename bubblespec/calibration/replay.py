@@ -214,7 +214,7 @@ def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
     """The simulator's configuration of one mode of the paced run."""
     return SimConfig(prompts=run.prompts, n=run.n, prompt_len=round(prompt_len),
                      steps=run.steps, warmup_steps=1, pregen_inflight=PREGEN_INFLIGHT,
-                     train_s=run.train_s(name))
+                     train_s=run.train_s(name), lookahead=run.modes[name].lookahead)
 
 
 def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,

@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--train-s", type=float, default=0.0,
       help="trainer seconds between steps: the training window of *window modes, and what "
       "hides the pre-gen stop lag (default 0: every lag counts)")
+    a("--lookahead", type=int, default=1,
+      help="future steps whose prompts each step hands ahead (default 1: the next step's; "
+      "more: a bubble that covered the next step goes on to the ones after, and older "
+      "drafts are refreshed)")
     a("--pregen-order", choices=("breadth_first", "longest_first", "predicted", "predicted_deep"),
       default="breadth_first",
       help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
@@ -214,7 +218,7 @@ def scenario(args: argparse.Namespace) -> Scenario:
                     pregen_inflight=args.pregen_inflight, train_s=args.train_s,
                     pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
                     rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv,
-                    cover_cv=args.cover_cv, seed=args.seed)
+                    cover_cv=args.cover_cv, lookahead=max(1, args.lookahead), seed=args.seed)
     acceptance = "from " + Path(args.accept_json).name if args.accept_json else "assumed"
     return Scenario(cfg, ranks, modes, et, lengths, notes, acceptance)
 

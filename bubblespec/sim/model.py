@@ -12,7 +12,15 @@ rollout steps (common random numbers: every mode sees the same lengths), and for
    is charged F_max plus whatever part of the pre-gen stop lag the trainer's `train_s` does
    not hide (with the default `train_s` = 0 the whole lag counts: conservative);
 3. step 0 has no pre-generated drafts (nothing ran before it); the summary averages steps
-   >= warmup_steps (default 1, as the bench reports "all steps after step 0").
+   >= warmup_steps (default 1, as the bench reports "all steps after step 0");
+4. with `lookahead` D > 1 (prompts handed D steps ahead) the bubble's queue holds the
+   tasks of steps s+1 .. s+D, nearest step first: a bubble that covered s+1 goes on to
+   s+2. A draft of a later step lasts until that step; when a later bubble reaches its task
+   again it is *refreshed*: the lane verifies the old draft's leading tokens that the
+   newer weights still agree with (up to an independently drawn flip) at the covered rate,
+   then generates on; a refresh stopped before it passed them leaves the old draft. A
+   draft used two or more updates after it was made leaves its response at the earlier of
+   two independent flips (ages past two are modelled as two).
 
 A mode's speed-up is its throughput (tokens per second of step time) over the baseline's;
 with common lengths that is the ratio of step times. `run_mode` also replays given steps
@@ -93,6 +101,8 @@ class SimConfig:
     flips a keyed token; measured by `bench flips` or the paced records); 0: none."""
     flip_positions: tuple[float, ...] = ()
     """Where they leave it, as shares of the response's length (drawn from these)."""
+    lookahead: int = 1
+    """Future steps whose prompts each step hands ahead (1: the next step's only)."""
     rate_spread: bool = False
     """Draw each request's tokens per forward from its mode's measured per-request spread
     (`ModeSpec.rate_spread`; one uniform quantile per request, shared by the modes so that
@@ -175,6 +185,11 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
         drawn["flip"] = np.where(hit, at, NO_FLIP).astype(np.int64).reshape(cfg.steps, -1)
     if cfg.rate_spread:
         drawn["rate_q"] = rng.random((cfg.steps, prompts * cfg.n))
+    if "flip" in drawn and cfg.lookahead > 1:  # drawn last: D = 1 draws what it always did
+        for key in ("flip_aged", "flip_refresh"):
+            hit = rng.random(L.shape) < cfg.flip_share
+            at = np.floor(rng.choice(np.asarray(cfg.flip_positions), L.shape) * L)
+            drawn[key] = np.where(hit, at, NO_FLIP).astype(np.int64).reshape(cfg.steps, -1)
     return drawn
 
 
@@ -239,13 +254,19 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
     specs = [mode] * cfg.steps if isinstance(mode, ModeSpec) else list(mode)
     if len(specs) != cfg.steps:
         raise ValueError(f"{len(specs)} mode specs for {cfg.steps} steps")
-    covered = np.zeros(L[0].size, dtype=np.int64)
+    size = L[0].size
+    drafts = Drafts(size)
     out = []
     for s in range(cfg.steps):
         mode = specs[s]
+        covered, made = drafts.take(s)
         flip, fm, q = drawn.get("flip"), drawn.get("flip_mult"), drawn.get("rate_q")
+        flip_s = None if flip is None else flip[s]
+        if flip_s is not None and "flip_aged" in drawn:  # older drafts flip earlier
+            flip_s = np.where((made >= 0) & (s - made >= 2),
+                              np.minimum(flip_s, drawn["flip_aged"][s]), flip_s)
         req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et,
-                        None if flip is None else flip[s], None if fm is None else fm[s],
+                        flip_s, None if fm is None else fm[s],
                         None if q is None else q[s])
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
@@ -255,15 +276,24 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
         cov_share = float(req.covered.sum()) / max(tokens, 1)
         busy, lag, ptok = 0.0, 0.0, 0
         step_time = fmax
-        covered = np.zeros(L[0].size, dtype=np.int64)
         window = cfg.train_s if mode.pregen_window else 0.0
         if mode.uses_pregen and s + 1 < cfg.steps:
-            pg = simulate_pregen(F, L[s + 1], et, cfg.pregen_inflight, cfg.rpc_s,
-                                 cfg.prompt_len,
+            future = list(range(s + 1, min(cfg.steps, s + 1 + max(1, cfg.lookahead))))
+            old = np.concatenate([drafts.covered(t) for t in future])
+            head = old
+            if "flip_refresh" in drawn:  # the newer weights agree with the old draft so far
+                head = np.minimum(old, np.concatenate([drawn["flip_refresh"][t]
+                                                       for t in future]))
+            order = np.concatenate([drawn["pregen_order"][t] + j * size
+                                    for j, t in enumerate(future)])
+            pg = simulate_pregen(F, np.concatenate([L[t] for t in future]), et,
+                                 cfg.pregen_inflight, cfg.rpc_s, cfg.prompt_len,
                                  _or(cfg.pregen_accepted, mode.accepted),
-                                 _or(cfg.pregen_drafted, mode.drafted),
-                                 drawn["pregen_order"][s + 1], window)
-            covered = pg.covered
+                                 _or(cfg.pregen_drafted, mode.drafted), order, window,
+                                 head, mode.accepted_covered)
+            for j, t in enumerate(future):
+                part = slice(j * size, (j + 1) * size)
+                drafts.update(t, s, pg.covered[part], head[part], L[t].ravel())
             busy = float(pg.busy_in_bubble.sum())
             over = max(0.0, float(pg.stop_t.max()) - fmax)  # until the last rank is free
             step_time = fmax + max(0.0, over - cfg.train_s)
@@ -273,6 +303,37 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
                               int(tl.finish_k.sum()), float((fmax - F).sum()), busy, cov_share,
                               ptok, lag, [int(k) for k in tl.finish_k]))
     return out
+
+
+class Drafts:
+    """The pre-generated drafts of future steps: per step, each request's covered leading
+    tokens and the step whose bubble made its draft (-1: none)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cov: dict[int, np.ndarray] = {}
+        self._made: dict[int, np.ndarray] = {}
+
+    def covered(self, step: int) -> np.ndarray:
+        return self._cov.get(step, np.zeros(self.size, dtype=np.int64))
+
+    def made(self, step: int) -> np.ndarray:
+        return self._made.get(step, np.full(self.size, -1, dtype=np.int64))
+
+    def take(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The drafts of `step` (its rollout starts), forgotten here."""
+        out = self.covered(step), self.made(step)
+        self._cov.pop(step, None)
+        self._made.pop(step, None)
+        return out
+
+    def update(self, step: int, bubble: int, reached: np.ndarray, head: np.ndarray,
+               length: np.ndarray) -> None:
+        """After `bubble`'s pre-generation: a task that got past its valid head, or finished
+        its response, has a new draft of `reached` tokens; the others keep what they had."""
+        new = (reached > head) | (reached >= length)
+        self._cov[step] = np.where(new, reached, self.covered(step)).astype(np.int64)
+        self._made[step] = np.where(new, bubble, self.made(step)).astype(np.int64)
 
 
 def _or(x: float | None, default: float) -> float:

@@ -18,6 +18,12 @@ progress when stopped is the number of covered leading positions in step s+1. Pr
 charged once per prompt and rank (the prompt's KV is then in the rank's prefix cache), at
 the first forward after its first task joined.
 
+A task may carry a *head*: the leading tokens of a draft of the same sample made under older
+weights that the current weights still agree with (a refresh, `synchronizer/lookahead.py`).
+The lane verifies the head at 1 + `head_accepted` tokens per forward (the old draft is its
+draft), then generates the rest at the pre-generation rate; its context and progress follow
+the two phases (its forwards are charged the pre-generation's drafted tokens throughout).
+
 Between two events of a rank (a lane finishing, new lanes joining, the stop) its batch is
 constant, so the forwards' time is an arithmetic series (`EngineTime.segment`); ranks
 interact only through the shared queue, so an event heap over ranks in time order is exact.
@@ -78,13 +84,16 @@ def breadth_first(prompts: int, n: int) -> np.ndarray:
 def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime,
                     inflight: int = 64, rpc_s: float = 0.5e-3, prompt_len: float = 0.0,
                     accepted: float = 0.0, drafted: float = 0.0,
-                    order: np.ndarray | None = None, window_s: float = 0.0) -> PregenResult:
+                    order: np.ndarray | None = None, window_s: float = 0.0,
+                    head: np.ndarray | None = None, head_accepted: float = 0.0
+                    ) -> PregenResult:
     """Pre-generation of step s+1 (lengths `next_lengths`, shape (prompts, n)) by the ranks of
     a step that finished at `finish` (see the module docstring). Lanes decode at 1 +
     `accepted` tokens per forward verifying `drafted` draft tokens (default plain
     decoding); `order` replaces the breadth-first queue (request indices, prompt * n +
     sample); `window_s` > 0 is the TRAINING window: pre-generation goes on until
-    F_max + window_s on every rank."""
+    F_max + window_s on every rank. `head` (per task, optional): tokens of an older draft
+    the lane verifies first at 1 + `head_accepted` per forward (a refresh)."""
     if inflight < 1 or window_s < 0:
         raise ValueError("inflight must be >= 1 and window_s >= 0")
     prompts, n = next_lengths.shape
@@ -94,7 +103,8 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
     order = breadth_first(prompts, n) if order is None else order
     flat = next_lengths.ravel()
     rate = 1.0 + accepted
-    need = np.ceil(flat / rate - 1e-9).astype(np.int64)
+    prog = _Progress(flat, rate, 1.0 + head_accepted, head)
+    need = prog.need
     covered = np.zeros(prompts * n, dtype=np.int64)
     busy = np.zeros(ranks)
     stop_t = finish.astype(float).copy()
@@ -125,22 +135,25 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
             busy[r] = max(0.0, min(s.t, fmax) - s.start)
             continue
         left, done = np.asarray(s.left), np.asarray(s.done)
-        m = int(left.min())
+        in_head = done < prog.head_fwd[s.idx]  # a head's end changes the lane's growth
+        m = int(min(left.min(), (prog.head_fwd[s.idx] - done)[in_head].min(initial=left.min())))
         ks = np.arange(1, m + 1, dtype=float)
         lanes = float(len(left))
-        ctx0 = float((prompt_len + np.minimum(flat[s.idx], done * rate)).sum())
-        ts = s.t + s.prefill_s + et.segment(ks, lanes * (1.0 + drafted), ctx0, lanes * rate)
+        grow = float(np.where(in_head, prog.head_rate, rate).sum())
+        ctx0 = float((prompt_len + prog.tokens(s.idx, done)).sum())
+        ts = s.t + s.prefill_s + et.segment(ks, lanes * (1.0 + drafted), ctx0, grow)
         if ts[-1] >= end:  # stopped: the first forward that ends at or after the stop
             k = int(np.searchsorted(ts, end, side="left")) + 1
             t_stop = float(ts[k - 1])
-            for i, d in zip(s.idx, done + k):
-                covered[i] = min(int(flat[i]), int(np.floor(d * rate + 1e-9)))
-            window_tok += _tokens_after(fmax, s.t, ts[:k], lanes * rate) if window_s else 0.0
+            reached = prog.tokens(s.idx, done + k)
+            for i, t in zip(s.idx, reached):
+                covered[i] = int(np.floor(t + 1e-9))
+            window_tok += _tokens_after(fmax, s.t, ts[:k], grow) if window_s else 0.0
             stop_t[r] = t_stop + rpc_s  # push the partial drafts
             busy[r] = max(0.0, min(t_stop, fmax) - s.start)
             continue
         if window_s:
-            window_tok += _tokens_after(fmax, s.t, ts, lanes * rate)
+            window_tok += _tokens_after(fmax, s.t, ts, grow)
         s.t, s.prefill_s = float(ts[-1]), 0.0
         keep = []
         for j, i in enumerate(s.idx):
@@ -154,6 +167,27 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
         heapq.heappush(heap, (s.t, r))
     tokens = int(covered.sum())
     return PregenResult(covered, busy, stop_t, int(q), tokens, round(window_tok))
+
+
+class _Progress:
+    """Tokens a lane has after d forwards: its head (if any) at `head_rate` per forward,
+    then the rest at `rate`, never more than the response."""
+
+    def __init__(self, flat: np.ndarray, rate: float, head_rate: float,
+                 head: np.ndarray | None) -> None:
+        self.flat, self.rate = flat.astype(float), rate
+        self.head = (np.zeros(len(flat)) if head is None
+                     else np.minimum(np.asarray(head, dtype=float), self.flat))
+        self.head_rate = head_rate
+        self.head_fwd = np.ceil(self.head / head_rate - 1e-9).astype(np.int64)
+        self.need = self.head_fwd + np.ceil((self.flat - self.head) / rate - 1e-9).astype(
+            np.int64)
+
+    def tokens(self, idx: list[int], done: np.ndarray) -> np.ndarray:
+        h, f = self.head[idx], self.head_fwd[idx]
+        d = np.asarray(done, dtype=float)
+        t = np.where(d <= f, np.minimum(h, d * self.head_rate), h + (d - f) * self.rate)
+        return np.minimum(t, self.flat[idx])
 
 
 def _tokens_after(fmax: float, t0: float, ends: np.ndarray, per_forward: float) -> float:

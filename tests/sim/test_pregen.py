@@ -12,13 +12,23 @@ from bubblespec.sim.pregen import breadth_first, simulate_pregen
 
 
 def reference_pregen(finish, next_lengths, et, inflight, rpc, prompt_len, accepted=0.0,
-                     drafted=0.0, window=0.0):
-    """Forward-by-forward reference of the rank's lane loop (slow)."""
+                     drafted=0.0, window=0.0, head=None, head_accepted=0.0):
+    """Forward-by-forward reference of the rank's lane loop (slow); `head`: per task, tokens
+    of an older draft verified first at 1 + `head_accepted` per forward."""
     prompts, n = next_lengths.shape
     order = breadth_first(prompts, n)
     flat = next_lengths.ravel()
-    rate = 1.0 + accepted
-    need = np.ceil(flat / rate - 1e-9).astype(int)
+    rate, hrate = 1.0 + accepted, 1.0 + head_accepted
+    head = np.zeros(flat.size) if head is None else np.minimum(head, flat)
+
+    def reached(i, d):  # tokens after d forwards, one forward at a time
+        tok = 0.0
+        for _ in range(d):
+            tok = min(head[i], tok + hrate) if tok < head[i] else tok + rate
+        return min(flat[i], tok)
+
+    need = np.array([next(d for d in range(1, 10**6) if reached(i, d) >= flat[i])
+                     for i in range(flat.size)])
     fmax = finish.max()
     end = fmax + window
     covered = np.zeros(flat.size, dtype=np.int64)
@@ -47,13 +57,13 @@ def reference_pregen(finish, next_lengths, et, inflight, rpc, prompt_len, accept
             stop[r] = max(t[r], finish[r])
             continue
         live = lanes[r]
-        ctx = sum(prompt_len + min(flat[i], d * rate) for i, d in live.items())
+        ctx = sum(prompt_len + reached(i, d) for i, d in live.items())
         t[r] += pre + float(et.per_forward(len(live) * (1.0 + drafted))) + et.t_kv * ctx
         for i in live:
             live[i] += 1
         if t[r] >= end:
             for i, d in live.items():
-                covered[i] = min(flat[i], int(np.floor(d * rate + 1e-9)))
+                covered[i] = int(np.floor(reached(i, d) + 1e-9))
             stop[r] = t[r] + rpc
             continue
         for i in [i for i, d in live.items() if d == need[i]]:
@@ -74,6 +84,32 @@ def test_matches_forward_by_forward_reference(et, seed, inflight, accepted, wind
     cov, stop = reference_pregen(finish, nxt, et, inflight, 1e-3, 32.0, accepted, 2.0, window)
     np.testing.assert_array_equal(pg.covered, cov)
     np.testing.assert_allclose(pg.stop_t, stop, rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("inflight,accepted,window", [(3, 0.0, 0.0), (4, 1.5, 0.3)])
+def test_refresh_heads_match_the_reference(et, seed, inflight, accepted, window):
+    rng = np.random.default_rng(100 + seed)
+    finish = rng.uniform(0.1, 1.5, size=5)
+    nxt = rng.integers(1, 90, size=(5, 4))
+    head = rng.integers(0, 120, size=20) * (rng.random(20) < 0.6)  # some tasks have none
+    pg = simulate_pregen(finish, nxt, et, inflight, 1e-3, 32.0, accepted, 2.0,
+                         window_s=window, head=head, head_accepted=3.0)
+    cov, stop = reference_pregen(finish, nxt, et, inflight, 1e-3, 32.0, accepted, 2.0,
+                                 window, head, 3.0)
+    np.testing.assert_array_equal(pg.covered, cov)
+    np.testing.assert_allclose(pg.stop_t, stop, rtol=1e-9)
+
+
+def test_a_refresh_costs_fewer_forwards_than_generating_anew(et):
+    finish = np.array([0.0, 2.0])
+    nxt = np.full((4, 4), 400)
+    fresh = simulate_pregen(finish, nxt, et, inflight=16)
+    refresh = simulate_pregen(finish, nxt, et, inflight=16, head=np.full(16, 400),
+                              head_accepted=7.0)
+    assert fresh.pregen_tokens < nxt.sum()  # the bubble is too short to generate them anew
+    assert np.array_equal(refresh.covered, nxt.ravel())  # verified whole, 8 tokens a forward
+    assert refresh.busy_in_bubble[0] < 0.5 * fresh.busy_in_bubble[0]
 
 
 def test_queue_is_breadth_first_and_lanes_refill(et):
