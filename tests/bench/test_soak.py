@@ -10,17 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bubblespec.bench.soak import (
-    ProcessTable,
-    SoakConfig,
-    SoakStep,
-    descendants,
-    final_lines,
-    growth_pct_per_100,
-    read_rss_kib,
-    run_soak,
-    summarize,
-)
+from bubblespec.bench.soak import ProcessTable, SoakConfig, descendants, read_rss_kib, run_soak
+from bubblespec.bench.soak_figures import SoakStep, final_lines, growth_pct_per_100, summarize
 from tests.deploy.helpers import engine_model_dir
 
 
