@@ -139,6 +139,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def down_command(args: argparse.Namespace) -> str:
+    """The `bubblespec ray down` that finds the actors `up` started (their name and namespace
+    where not the defaults)."""
+    cmd = f"bubblespec ray down --address {args.address}"
+    if args.name != "bubblespec":
+        cmd += f" --name {args.name}"
+    if args.namespace != "bubblespec":
+        cmd += f" --namespace {args.namespace}"
+    return cmd
+
+
 def _pki(args: argparse.Namespace) -> Pki | None:
     if not args.tls_cert:
         return None
@@ -175,7 +186,7 @@ def _up(args: argparse.Namespace) -> int:
             print(f"TLS: clients verify the servers with ca= {p.ca} and present cert= "
                   f"{p.cert} key= {p.key}")
         if args.detach:
-            print(f"Detached: `bubblespec ray down --address {args.address}` stops it.")
+            print(f"Detached: `{down_command(args)}` stops it.")
             return 0
         print("Ctrl-C to stop.", flush=True)
         while True:

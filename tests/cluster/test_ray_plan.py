@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bubblespec.cli.ray import parse_args
+from bubblespec.cli.ray import down_command, parse_args
 from bubblespec.cluster import ClusterError
 from bubblespec.cluster.ray import RayCluster, cpu_binding, node_slots, plan_bundles
 
@@ -76,3 +76,11 @@ def test_ray_command_line() -> None:
                 ["up", "--tls", "--tls-ca", "a", "--tls-ca-key", "b", "--tls-cert", "c"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_the_detach_hint_names_the_actors_it_started() -> None:
+    plain = parse_args(["up", "--address", "auto", "--detach"])
+    assert down_command(plain) == "bubblespec ray down --address auto"
+    named = parse_args(["up", "--address", "auto", "--detach", "--name", "x",
+                        "--namespace", "ns"])
+    assert down_command(named) == "bubblespec ray down --address auto --name x --namespace ns"
