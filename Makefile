@@ -104,10 +104,11 @@ bench-paced-repeats: install
 bench-engine: install
 	$(BIN)/bubblespec bench engine
 
-# 200 rollout steps with pre-generation and a weight push each (~15 min): RSS of every
-# process, draft store and index against their budgets, step latency; plot in docs/img.
+# 1,000 rollout steps with pre-generation and a weight push each (~1 h): RSS of every
+# process, the vLLM workers' memory by part, draft store and index against their budgets,
+# step latency; plot in docs/img.
 soak: install
-	$(BIN)/bubblespec bench soak --plot docs/img/soak.png
+	$(BIN)/bubblespec bench soak --steps 1000 --every 20 --out out/soak1000 --plot docs/img/soak.png
 
 # Regenerate the checked-in gRPC code from proto/ (tests fail if it is stale).
 proto: install

@@ -9,7 +9,7 @@
     bubblespec bench per-request             # which response sets each step's critical path
     bubblespec bench flips [--lr 1e-4]       # where an update flips keyed responses; branches
     bubblespec bench sync [--n 2000]         # the synchronizer's own RPC cost
-    bubblespec bench soak [--steps 200]      # make soak: memory and budgets stay flat
+    bubblespec bench soak [--steps 200]      # make soak (1,000 steps): memory and budgets stay flat
     bubblespec bench workload-stats A.json B.json  # entropy, siblings, lengths side by side
     bubblespec bench policy [--model DIR]    # lengths, endings, reward of the real policy
 
