@@ -1,8 +1,10 @@
-"""LocalCluster helpers for the tests: the repository root, and one real 2-rank local cluster
-per module (the integration modules share it)."""
+"""Cluster helpers for the tests: the repository root, one real 2-rank local cluster per
+module (the integration modules share it), and the processes of a role's process group."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,3 +27,15 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory, **kw: Any
     with LocalCluster(ranks=2, model=model, log_dir=tmp_path_factory.mktemp("cluster-logs"),
                       **kw) as c:
         yield c
+
+
+def process_group(pgid: int) -> list[int]:
+    """The processes of a role's process group but its leader (the reaper): the server and
+    its engine processes."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(int(entry)) == pgid:
+                    out.append(int(entry))
+    return out

@@ -21,6 +21,7 @@ from bubblespec.cluster import LocalCluster
 from bubblespec.protocol.gateway import RolloutResponse
 from bubblespec.tasks.addchain import MAX_STEPS
 from tests.cluster.drills import check_result, fault_mid_step
+from tests.cluster.helpers import process_group
 from tests.deploy.helpers import engine_model_dir
 
 ray = pytest.importorskip("ray")
@@ -89,18 +90,6 @@ def _gone(pid: int, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def _group(pgid: int) -> list[int]:
-    """The processes of a role's process group but its leader (the reaper): the server and
-    its engine processes."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != pgid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if os.getpgid(int(entry)) == pgid:
-                    out.append(int(entry))
-    return out
-
-
 def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -152,7 +141,7 @@ def test_rank_actor_killed_mid_step_is_rerun_and_comes_back(
     task = _task()
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(4)]
     old = cluster.info["r1"]
-    server = _group(old["pid"])  # rank server and engine processes, not the reaper
+    server = process_group(old["pid"])  # rank server and engine processes, not the reaper
     out = fault_mid_step(client, cluster, "r1",
                           _kill_actor("r1", cluster, [old["pid"], *server]),
                           signal_rank=lambda sig: _signal_all(server, sig),
@@ -177,7 +166,7 @@ def test_sync_actor_killed_mid_step_loses_nothing(client: BubbleSpecClient,
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 30 + i) for i in range(4)]
     clean = client.rollout(prompts, n=1, sampling_params=greedy, next_prompts=prompts)
     old = cluster.info["sync"]
-    sync_server, r0_server = _group(old["pid"]), _group(cluster.info["r0"]["pid"])
+    sync_server, r0_server = process_group(old["pid"]), process_group(cluster.info["r0"]["pid"])
     out = fault_mid_step(client, cluster, "r0",
                           _kill_actor("sync", cluster, [old["pid"], *sync_server]),
                           signal_rank=lambda sig: _signal_all(r0_server, sig),

@@ -21,7 +21,6 @@ and no actor state file is left. Marked `nodes` (`make test-nodes`) and slow.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import time
@@ -47,6 +46,7 @@ from tests.cluster.drills import (
     sync_state,
     wait_decoding,
 )
+from tests.cluster.helpers import process_group
 from tests.cluster.nodes import (
     WORKER_RESOURCE,
     RayNodes,
@@ -113,17 +113,6 @@ def cluster(nodes: RayNodes, tmp_path_factory: pytest.TempPathFactory
 def client(cluster: RayCluster) -> Iterator[BubbleSpecClient]:
     with BubbleSpecClient(cluster.gateway_url, timeout_s=600) as c:
         yield c
-
-
-def _group(pgid: int) -> list[int]:
-    """A role's server and engine processes: its reaper's process group but the reaper."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != pgid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if os.getpgid(int(entry)) == pgid:
-                    out.append(int(entry))
-    return out
 
 
 def _wait_back(client: BubbleSpecClient, rank_ids: set[str], timeout_s: float = 300.0
@@ -197,9 +186,9 @@ def test_head_synchronizer_killed_on_three_nodes_ranks_reregister_and_the_step_c
     clean = client.rollout(prompts, n=1, sampling_params=GREEDY, next_prompts=prompts)
     old = cluster.info["sync"]
     before = sync_state(cluster).instance_id
-    server = _group(old["pid"])  # the synchronizer's server process (under its reaper)
+    server = process_group(old["pid"])  # the synchronizer's server process (under its reaper)
     assert server
-    r0 = _group(cluster.info["r0"]["pid"])
+    r0 = process_group(cluster.info["r0"]["pid"])
 
     def kill_sync() -> None:
         signal_all(server, signal.SIGKILL)
@@ -246,7 +235,7 @@ def test_node_frozen_past_heartbeat_its_rank_is_lost_rerun_and_its_stale_reply_r
     old = cluster.refresh("r1")
     node = nodes.node_of(old["node_id"])
     pids = nodes.pids(node)
-    assert old["pid"] in pids and set(_group(old["pid"])) <= pids  # the rank is on the node
+    assert old["pid"] in pids and set(process_group(old["pid"])) <= pids  # the rank is on the node
     task = _task()
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(4)]
     failures = _failures(cluster, "r1")
@@ -298,7 +287,7 @@ def test_node_killed_while_owing_a_shard_is_rerun_and_a_rejoining_node_gets_the_
     old = cluster.refresh("r1")
     node = nodes.node_of(old["node_id"])
     pids = nodes.pids(node)
-    rank = _group(old["pid"])  # server and vLLM engine core
+    rank = process_group(old["pid"])  # server and vLLM engine core
     assert old["pid"] in pids and set(rank) <= pids and len(rank) >= 2
     task = _task()
     prompts = [task.make_prompt(i, 3, MAX_STEPS - 20 + i) for i in range(4)]
