@@ -29,12 +29,14 @@ def on_policy(trainer: Trainer, prompt: list[int], outs: list[list[int]],
     return Rollout(prompt, outs, [lp.tolist() for lp in lps], rewards, flips or [])
 
 
+@pytest.mark.parametrize("micro_batch", [1, 8])
 @pytest.mark.parametrize("agg", ["seq-mean", "token-mean"])
-def test_loss_aggregation_at_ratio_one(model_dir: str, agg: str) -> None:
+def test_loss_aggregation_at_ratio_one(model_dir: str, agg: str, micro_batch: int) -> None:
+    """The same loss whether the gradient is accumulated sample by sample or in one chunk."""
     trainer = Trainer(model_dir, lr=0.0, loss_agg=agg)
     # advantages +1 / -1 (two samples, rewards 1 and 0); lengths 2 and 6
     group = on_policy(trainer, [1, 5, 9], [[4, 4], [6, 6, 6, 6, 6, 6]], [1.0, 0.0])
-    stats = trainer.step([group])
+    stats = trainer.step([group], micro_batch=micro_batch)
     assert stats["samples"] == 2.0
     # per token -adv: seq-mean = -(1 - 1) / 2 = 0; token-mean = -(2 - 6) / 8 = 0.5
     want = 0.0 if agg == "seq-mean" else 0.5
