@@ -28,7 +28,7 @@ creeps up although the memory in use does not grow (docs/results.md, "Soak").
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 from dataclasses import dataclass, field
 
 _MALLINFO2_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
@@ -37,15 +37,21 @@ _STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "rss_anon_kib", "RssFile": "rss
                   "RssShmem": "rss_shmem_kib", "VmData": "vm_data_kib"}
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library this process already runs on, loaded once (no `find_library`: that
+    runs `ldconfig` in a subprocess, and these are called every step)."""
+    return ctypes.CDLL(None)
+
+
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in _MALLINFO2_FIELDS]
 
 
 def mallinfo2() -> dict[str, int]:
     """glibc's heap figures in bytes (empty where the C library has no `mallinfo2`)."""
-    path = ctypes.util.find_library("c")
     try:
-        fn = ctypes.CDLL(path).mallinfo2
+        fn = _libc().mallinfo2
     except (OSError, AttributeError, TypeError):
         return {}
     fn.restype = _Mallinfo2
@@ -73,7 +79,7 @@ def trim() -> bool:
     """Return the free pages of every malloc arena to the kernel; True if any were (False
     where the C library has no `malloc_trim`)."""
     try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+        fn = _libc().malloc_trim
     except (OSError, AttributeError, TypeError):
         return False
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
