@@ -1,24 +1,19 @@
 """`Child`: one child process of a local cluster (started with its command, environment and
 log file; its liveness, log tail and signals). `LocalCluster` starts them and the
-`Supervisor` restarts them; on Linux a child gets SIGTERM when its parent dies.
+`Supervisor` restarts them; on Linux a child gets SIGTERM when its parent dies (set by the
+`deathsig` launcher, not a `preexec_fn`: see there why).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+from bubblespec.cluster import deathsig
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -47,9 +42,8 @@ class Child:
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open by the child)
         try:
             self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
+                deathsig.command(self.argv), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         finally:
             log.close()
 

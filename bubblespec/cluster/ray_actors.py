@@ -27,7 +27,6 @@ Every server binds 0.0.0.0 and advertises the node's IP; each still serves `/met
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -39,15 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bubblespec.cluster import deathsig
 from bubblespec.cluster.child import log_tail
 from bubblespec.cluster.local import CHILD_ENV, free_ports
-
-PDEATHSIG = 1  # prctl option PR_SET_PDEATHSIG
-
-
-def _die_with_actor() -> None:  # runs in the reaper between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -181,10 +174,10 @@ class RoleActor:
             log.flush()
             reaper = [sys.executable, "-m", "bubblespec.cluster.reaper", str(self.spec.grace_s),
                       "--"]
-            return subprocess.Popen(
-                [*reaper, *self._argv()], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=_die_with_actor)  # noqa: PLW1509
+            return subprocess.Popen(  # the reaper dies with the actor (deathsig: no preexec_fn)
+                deathsig.command([*reaper, *self._argv()]), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
 
     def _watch(self) -> None:
         code = self.proc.wait()

@@ -5,7 +5,7 @@ with the actor.
 
 `PR_SET_PDEATHSIG` reaches only a direct child, and vLLM's engine-core process (a child of
 the rank server) outlives its parent. So the actor starts this reaper as the leader of a new
-process group, with a death signal of SIGTERM; the reaper runs the server in that group and:
+process group, with a death signal of SIGTERM (`deathsig`); the reaper runs the server in that group and:
 
 - on SIGTERM (the actor died: `ray.kill`, Ray's memory monitor, a crash) SIGKILLs the whole
   group at once, server and engine processes alike: a real crash of the role;

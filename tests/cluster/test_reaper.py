@@ -17,10 +17,9 @@ from tests.cluster.helpers import REPO_ROOT
 # prints the reaper's pid, then waits to be killed.
 ACTOR = """
 import subprocess, sys, time
-from bubblespec.cluster.ray_actors import _die_with_actor
-p = subprocess.Popen([sys.executable, "-m", "bubblespec.cluster.reaper", "5", "--",
-                      "sh", "-c", sys.argv[1]], start_new_session=True,
-                     preexec_fn=_die_with_actor)
+from bubblespec.cluster import deathsig
+p = subprocess.Popen(deathsig.command([sys.executable, "-m", "bubblespec.cluster.reaper", "5",
+                                       "--", "sh", "-c", sys.argv[1]]), start_new_session=True)
 print(p.pid, flush=True)
 sys.exit(p.wait())
 """
