@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bubblespec.cluster import deathsig
+from bubblespec.cluster import deathsig, reaper
 from bubblespec.cluster.child import log_tail
 from bubblespec.cluster.local import CHILD_ENV, free_ports
 
@@ -172,10 +172,8 @@ class RoleActor:
         with open(self.log_path, "ab") as log:
             log.write(f"--- incarnation {self.incarnation}: {' '.join(self._argv())}\n".encode())
             log.flush()
-            reaper = [sys.executable, "-m", "bubblespec.cluster.reaper", str(self.spec.grace_s),
-                      "--"]
             return subprocess.Popen(  # the reaper dies with the actor (deathsig: no preexec_fn)
-                deathsig.command([*reaper, *self._argv()]), stdout=log,
+                deathsig.command(reaper.command(self.spec.grace_s, self._argv())), stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
 

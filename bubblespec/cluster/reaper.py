@@ -1,7 +1,7 @@
 """The process between a Ray actor and its role's server: the server's whole process tree dies
 with the actor.
 
-    python -m bubblespec.cluster.reaper <grace-s> -- <server argv...>
+    python -I -S .../bubblespec/cluster/reaper.py <grace-s> -- <server argv...>   (`command`)
 
 `PR_SET_PDEATHSIG` reaches only a direct child, and vLLM's engine-core process (a child of
 the rank server) outlives its parent. So the actor starts this reaper as the leader of a new
@@ -13,7 +13,8 @@ process group, with a death signal of SIGTERM (`deathsig`); the reaper runs the 
   `grace-s`, then SIGKILLs what is left of the group;
 - when the server exits on its own, SIGKILLs what it left behind and exits with its code.
 
-Standard library only: it starts in milliseconds and imports nothing that could fail.
+Standard library only, and run by path in isolated mode (`command`), so that starting it
+imports neither `bubblespec` nor site packages: nothing that could fail or slow the start.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import FrameType
+
+
+def command(grace_s: float, argv: list[str], python: str = sys.executable) -> list[str]:
+    """The command line that runs `argv` under a reaper (`python -I -S` this file)."""
+    return [python, "-I", "-S", str(Path(__file__).resolve()), str(grace_s), "--", *argv]
 
 
 def _kill_group() -> None:
@@ -33,7 +40,7 @@ def _kill_group() -> None:
 def main(argv: list[str]) -> int:
     """Run the server of `argv` (after `--`) under the rules of the module docstring."""
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m bubblespec.cluster.reaper GRACE_S -- ARGV...", file=sys.stderr)
+        print("usage: reaper.py GRACE_S -- ARGV...", file=sys.stderr)
         return 2
     grace_s, cmd = float(argv[0]), argv[2:]
     server = subprocess.Popen(cmd)  # same process group as this reaper

@@ -17,9 +17,9 @@ from tests.cluster.helpers import REPO_ROOT
 # prints the reaper's pid, then waits to be killed.
 ACTOR = """
 import subprocess, sys, time
-from bubblespec.cluster import deathsig
-p = subprocess.Popen(deathsig.command([sys.executable, "-m", "bubblespec.cluster.reaper", "5",
-                                       "--", "sh", "-c", sys.argv[1]]), start_new_session=True)
+from bubblespec.cluster import deathsig, reaper
+p = subprocess.Popen(deathsig.command(reaper.command(5, ["sh", "-c", sys.argv[1]])),
+                     start_new_session=True)
 print(p.pid, flush=True)
 sys.exit(p.wait())
 """
