@@ -77,8 +77,9 @@ def step_figures(result: Mapping[str, Any], report: Mapping[str, Any] | None,
 
 def request_figures(prompts: list[Any]) -> dict[str, Any]:
     """Per-request figures of a step, grouped by prompt like `output_lengths`: each
-    response's forward passes, accepted pre-generated tokens and first divergence from its
-    pre-generated response, and each prompt's rank (what a per-request calibration of the
+    response's forward passes, accepted pre-generated tokens, first divergence from its
+    pre-generated response and draft tokens accepted at or after it (a margin branch or a
+    re-coupling that caught the flip), and each prompt's rank (what a per-request calibration of the
     covered acceptance, and a model of where coupling breaks, read)."""
     return {
         "request_decode_steps": [[int(s.decode_steps) for s in pr.samples] for pr in prompts],
@@ -87,6 +88,8 @@ def request_figures(prompts: list[Any]) -> dict[str, Any]:
         "request_first_divergence": [[s.first_divergence for s in pr.samples]
                                      for pr in prompts],
         "request_draft_ran_out": [[s.draft_ran_out for s in pr.samples] for pr in prompts],
+        "request_accepted_after": [[int(s.num_accepted_after_divergence or 0)
+                                    for s in pr.samples] for pr in prompts],
         "prompt_ranks": [pr.rank_id for pr in prompts],
     }
 

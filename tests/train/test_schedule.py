@@ -78,10 +78,12 @@ def test_request_figures_group_per_prompt() -> None:
     prompts = [PromptResult(index=0, prompt_key="a", rank_id="r1", input_ids=[1],
                             samples=[RolloutSample(sample_index=0, output_ids=[5, 6],
                                                    decode_steps=2, num_accepted_pregen_tokens=1,
-                                                   first_divergence=1, draft_ran_out=False),
+                                                   first_divergence=1, draft_ran_out=False,
+                                                   num_accepted_after_divergence=1),
                                      RolloutSample(sample_index=1, output_ids=[5],
                                                    decode_steps=1)])]
     f = request_figures(prompts)
     assert f == {"request_decode_steps": [[2, 1]], "request_accepted_pregen": [[1, 0]],
                  "request_first_divergence": [[1, None]],
-                 "request_draft_ran_out": [[False, None]], "prompt_ranks": ["r1"]}
+                 "request_draft_ran_out": [[False, None]],
+                 "request_accepted_after": [[1, 0]], "prompt_ranks": ["r1"]}
