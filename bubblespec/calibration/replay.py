@@ -38,7 +38,15 @@ import numpy as np
 
 from bubblespec.bench.paced_record import PacedDoc, PacedRun
 from bubblespec.calibration.flips import Flips, flip_caps, lost_tokens
-from bubblespec.calibration.tails import rate_spread, tail_multipliers, tail_rates
+from bubblespec.calibration.tails import (
+    caught,
+    head_multipliers,
+    head_rates,
+    rate_spread,
+    split_rates,
+    tail_multipliers,
+    whole_multipliers,
+)
 from bubblespec.core.engine_time import EngineTime
 from bubblespec.gateway.shard import LengthEstimator, lpt, make_items
 from bubblespec.sim.model import (
@@ -50,8 +58,15 @@ from bubblespec.sim.model import (
     run_mode,
     summarise,
 )
-from bubblespec.sim.policy import ModeSpec, solve_covered, with_spread, with_tail_rates
+from bubblespec.sim.policy import (
+    ModeSpec,
+    solve_covered,
+    with_head_rates,
+    with_spread,
+    with_tail_rates,
+)
 from bubblespec.sim.pregen import breadth_first
+from bubblespec.sim.tails import Rates
 
 PREGEN_INFLIGHT = 64
 """The rank's default `pregen_inflight` (the paced bench does not change it)."""
@@ -220,16 +235,20 @@ def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
 def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
            cover_cv: float = 0.0, seed: int = 0, prompt_len: float | None = None,
            flips: Flips | None = None, use_flips: bool = True, tail_classes: bool = True,
-           own_tails: bool = False, draw_spread: bool = False) -> dict[str, Replayed]:
+           own_rates: bool = False, draw_spread: bool = False) -> dict[str, Replayed]:
     """Every mode of one seed simulated on its own measured lengths and replayed
     assignment, with its pooled measured acceptance (or each step's own, `per_step`);
     `cover_cv` > 0 draws a per-request spread of the covered acceptance (an assumption,
     `SimConfig.cover_cv`). With measured flips (`flips`, else the records' own; off with
     `use_flips=False`) a response's draft covers it only up to its flip, and the covered
-    acceptance is solved on the tokens before the flips, and the tokens after a flip decode
-    at the measured rate of their tail-length class (`tails.tail_rates`; one pooled rate
-    with `tail_classes=False`), or with `own_tails` each at its own measured rate (a replay
-    of the measured tails, which checks the rest of the model); `draw_spread` draws each
+    acceptance is solved on the tokens before the flips, the covered tokens decode at the
+    measured rate of their head-length class (`tails.head_rates`) and the tokens after a
+    flip at that of their tail-length class, of the flips a margin branch caught or of
+    the others (`tails.split_rates`, `tails.caught`; one pooled rate and no head classes
+    with `tail_classes=False`); with `own_rates` every response decodes at its own measured
+    rate: a pre-generating mode's tails and the heads its drafts covered, the other modes'
+    whole responses (a replay of the measured rates, which checks the rest of the model:
+    batching, assignment, pre-generation and its coverage); `draw_spread` draws each
     request's rate from its mode's measured per-request spread (`tails.rate_spread`, one
     quantile per request shared by the modes, from `seed`)."""
     et = EngineTime.preset(run.pace)
@@ -249,11 +268,14 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
             drawn["flip"] = caps.reshape(run.steps, -1)
         spec = (per_step_specs(run, name, lost) if per_step
                 else pooled_spec(run, name, lost))
-        rates = tail_rates(run, name, caps) if tail_classes else ()
-        spec = with_tail_rates(spec, rates)
-        mult = tail_multipliers(run, name, caps, rates) if own_tails else None
-        if mult is not None:
-            drawn["flip_mult"] = mult.reshape(run.steps, -1)
+        rates, held = split_rates(run, name, caps) if tail_classes else ((), ())
+        heads = head_rates(run, name, caps) if tail_classes else ()
+        spec = with_head_rates(with_tail_rates(spec, rates, held), heads)
+        hit = caught(run, name, caps) if held else None
+        if hit is not None:
+            drawn["caught"] = hit.reshape(run.steps, -1)
+        if own_rates:
+            _own_rates(run, name, caps, (rates, held), heads, drawn)
         if draw_spread:
             spec = with_spread(spec, rate_spread(run, name, caps))
             drawn["rate_q"] = np.random.default_rng([seed, 0]).random((run.steps, L[0].size))
@@ -266,9 +288,20 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
     return out
 
 
+def _own_rates(run: PacedRun, name: str, caps: np.ndarray | None, rates: tuple[Rates, Rates],
+               heads: Rates, drawn: dict[str, Any]) -> None:
+    """Put each response's own measured rate into `drawn` (see `replay`'s `own_rates`)."""
+    for m in (tail_multipliers(run, name, caps, *rates), whole_multipliers(run, name)):
+        if m is not None:
+            drawn["flip_mult"] = m.reshape(run.steps, -1)
+    head = head_multipliers(run, name, caps, heads)
+    if head is not None:
+        drawn["mult_cov"] = head
+
+
 def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
                seed: int = 0, flips: Flips | None = None, use_flips: bool = True,
-               tail_classes: bool = True, own_tails: bool = False, draw_spread: bool = False
+               tail_classes: bool = True, own_rates: bool = False, draw_spread: bool = False
                ) -> dict[str, Replayed]:
     """`replay` of every seed of a paced run, tokens and seconds summed per mode over the
     seeds (as the bench sums them); steps shown are the first seed's."""
@@ -279,7 +312,7 @@ def replay_all(path: str | Path, per_step: bool = False, cover_cv: float = 0.0,
     first = PacedRun.of(doc, path, keys[0])
     plen = first.prompt_len(doc.runs[keys[0]])
     reps = [replay(PacedRun.of(doc, path, k), doc.runs[k], per_step, cover_cv, seed, plen,
-                   flips if k == keys[0] else None, use_flips, tail_classes, own_tails,
+                   flips if k == keys[0] else None, use_flips, tail_classes, own_rates,
                    draw_spread) for k in keys]
     out = reps[0]
     for rep in reps[1:]:

@@ -39,10 +39,10 @@ from bubblespec.calibration.replay import (
     pooled_spec,
     replay_all,
 )
-from bubblespec.calibration.tails import rate_spread, tail_rates
+from bubblespec.calibration.tails import caught_share, head_rates, rate_spread, split_rates
 from bubblespec.core.engine_time import EngineTime
 from bubblespec.sim.model import SimConfig
-from bubblespec.sim.policy import ModeSpec, with_tail_rates
+from bubblespec.sim.policy import ModeSpec, with_head_rates, with_tail_rates
 from bubblespec.sim.run import Scenario
 from bubblespec.sim.workload import LengthSource
 
@@ -78,20 +78,22 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
         "groups)"), groups=groups)
     names = [n for n in run.modes if n != "nospec-keyed" or "nospec" not in run.modes]
     share, where = flip_stats(run, flips)
+    held = caught_share(run, flips)
     modes = [replace(_flipped_spec(run, n, flips) if share else pooled_spec(run, n),
                      rate_spread=rate_spread(run, n, flip_caps(run, n, flips)))
              for n in names]
     cfg = SimConfig(prompts_per_rank=max(1, run.prompts // run.ranks), n=run.n,
                     prompt_len=round(run.prompt_len(first)), steps=steps,
                     pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
-                    flip_share=share, flip_positions=where, seed=seed,
+                    flip_share=share, flip_positions=where, caught_share=held, seed=seed,
                     rate_spread=any(m.rate_spread for m in modes))
     notes = [(f"calibrated from {run.path}: per-rank workload, lengths and pooled acceptance "
              f"of its {run.ranks}-rank run; trainer {window_s:g} s (its training window); "
              "the keyed baseline equals nospec in the model (same lengths)")]
     if share:
         notes.append(f"measured flips: {share:.1%} of the responses with a draft leave it, "
-                     f"at median {np.median(where):.2f} of their length")
+                     f"at median {np.median(where):.2f} of their length; a margin branch "
+                     f"caught {held:.0%} of them")
     for m in modes:
         if m.rate_spread:
             x = np.asarray(m.rate_spread)
@@ -208,10 +210,12 @@ def gap_line(pooled: dict[str, Replayed]) -> str:
 
 def _flipped_spec(run: PacedRun, name: str, flips: Flips | None) -> ModeSpec:
     """A mode's pooled spec with measured flips: covered acceptance solved on the tokens
-    before them, after-flip rates per tail-length class."""
+    before them, covered rates per head-length class, after-flip rates per tail-length
+    class (of the flips a branch caught and of the others)."""
     caps = flip_caps(run, name, flips)
-    spec = with_tail_rates(pooled_spec(run, name, lost_tokens(run, name, caps)),
-                           tail_rates(run, name, caps))
+    spec = with_head_rates(with_tail_rates(pooled_spec(run, name, lost_tokens(run, name, caps)),
+                                           *split_rates(run, name, caps)),
+                           head_rates(run, name, caps))
     assert isinstance(spec, ModeSpec)
     return spec
 
@@ -229,11 +233,17 @@ def flip_lines(run: PacedRun, flips: Flips | None, src: str) -> tuple[list[str],
         out.append(f"{TAG} flips {name}: {int(hit.sum())} of {hit.size} responses after step "
                    f"0 left their draft ({src}); tokens after the flips: "
                    f"{int(lost_tokens(run, name, caps)[1:].sum())}")
-        rates = tail_rates(run, name, caps)
-        if rates:
-            out.append(f"{TAG} after-flip acceptance {name} by tail length (per-request "
-                       "records; tail tokens <= edge: accepted per forward): " + " ".join(
-                           f"{e:g}:{r:.2f}" for e, r in rates))
+        rates, held = split_rates(run, name, caps)
+        for what, r in (("", rates), (" of the flips a branch caught", held)):
+            if r:
+                out.append(f"{TAG} after-flip acceptance{what} {name} by tail length "
+                           "(per-request records; tail tokens <= edge: accepted per "
+                           "forward): " + " ".join(f"{e:g}:{x:.2f}" for e, x in r))
+        heads = head_rates(run, name, caps)
+        if heads:
+            out.append(f"{TAG} covered acceptance {name} by head length (per-request "
+                       "records; tokens up to the flip <= edge: accepted per forward): "
+                       + " ".join(f"{e:g}:{x:.2f}" for e, x in heads))
     return out, any_caps
 
 
@@ -271,9 +281,9 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
                                                                      use_flips=False)))
         fl.append(f"{TAG} flips, one pooled after-flip rate: " + gap_line(
             replay_all(run.path, flips=flips, tail_classes=False)))
-        fl.append(f"{TAG} flips, each tail at its own measured rate (replays the tails; "
-                  "checks the rest): " + gap_line(replay_all(run.path, flips=flips,
-                                                             own_tails=True)))
+        fl.append(f"{TAG} flips, each response at its own measured rate (tails, covered "
+                  "heads, whole responses; replays the rates, checks the rest): "
+                  + gap_line(replay_all(run.path, flips=flips, own_rates=True)))
     checks = assignment_check(run, assignments(run))
     head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
             f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "

@@ -21,21 +21,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bubblespec.calibration.flips import Flips, flip_caps, ran_out
 from bubblespec.sim.tails import Rates, class_rate
 
 if TYPE_CHECKING:
     from bubblespec.bench.paced_record import PacedRun
 
 TAIL_EDGES = (32, 64, 128, 256)
-"""Upper edges (tokens after the flip) of the tail-length classes of `tail_rates`."""
+"""Upper edges (tokens) of the length classes of `tail_rates` (after the flip) and
+`head_rates` (up to it)."""
 MIN_CLASS = 8
 """Fewest flipped responses a tail-length class needs; a sparser one joins the next longer
 class (the longest, the previous one)."""
 
 def _tails(run: PacedRun, name: str, caps: np.ndarray | None
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(mask of the flipped responses after step 0, their tail tokens, their tail forwards);
-    None without per-request records or flips."""
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(mask of the flipped responses after step 0, their tail tokens, their tail forwards,
+    which of them a margin branch or a re-coupling caught: `caught`); None without
+    per-request records or flips."""
     m = run.modes[name]
     if caps is None or not all("request_decode_steps" in s and "request_accepted_pregen" in s
                                for s in m.steps):
@@ -50,29 +53,54 @@ def _tails(run: PacedRun, name: str, caps: np.ndarray | None
         return None
     tail = (L - f)[hit]
     fw = np.maximum(1, D[hit] - (f[hit] - np.minimum(P[hit], f[hit])))
-    return hit, tail, fw
+    caught = (P > f) & ~ran_out(run, name)[1:]
+    return hit, tail, fw, caught[hit]
 
 
-def tail_rates(run: PacedRun, name: str, caps: np.ndarray | None) -> Rates:
-    """Accepted draft tokens per forward after a flip, per class of tail length (a class's
-    tail tokens over its tail forwards, less the one token a forward emits); () without
-    per-request records."""
+def caught(run: PacedRun, name: str, caps: np.ndarray | None) -> np.ndarray | None:
+    """(steps, prompts, n): True where a response left its draft at a flip and still
+    accepted pre-generated tokens after it (more than its flip position: a margin branch,
+    or the draft again after a re-coupling, went on drafting it); None without records.
+    Such a tail decodes several times faster than one nothing caught (the measured rates
+    are in docs/design.md, section 15), so the replay and the projection tell them apart."""
     t = _tails(run, name, caps)
     if t is None:
-        return ()
-    _, tail, fw = t
-    cls = np.searchsorted(np.asarray(TAIL_EDGES), tail, side="left")
+        return None
+    out = np.zeros((run.steps, run.prompts, run.n), dtype=bool)
+    out[1:][t[0]] = t[3]
+    return out
+
+
+def caught_share(run: PacedRun, flips: Flips | None = None) -> float:
+    """Share of the flips (not a draft's end) that were caught (`caught`), over the first
+    pre-generating mode with records, as `flips.flip_stats` counts its flips."""
+    for name in run.modes:
+        caps = flip_caps(run, name, flips)
+        t = _tails(run, name, caps)
+        if t is None:
+            continue
+        hit, _, _, c = t
+        real = ~ran_out(run, name)[1:][hit]
+        return float(c[real].mean()) if real.any() else 0.0
+    return 0.0
+
+
+def _class_rates(lengths: np.ndarray, forwards: np.ndarray) -> Rates:
+    """Accepted per forward per length class (a class's tokens over its forwards, less the
+    one token a forward emits), a class with fewer than `MIN_CLASS` responses joined to the
+    next longer one (the longest, to the previous one)."""
+    cls = np.searchsorted(np.asarray(TAIL_EDGES), lengths, side="left")
     edges = [*map(float, TAIL_EDGES), float("inf")]
-    sums: list[list[float]] = []  # [upper edge, tail tokens, tail forwards, responses]
+    sums: list[list[float]] = []  # [upper edge, tokens, forwards, responses]
     acc = [0.0, 0.0, 0.0]
     for k, edge in enumerate(edges):  # a sparse class joins the next longer one
         sel = cls == k
-        acc = [acc[0] + float(tail[sel].sum()), acc[1] + float(fw[sel].sum()),
+        acc = [acc[0] + float(lengths[sel].sum()), acc[1] + float(forwards[sel].sum()),
                acc[2] + float(sel.sum())]
         if acc[2] >= MIN_CLASS:
             sums.append([edge, *acc])
             acc = [0.0, 0.0, 0.0]
-    if acc[2]:  # sparse longest tails: with the last class, or alone if none
+    if acc[2]:  # sparse longest: with the last class, or alone if none
         if sums:
             last = sums[-1]
             sums[-1] = [last[0], last[1] + acc[0], last[2] + acc[1], last[3] + acc[2]]
@@ -82,32 +110,129 @@ def tail_rates(run: PacedRun, name: str, caps: np.ndarray | None) -> Rates:
     return tuple((e, max(0.0, t / w - 1.0)) for e, t, w, _ in sums)
 
 
-def tail_multipliers(run: PacedRun, name: str, caps: np.ndarray | None, rates: Rates
-                     ) -> np.ndarray | None:
+def tail_rates(run: PacedRun, name: str, caps: np.ndarray | None,
+               kind: bool | None = None) -> Rates:
+    """Accepted draft tokens per forward after a flip, per class of tail length: of every
+    tail (`kind` None), of the caught ones (True, `caught`) or of the others (False); ()
+    without per-request records or such tails."""
+    t = _tails(run, name, caps)
+    if t is None:
+        return ()
+    _, tail, fw, c = t
+    sel = np.ones(tail.shape, bool) if kind is None else c == kind
+    return _class_rates(tail[sel], fw[sel]) if sel.any() else ()
+
+
+def split_rates(run: PacedRun, name: str, caps: np.ndarray | None) -> tuple[Rates, Rates]:
+    """(rates of the tails nothing caught, rates of the caught ones) when some were caught,
+    else (rates of every tail, ())."""
+    hit = caught(run, name, caps)
+    if hit is None or not hit.any():
+        return tail_rates(run, name, caps), ()
+    return tail_rates(run, name, caps, False), tail_rates(run, name, caps, True)
+
+
+def _own_class(tail: np.ndarray, c: np.ndarray, rates: Rates, caught_rates: Rates
+               ) -> np.ndarray:
+    """Tokens per forward of each tail's class (caught tails: `caught_rates` when given)."""
+    own = 1.0 + class_rate(rates, tail)
+    if caught_rates:
+        own = np.where(c, 1.0 + class_rate(caught_rates, tail), own)
+    return own
+
+
+def _heads(run: PacedRun, name: str, caps: np.ndarray | None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(mask of the responses after step 0 with a measured covered head, their head tokens,
+    their head forwards) of a pre-generating mode: the tokens up to the flip (the whole
+    response without one) and the forwards spent on them, the flip position less the
+    pre-generated tokens accepted there, as in `_tails`. None without per-request records."""
+    m = run.modes[name]
+    if not m.pregen or not all("request_decode_steps" in s and "request_accepted_pregen" in s
+                               for s in m.steps):
+        return None
+    L = run.lengths(name)[1:]
+    D = np.stack([np.asarray(s["request_decode_steps"], dtype=np.int64) for s in m.steps[1:]])
+    P = np.stack([np.asarray(s["request_accepted_pregen"], dtype=np.int64)
+                  for s in m.steps[1:]])
+    f = np.minimum(L, caps[1:]) if caps is not None else L
+    fw = np.where(f < L, f - np.minimum(P, f), D)
+    ok = (f > 0) & (fw > 0) & (P > 0)  # a head its draft covered, decoded in forwards
+    if not ok.any():
+        return None
+    return ok, f[ok], fw[ok]
+
+
+def head_rates(run: PacedRun, name: str, caps: np.ndarray | None) -> Rates:
+    """Accepted draft tokens per forward while a response's pre-generated draft covers it,
+    per class of head length (tokens up to its flip, or the whole response); () without
+    per-request records."""
+    h = _heads(run, name, caps)
+    return () if h is None else _class_rates(h[1], h[2])
+
+
+def tail_multipliers(run: PacedRun, name: str, caps: np.ndarray | None, rates: Rates,
+                     caught_rates: Rates = ()) -> np.ndarray | None:
     """(steps, prompts, n): each flipped response's measured tokens per tail forward over
-    its class's (1 where none, and in step 0); None without per-request records. The
-    replay decodes each tail at its own measured rate with these."""
+    its class's (of the caught tails with `caught_rates`; 1 where none, and in step 0); None
+    without per-request records. The replay decodes each tail at its own measured rate
+    with these."""
     t = _tails(run, name, caps)
     if t is None or not rates:
         return None
-    hit, tail, fw = t
+    hit, tail, fw, c = t
     out = np.ones((run.steps, run.prompts, run.n))
-    out[1:][hit] = (tail / fw) / (1.0 + class_rate(rates, tail))
+    out[1:][hit] = (tail / fw) / _own_class(tail, c, rates, caught_rates)
+    return out
+
+
+def head_multipliers(run: PacedRun, name: str, caps: np.ndarray | None, rates: Rates
+                     ) -> np.ndarray | None:
+    """(steps, prompts, n): each covered head's measured tokens per forward over its class's
+    (`head_rates`; 1 where none, and in step 0); None without per-request records. The
+    replay decodes each head at its own measured rate with these."""
+    h = _heads(run, name, caps)
+    if h is None or not rates:
+        return None
+    ok, head, fw = h
+    out = np.ones((run.steps, run.prompts, run.n))
+    own = head / fw - 1.0
+    cls = class_rate(rates, head)
+    out[1:][ok] = np.where(cls > 0, own / np.where(cls > 0, cls, 1.0), 1.0)
+    return out
+
+
+def whole_multipliers(run: PacedRun, name: str) -> np.ndarray | None:
+    """(steps, prompts, n) for a mode that does not pre-generate: each response's measured
+    tokens per forward L / D over the mode's pooled sum(L) / sum(D) of the steps after step
+    0 (1 where unmeasured); None without per-request records or speculation."""
+    m = run.modes[name]
+    if (m.pregen or not any(s["draft_tokens"] for s in m.steps)
+            or not all("request_decode_steps" in s for s in m.steps)):
+        return None
+    L = run.lengths(name).astype(float)
+    D = np.stack([np.asarray(s["request_decode_steps"], dtype=float) for s in m.steps])
+    if not D[1:].sum():
+        return None
+    out = np.ones(L.shape)
+    ok = D > 0
+    out[ok] = (L[ok] / D[ok]) / (L[1:].sum() / D[1:].sum())
     return out
 
 
 def rate_spread(run: PacedRun, name: str, caps: np.ndarray | None) -> tuple[float, ...]:
     """A mode's measured per-request multipliers of tokens per forward over the steps after
-    step 0: for a pre-generating mode, each flipped tail's over its class's (the tails are
+    step 0: for a pre-generating mode, each flipped tail's over its class's (caught or not,
+    `split_rates`; the tails are
     where its responses differ); for the others, each response's L / D over the pooled
     sum(L) / sum(D) of all of them. () without per-request records."""
     m = run.modes[name]
     if m.pregen:
-        rates, t = tail_rates(run, name, caps), _tails(run, name, caps)
+        (rates, caught_rates), t = split_rates(run, name, caps), _tails(run, name, caps)
         if t is None or not rates:
             return ()
-        _, tail, fw = t
-        return tuple(float(x) for x in (tail / fw) / (1.0 + class_rate(rates, tail)))
+        _, tail, fw, c = t
+        return tuple(float(x) for x in (tail / fw) / _own_class(tail, c, rates, caught_rates))
     if len(m.steps) < 2 or not all("request_decode_steps" in s for s in m.steps):
         return ()
     L = run.lengths(name)[1:].ravel().astype(float)

@@ -101,6 +101,10 @@ class SimConfig:
     flips a keyed token; measured by `bench flips` or the paced records); 0: none."""
     flip_positions: tuple[float, ...] = ()
     """Where they leave it, as shares of the response's length (drawn from these)."""
+    caught_share: float = 0.0
+    """Share of those flips that a margin branch catches (measured): the response goes on
+    following the branch's draft, so its tail decodes at the mode's caught-tail rates
+    (`ModeSpec.after_caught_by_tail`) instead of the after-flip ones."""
     lookahead: int = 1
     """Future steps whose prompts each step hands ahead (1: the next step's only)."""
     rate_spread: bool = False
@@ -190,6 +194,8 @@ def draw_steps(cfg: SimConfig, ranks: int, lengths: LengthSource) -> dict[str, n
             hit = rng.random(L.shape) < cfg.flip_share
             at = np.floor(rng.choice(np.asarray(cfg.flip_positions), L.shape) * L)
             drawn[key] = np.where(hit, at, NO_FLIP).astype(np.int64).reshape(cfg.steps, -1)
+    if "flip" in drawn and cfg.caught_share > 0:  # drawn last, as above
+        drawn["caught"] = (rng.random(L.shape) < cfg.caught_share).reshape(cfg.steps, -1)
     return drawn
 
 
@@ -211,15 +217,18 @@ def _scaled(accepted: np.ndarray, mult: np.ndarray) -> np.ndarray:
 def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarray,
               mult_cov: np.ndarray, covered: np.ndarray, mode: ModeSpec,
               et: EngineTime, flip: np.ndarray | None = None,
-              flip_mult: np.ndarray | None = None, rate_q: np.ndarray | None = None
-              ) -> Requests:
+              flip_mult: np.ndarray | None = None, rate_q: np.ndarray | None = None,
+              caught: np.ndarray | None = None) -> Requests:
     """The step's requests; `flip` (per request, optional): the output position where the
     response leaves its pre-generated draft (a policy update flipped a token there), past
     which its draft no longer covers it and it decodes at the mode's accepted-after-flip
     rate for its tail's length (default: the uncovered rate), its tokens per forward times
-    `flip_mult` (per request, optional). `rate_q` (per request, optional): quantiles of
+    `flip_mult` (per request, optional; in a mode without pre-generation, every position's).
+    `rate_q` (per request, optional): quantiles of
     the mode's measured per-request spread (`ModeSpec.spread_at`), applied to the tails
-    after a flip of a pre-generating mode and to every position of the others."""
+    after a flip of a pre-generating mode and to every position of the others. `caught`
+    (per request, optional): the flips a margin branch caught, whose tails decode at the
+    mode's caught-tail rates."""
     prompts, n = L.shape
     size = prompts * n
     first = np.zeros((prompts, n))
@@ -229,18 +238,19 @@ def _requests(cfg: SimConfig, L: np.ndarray, assign: np.ndarray, mult: np.ndarra
     acc_unc = mode.accepted * m
     if flip_mult is None and rate_q is not None:
         flip_mult = mode.spread_at(rate_q.ravel())
-        if flip_mult is not None and not mode.uses_pregen:
-            acc_unc = _scaled(acc_unc, flip_mult)
+    if flip_mult is not None and not mode.uses_pregen:
+        acc_unc = _scaled(acc_unc, flip_mult.ravel())
     if flip is not None and mode.uses_pregen:
         flipped = flip.ravel() < cov
         cov = np.minimum(cov, flip.ravel())
-        after = mode.after_flip(np.maximum(0, L.ravel() - flip.ravel()))
+        after = mode.after_flip(np.maximum(0, L.ravel() - flip.ravel()),
+                                None if caught is None else caught.ravel())
         if after is not None and flip_mult is not None:
             after = _scaled(after, flip_mult.ravel())
         if after is not None:
             acc_unc = np.where(flipped, after * m, acc_unc)
     return Requests(rank=np.repeat(assign, n), length=L.ravel(), covered=cov,
-                    acc_cov=mode.accepted_covered * m * mult_cov.ravel(),
+                    acc_cov=mode.covered_rate(cov) * m * mult_cov.ravel(),
                     acc_unc=acc_unc,
                     drafted_cov=np.full(size, mode.drafted_covered),
                     drafted_unc=np.full(size, mode.drafted),
@@ -261,13 +271,14 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
         mode = specs[s]
         covered, made = drafts.take(s)
         flip, fm, q = drawn.get("flip"), drawn.get("flip_mult"), drawn.get("rate_q")
+        hit = drawn.get("caught")
         flip_s = None if flip is None else flip[s]
         if flip_s is not None and "flip_aged" in drawn:  # older drafts flip earlier
             flip_s = np.where((made >= 0) & (s - made >= 2),
                               np.minimum(flip_s, drawn["flip_aged"][s]), flip_s)
         req = _requests(cfg, L[s], A[s], M[s], drawn["mult_cov"][s], covered, mode, et,
                         flip_s, None if fm is None else fm[s],
-                        None if q is None else q[s])
+                        None if q is None else q[s], None if hit is None else hit[s])
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
         fmax = float(F.max())

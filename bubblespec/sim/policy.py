@@ -84,6 +84,15 @@ class ModeSpec:
     forward), ...) ascending, the last edge infinite (measured by
     `bubblespec.calibration.tails.tail_rates`); when given it replaces `accepted_after_flip`
     per response."""
+    after_caught_by_tail: tuple[tuple[float, float], ...] = ()
+    """Accepted per forward after a flip that a margin branch caught (`SimConfig.caught_share`,
+    or the replay's measured ones), per class of tail length (measured by
+    `bubblespec.calibration.tails.tail_rates`); none: such tails as the others."""
+    covered_by_head: tuple[tuple[float, float], ...] = ()
+    """Accepted per forward at covered positions per class of covered length (the tokens a
+    response's draft covers: up to its flip, or the whole response), as `after_flip_by_tail`
+    (measured by `bubblespec.calibration.tails.head_rates`); when given it replaces
+    `accepted_covered` per response."""
 
     rate_spread: tuple[float, ...] = ()
     """Measured per-request multipliers of tokens per forward (by
@@ -97,14 +106,27 @@ class ModeSpec:
             return None
         return np.quantile(np.asarray(self.rate_spread), q, method="inverted_cdf")
 
-    def after_flip(self, tail: np.ndarray) -> np.ndarray | None:
+    def after_flip(self, tail: np.ndarray, caught: np.ndarray | None = None
+                   ) -> np.ndarray | None:
         """Accepted per forward after the flip of responses with `tail` tokens after it
-        (None: no after-flip figure, the uncovered one applies)."""
+        (None: no after-flip figure, the uncovered one applies); where `caught`, at the
+        caught-tail rates if the mode has them."""
         if self.after_flip_by_tail:
-            return class_rate(self.after_flip_by_tail, tail)
-        if self.accepted_after_flip is None:
+            out = class_rate(self.after_flip_by_tail, tail)
+        elif self.accepted_after_flip is None:
             return None
-        return np.full(np.shape(tail), self.accepted_after_flip)
+        else:
+            out = np.full(np.shape(tail), self.accepted_after_flip)
+        if caught is not None and self.after_caught_by_tail:
+            out = np.where(caught, class_rate(self.after_caught_by_tail, tail), out)
+        return out
+
+    def covered_rate(self, head: np.ndarray) -> np.ndarray:
+        """Accepted per forward at the covered positions of responses whose drafts cover
+        `head` tokens."""
+        if self.covered_by_head:
+            return class_rate(self.covered_by_head, head)
+        return np.full(np.shape(head), self.accepted_covered)
 
     @property
     def is_baseline(self) -> bool:
@@ -116,21 +138,39 @@ class ModeSpec:
             s += (f" uncovered, {self.accepted_covered:.2f}/{self.drafted_covered:.2f} covered "
                   "by pre-generation" + (" (bubble + training window)" if self.pregen_window
                                          else ""))
+            if self.covered_by_head:
+                s += ", covered by head length " + " ".join(
+                    f"<={e:g}:{r:.2f}" for e, r in self.covered_by_head)
             if self.after_flip_by_tail:
                 s += ", accepted after a flip by tail length " + " ".join(
                     f"<={e:g}:{r:.2f}" for e, r in self.after_flip_by_tail)
+            if self.after_caught_by_tail:
+                s += ", after a caught flip " + " ".join(
+                    f"<={e:g}:{r:.2f}" for e, r in self.after_caught_by_tail)
             elif self.accepted_after_flip is not None:
                 s += f", {self.accepted_after_flip:.2f} accepted after a flip"
         return f"{s} ({self.source})"
 
 
-def with_tail_rates(spec: ModeSpec | list[ModeSpec], rates: Rates
+def with_tail_rates(spec: ModeSpec | list[ModeSpec], rates: Rates, caught: Rates = ()
                     ) -> ModeSpec | list[ModeSpec]:
-    """`spec` (or each step's) with the after-flip rates per tail-length class, if any
-    (pre-generating modes only: the others have no flips)."""
+    """`spec` (or each step's) with the after-flip rates per tail-length class, if any, and
+    those of the flips a branch caught (pre-generating modes only: the others have no
+    flips)."""
     if not rates:
         return spec
-    return _each(spec, lambda x: replace(x, after_flip_by_tail=rates) if x.uses_pregen else x)
+    return _each(spec, lambda x: replace(x, after_flip_by_tail=rates,
+                                         after_caught_by_tail=caught)
+                 if x.uses_pregen else x)
+
+
+def with_head_rates(spec: ModeSpec | list[ModeSpec], rates: Rates
+                    ) -> ModeSpec | list[ModeSpec]:
+    """`spec` (or each step's) with the covered rates per head-length class, if any
+    (pre-generating modes only)."""
+    if not rates:
+        return spec
+    return _each(spec, lambda x: replace(x, covered_by_head=rates) if x.uses_pregen else x)
 
 
 def with_spread(spec: ModeSpec | list[ModeSpec], spread: tuple[float, ...]

@@ -1,6 +1,6 @@
 """The model's side of flips and per-request spread (`model._requests`, `model.draw_steps`):
-a flip caps a response's coverage and its tail decodes at the after-flip rate, and a drawn
-spread scales each request at its quantile. The measured flips, tail rates and spread that
+a flip caps a response's coverage and its tail decodes at the after-flip rate (a caught
+flip's at the caught rate), and a drawn spread scales each request at its quantile. The measured flips, tail rates and spread that
 feed them are tested with the calibration (`tests/calibration`)."""
 
 from __future__ import annotations
@@ -53,3 +53,22 @@ def test_drawn_spread_scales_each_request_at_its_quantile():
     assert "rate_q" not in a and b["rate_q"].shape == (2, 6)
     for k in a:  # the spread draws after everything else: the other draws do not move
         assert np.array_equal(a[k], b[k]), k
+
+
+def test_a_caught_flip_decodes_its_tail_at_the_caught_rate():
+    cfg = SimConfig(prompts=1, n=3, prompt_len=10)
+    mode = ModeSpec("m", 0.5, 1.0, True, 7.0, 8.0, after_flip_by_tail=((float("inf"), 0.5),),
+                    after_caught_by_tail=((float("inf"), 6.0),))
+    args = (cfg, np.array([[100, 100, 100]]), np.zeros(1, np.int64), np.ones((1, 3)),
+            np.ones((1, 3)), np.array([100, 100, 100]), mode, EngineTime.preset("h100"),
+            np.array([30, 30, NO_FLIP]))
+    req = _requests(*args, None, None, np.array([True, False, True]))
+    assert req.acc_unc.tolist() == [6.0, 0.5, 0.5]  # the third never left its draft
+    assert _requests(*args).acc_unc.tolist() == [0.5, 0.5, 0.5]  # nothing known caught
+    # the caught flips are drawn last: every other draw stays what it was without them
+    lengths = LengthSource(description="fixed", groups=[np.array([50, 60, 70])])
+    base = SimConfig(prompts=4, n=3, steps=2, flip_share=0.5, flip_positions=(0.5,), seed=3)
+    a = draw_steps(base, 2, lengths)
+    b = draw_steps(SimConfig(**{**base.__dict__, "caught_share": 0.6}), 2, lengths)
+    assert "caught" not in a and b["caught"].shape == (2, 12)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
