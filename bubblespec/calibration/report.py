@@ -92,8 +92,8 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
              "the keyed baseline equals nospec in the model (same lengths)")]
     if share:
         notes.append(f"measured flips: {share:.1%} of the responses with a draft leave it, "
-                     f"at median {np.median(where):.2f} of their length; a margin branch "
-                     f"caught {held:.0%} of them")
+                     f"at median {np.median(where):.2f} of their length; a margin branch (or "
+                     f"the draft again) caught {held:.0%} of them")
     for m in modes:
         if m.rate_spread:
             x = np.asarray(m.rate_spread)
