@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 from typing_extensions import Self
 
+from bubblespec.bench.departures import departure_lines
 from bubblespec.bench.modes import (
     BASELINE,
     KEYED_BASELINE,
@@ -370,6 +371,10 @@ def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
     if div := divergence_lines(summaries):
         print("first divergence from the pre-generated response (steps after step 0):")
         print("\n".join(div) + "\n")
+    if dep := departure_lines(first):
+        print("after leaving the pre-generated response (steps after step 0; tail tokens per "
+              "forward vs suffix-keyed's on the same responses; tails at or above it):")
+        print("\n".join(dep) + "\n")
     print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
     if branched := {k: v["branches"] for k, v in first.items()
                     if (v.get("branches") or {}).get("made")}:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bubblespec.bench.departures import caught_mask, tail_forwards
 from bubblespec.calibration.flips import Flips, flip_caps, ran_out
 from bubblespec.sim.tails import Rates, class_rate
 
@@ -52,9 +53,8 @@ def _tails(run: PacedRun, name: str, caps: np.ndarray | None
     if not hit.any():
         return None
     tail = (L - f)[hit]
-    fw = np.maximum(1, D[hit] - (f[hit] - np.minimum(P[hit], f[hit])))
-    caught = (P > f) & ~ran_out(run, name)[1:]
-    return hit, tail, fw, caught[hit]
+    fw = tail_forwards(L[hit], D[hit], P[hit], f[hit])
+    return hit, tail, fw, caught_mask(P, f, ran_out(run, name)[1:])[hit]
 
 
 def caught(run: PacedRun, name: str, caps: np.ndarray | None) -> np.ndarray | None:
