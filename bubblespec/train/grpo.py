@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bubblespec.train.files import copy_tokenizer
 from bubblespec.train.positions import entropy_by_position
 
 LOSS_AGGS = ("seq-mean", "token-mean")
@@ -62,6 +63,7 @@ class Trainer:
         if loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, not {loss_agg!r}")
         self.loss_agg = loss_agg
+        self.model_dir = model_dir
 
         torch.manual_seed(seed)
         if threads:
@@ -140,7 +142,9 @@ class Trainer:
         return stats
 
     def save(self, out_dir: str) -> str:
-        """Write the policy as safetensors (what `POST /v1/weights` reloads)."""
+        """Write the policy as safetensors (what `POST /v1/weights` reloads), with the base
+        model's tokenizer files beside them (a model directory of its own: `train/files.py`)."""
         os.makedirs(out_dir, exist_ok=True)
         self.model.save_pretrained(out_dir, safe_serialization=True)
+        copy_tokenizer(self.model_dir, out_dir)
         return out_dir

@@ -33,10 +33,9 @@ from typing import Any
 from bubblespec.models.smollm2 import cache_root, publish
 from bubblespec.models.smollm2 import model_dir as base_model_dir
 from bubblespec.tasks.wordproblems import WordProblemsTask, reference_solution
+from bubblespec.train.files import copy_tokenizer
 
 POLICY_NAME = "smollm2-135m-wordproblems-sft"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "chat_template.jinja")
 
 
 @dataclass(frozen=True)
@@ -124,9 +123,7 @@ def fine_tune(base: Path, out: Path, cfg: SftConfig, log: Callable[[str], None] 
             log(f"sft step {step + 1}/{len(plan)}: loss {losses[-1]:.3f} "
                 f"({time.monotonic() - t0:.0f} s)")
     model.save_pretrained(str(out), safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (base / name).is_file():
-            shutil.copy2(base / name, out / name)
+    copy_tokenizer(base, out)
     return {"config": asdict(cfg), "base": str(base), "base_stamp": _stamp(base),
             "steps": len(plan), "losses": losses, "train_s": round(time.monotonic() - t0, 1)}
 

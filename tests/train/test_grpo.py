@@ -63,3 +63,19 @@ def test_entropy_at_the_sampled_positions_and_at_the_flips(model_dir: str) -> No
     assert e["at_flips"] == pytest.approx(direct[2], rel=1e-4)
     vocab = trainer.model.config.vocab_size
     assert 0.0 < e["mean"] <= math.log(vocab) + 1e-6
+
+
+def test_saved_weights_are_a_model_directory_of_their_own(model_dir: str, tmp_path) -> None:
+    """The saved policy carries its base's tokenizer files, so it loads (and `bench policy`
+    evaluates it) without the base model beside it."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bubblespec.train.files import TOKENIZER_FILES
+
+    out = Trainer(model_dir, lr=0.0).save(str(tmp_path / "v1"))
+    have = [n for n in TOKENIZER_FILES if (Path(model_dir) / n).is_file()]
+    assert have and all((Path(out) / n).is_file() for n in have)
+    AutoTokenizer.from_pretrained(out)
+    AutoModelForCausalLM.from_pretrained(out)
