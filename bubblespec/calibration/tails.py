@@ -35,19 +35,29 @@ MIN_CLASS = 8
 """Fewest flipped responses a tail-length class needs; a sparser one joins the next longer
 class (the longest, the previous one)."""
 
+def _records(run: PacedRun, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(lengths, decode steps, accepted pre-generated tokens) per response of the steps after
+    step 0; None without per-request records."""
+    m = run.modes[name]
+    if not all("request_decode_steps" in s and "request_accepted_pregen" in s
+               for s in m.steps):
+        return None
+    return (run.lengths(name)[1:],
+            np.stack([np.asarray(s["request_decode_steps"], dtype=np.int64)
+                      for s in m.steps[1:]]),
+            np.stack([np.asarray(s["request_accepted_pregen"], dtype=np.int64)
+                      for s in m.steps[1:]]))
+
+
 def _tails(run: PacedRun, name: str, caps: np.ndarray | None
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """(mask of the flipped responses after step 0, their tail tokens, their tail forwards,
     which of them a margin branch or a re-coupling caught: `caught`); None without
     per-request records or flips."""
-    m = run.modes[name]
-    if caps is None or not all("request_decode_steps" in s and "request_accepted_pregen" in s
-                               for s in m.steps):
+    rec = _records(run, name) if caps is not None else None
+    if rec is None:
         return None
-    L = run.lengths(name)[1:]
-    D = np.stack([np.asarray(s["request_decode_steps"], dtype=np.int64) for s in m.steps[1:]])
-    P = np.stack([np.asarray(s["request_accepted_pregen"], dtype=np.int64)
-                  for s in m.steps[1:]])
+    L, D, P = rec
     f = caps[1:]
     hit = f < L
     if not hit.any():
@@ -147,14 +157,10 @@ def _heads(run: PacedRun, name: str, caps: np.ndarray | None
     their head forwards) of a pre-generating mode: the tokens up to the flip (the whole
     response without one) and the forwards spent on them, the flip position less the
     pre-generated tokens accepted there, as in `_tails`. None without per-request records."""
-    m = run.modes[name]
-    if not m.pregen or not all("request_decode_steps" in s and "request_accepted_pregen" in s
-                               for s in m.steps):
+    rec = _records(run, name) if run.modes[name].pregen else None
+    if rec is None:
         return None
-    L = run.lengths(name)[1:]
-    D = np.stack([np.asarray(s["request_decode_steps"], dtype=np.int64) for s in m.steps[1:]])
-    P = np.stack([np.asarray(s["request_accepted_pregen"], dtype=np.int64)
-                  for s in m.steps[1:]])
+    L, D, P = rec
     f = np.minimum(L, caps[1:]) if caps is not None else L
     fw = np.where(f < L, f - np.minimum(P, f), D)
     ok = (f > 0) & (fw > 0) & (P > 0)  # a head its draft covered, decoded in forwards
