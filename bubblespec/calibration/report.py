@@ -63,12 +63,13 @@ def load(path: str | Path) -> tuple[PacedRun, dict[str, Any], float]:
 
 
 def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[int],
-             steps: int, seed: int, cover_cv: float = 0.0, flips: Flips | None = None
-             ) -> Scenario:
+             steps: int, seed: int, cover_cv: float = 0.0, flips: Flips | None = None,
+             lookahead: int = 1) -> Scenario:
     """The projection of the paced run's workload at `ranks` with calibrated inputs (and
     an assumed per-request spread `cover_cv` of the covered acceptance); with measured
     flips (`flips`, or the records' own) each response with a draft leaves it with the
-    measured share, at a measured relative position."""
+    measured share, at a measured relative position; `lookahead`: steps whose prompts each
+    step hands ahead (a what-if when the paced run handed fewer)."""
     groups = [np.asarray(g) for name in ("nospec", "nospec-keyed") if name in run.modes
               for step in run.lengths(name) for g in step]
     if not groups:
@@ -86,6 +87,7 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
                     prompt_len=round(run.prompt_len(first)), steps=steps,
                     pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
                     flip_share=share, flip_positions=where, caught_share=held, seed=seed,
+                    lookahead=lookahead,
                     rate_spread=any(m.rate_spread for m in modes))
     notes = [(f"calibrated from {run.path}: per-rank workload, lengths and pooled acceptance "
              f"of its {run.ranks}-rank run; trainer {window_s:g} s (its training window); "

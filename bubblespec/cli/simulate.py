@@ -182,7 +182,8 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
                                               flips, args.branches)
     measured = {n: (run.ranks, m["measured_speedup"]) for n, m in doc["modes"].items()}
     report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
-                                      args.seed, args.cover_cv, flips)), out, measured)
+                                      args.seed, args.cover_cv, flips,
+                                      max(1, args.lookahead))), out, measured)
     if out is not None:
         (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
     print("\n".join(lines))

@@ -102,6 +102,9 @@ def test_projection_draws_flips_with_the_measured_share(tmp_path):
     no_flips = {x.mode: x.speedup for x in project(scenario(*load(FIXTURE), [8], 3, 0)).results}
     assert flipped["bubblespec"] < no_flips["bubblespec"]
     assert flipped["suffix"] == pytest.approx(no_flips["suffix"])
+    ahead = scenario(run, first, window, [8], 3, 0, lookahead=3)  # a what-if: 3 steps ahead
+    assert ahead.cfg.lookahead == 3 and s.cfg.lookahead == 1
+    assert "flip_refresh" in draw_steps(ahead.cfg, 8, ahead.lengths)
 
 
 def test_a_draft_that_ran_out_is_not_a_flip(tmp_path):
