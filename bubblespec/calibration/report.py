@@ -52,7 +52,7 @@ WITHIN = 0.10
 GAP_KEYS = ("bubblespec", "suffix", "bubblespec-keyed", "suffix-keyed",
             "bubblespec-keyed-window", "ngram", "ngram-keyed", "bubblespec-keyed-branch",
             "bubblespec-keyed-window-branch")
-"""Modes of the last line, in its order (labels from `Mode.key`)."""
+"""Modes of the last line first, in this order (labels from `Mode.key`)."""
 
 
 def load(path: str | Path) -> tuple[PacedRun, dict[str, Any], float]:
@@ -196,12 +196,13 @@ def tail_spread_lines(run: PacedRun, flips: Flips | None, draws: int) -> list[st
 
 
 def gap_line(pooled: dict[str, Replayed]) -> str:
-    """`sim_vs_paced_gap: ...` over the modes that ran (pooled acceptance)."""
+    """`sim_vs_paced_gap: ...` over the modes that ran (pooled acceptance): those of
+    `GAP_KEYS` in its order, then any other mode with its baseline in the run."""
     labels = {m.name: m.key for m in ALL_MODES}
     cells, ok, n = [], 0, 0
-    for name in GAP_KEYS:
+    for name in [*GAP_KEYS, *(k for k in pooled if k not in GAP_KEYS)]:
         r = pooled.get(name)
-        if r is None or r.baseline not in pooled:
+        if r is None or r.baseline not in pooled or r.baseline == name:
             continue
         gap = r.modelled_speedup / r.measured_speedup - 1.0
         n += 1
