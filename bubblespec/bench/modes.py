@@ -144,10 +144,14 @@ LOOKAHEAD_MODES: tuple[Mode, ...] = (
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_ahead3", lookahead=3),
     Mode("bubblespec-ahead2", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True,
          label="bubblespec_ahead2", lookahead=2),
+    Mode("bubblespec-keyed-window-ahead3", ("--spec-mode=bubblespec", "--no-src-history"),
+         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window_ahead3",
+         pregen_window=PregenWindow.TRAINING, lookahead=3),
 )
 """Prompts handed several steps ahead (`next_prompts` as a list of batches,
 docs/design.md section 6): a bubble that covered the next step goes on to the one after,
-and a draft made under older weights is refreshed when the step before it hands it again."""
+and a draft made under older weights is refreshed when the step before it hands it again;
+`-window-ahead3` also through the training window."""
 TAIL_FILL_MODES: tuple[Mode, ...] = (
     Mode("bubblespec-keyed-tail5", ("--spec-mode=bubblespec", "--no-src-history",
                                     "--tail-fill-budget=0.05"),
