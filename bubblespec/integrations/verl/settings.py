@@ -23,10 +23,11 @@ SERVER_NAME = "verl-bubblespec-server"
 prefixed `bubblespec-`: `bubblespec ray status/down` treat those as the cluster's actors)."""
 
 
-LOOKAHEAD = 1
-"""Default batches handed ahead: the next one only. Deeper is opt-in until measured better:
-on 8 paced ranks three batches ahead won twice and two batches ahead lost twice, one seed
-each (docs/results.md, "Prompts handed several steps ahead")."""
+LOOKAHEAD = 3
+"""Default batches handed ahead: three. On 8 paced ranks three batches ahead beat the next
+batch alone in every run (four runs, two seeds; docs/results.md, "Keyed rows on two
+seeds" and "Prompts handed several steps ahead"): a short step's bubble no longer starves
+the step after it. Two ahead lost twice; 1 hands the next batch only."""
 
 
 class BubbleSpecSettings(BaseModel):
