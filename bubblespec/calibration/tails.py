@@ -126,8 +126,10 @@ def tail_rates(run: PacedRun, name: str, caps: np.ndarray | None,
     tail (`kind` None), of the caught ones (True, `caught`) or of the others (False); ()
     without per-request records or such tails."""
     t = _tails(run, name, caps)
-    if t is None:
-        return ()
+    return () if t is None else _kind_rates(t, kind)
+
+
+def _kind_rates(t: tuple[np.ndarray, ...], kind: bool | None) -> Rates:
     _, tail, fw, c = t
     sel = np.ones(tail.shape, bool) if kind is None else c == kind
     return _class_rates(tail[sel], fw[sel]) if sel.any() else ()
@@ -136,10 +138,12 @@ def tail_rates(run: PacedRun, name: str, caps: np.ndarray | None,
 def split_rates(run: PacedRun, name: str, caps: np.ndarray | None) -> tuple[Rates, Rates]:
     """(rates of the tails nothing caught, rates of the caught ones) when some were caught,
     else (rates of every tail, ())."""
-    hit = caught(run, name, caps)
-    if hit is None or not hit.any():
-        return tail_rates(run, name, caps), ()
-    return tail_rates(run, name, caps, False), tail_rates(run, name, caps, True)
+    t = _tails(run, name, caps)
+    if t is None:
+        return (), ()
+    if not t[3].any():
+        return _kind_rates(t, None), ()
+    return _kind_rates(t, False), _kind_rates(t, True)
 
 
 def _own_class(tail: np.ndarray, c: np.ndarray, rates: Rates, caught_rates: Rates
