@@ -103,6 +103,7 @@ class PacedBenchConfig:
     out: str
     timeline_step: int
     task: str = "addchain"
+    loss_agg: str = "seq-mean"
 
     def seed_list(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",") if s.strip()]
@@ -116,7 +117,7 @@ class PacedBenchConfig:
             epoch_steps=self.epoch_steps, lr=self.lr, temperature=self.temperature,
             greedy_prompts=self.greedy_prompts, modes=self.modes, ranks=self.ranks,
             extra_rank_args=pace.strip(), model=self.model, task=self.task, out=self.out,
-            timeline_step=self.timeline_step)
+            timeline_step=self.timeline_step, loss_agg=self.loss_agg)
 
 
 def read_pss_kib(pid: int) -> int:

@@ -64,6 +64,7 @@ class ServiceBenchConfig:
     out: str
     timeline_step: int
     task: str = "addchain"
+    loss_agg: str = "seq-mean"
 
 
 def run_mode(mode: Mode, args: ServiceBenchConfig, model_dir: str, task: Any
@@ -112,7 +113,8 @@ def run_schedule(gateway_url: str, mode: Mode, args: ServiceBenchConfig, model_d
                          epoch_steps=args.epoch_steps, pregen_window=mode.pregen_window,
                          work_dir=str(Path(args.out) / "weights" / mode.name),
                          log=lambda s: print(f"[{mode.name}] {s}", flush=True),
-                         min_train_s=min_train_s, lookahead=mode.lookahead)
+                         min_train_s=min_train_s, lookahead=mode.lookahead,
+                         loss_agg=args.loss_agg)
     return {"pregen": mode.pregen, "seed_mode": mode.seed_mode, "lookahead": mode.lookahead,
             "pregen_window": mode.pregen_window, "greedy_output_ids": greedy,
             "steps": steps, "totals": totals(steps)}

@@ -61,6 +61,12 @@ def _run_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loss_agg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--loss-agg", choices=["seq-mean", "token-mean"], default="seq-mean",
+                   help="the trainer's GRPO loss aggregation (token-mean for the real policy: "
+                        "seq-mean favours shortening penalised answers)")
+
+
 def _service(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("service", help="the same GRPO schedule under each rollout mode",
                        description="The same GRPO schedule through the service under each "
@@ -88,6 +94,7 @@ def _service(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="out/bench")
     p.add_argument("--timeline-step", type=int, default=1,
                    help="schedule step drawn in timeline.png")
+    _loss_agg(p)
 
 
 def _paced(sub: argparse._SubParsersAction) -> None:
@@ -127,6 +134,7 @@ def _paced(sub: argparse._SubParsersAction) -> None:
                    help="addchain (tiny model) or wordproblems (`make real-model`)")
     p.add_argument("--out", default="out/bench-paced")
     p.add_argument("--timeline-step", type=int, default=1)
+    _loss_agg(p)
     p.add_argument("--report", default="", metavar="PATH",
                    help="run nothing: print the figures of a saved paced.json (e.g. of a cut "
                         "run) with its own configuration, writing files to --out")

@@ -95,12 +95,13 @@ class Trainer:
                 ent.append((-(row.exp() * row).sum(-1)).tolist())
         return [tok[i, starts[i] - 1 : len(s) - 1] for i, s in enumerate(seqs)], ent
 
-    def step(self, batch: list[Rollout], micro_batch: int = 8) -> dict[str, Any]:
+    def step(self, batch: list[Rollout], micro_batch: int = 2) -> dict[str, Any]:
         """One optimiser step over all samples of `batch` (the GRPO loss aggregated by
         `loss_agg`), its gradient accumulated over chunks of `micro_batch` samples: the
-        log-softmax of a chunk holds samples x positions x vocabulary floats, which at 32
-        samples of a 49k-token vocabulary outgrew a 24 GiB machine; statistics include the
-        entropy of the samples trained on."""
+        logits, log-softmax and their gradients of a chunk hold samples x positions x
+        vocabulary floats each (about 0.2 GB per tensor for 2 samples of 550 tokens of a
+        49k-token vocabulary), and the trainer shares the machine with the ranks' engines;
+        statistics include the entropy of the samples trained on."""
         items, flips = [], []
         for r in batch:
             divs = r.first_divergence or [None] * len(r.outputs)

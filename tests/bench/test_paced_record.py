@@ -66,3 +66,11 @@ def test_a_bad_record_names_the_field(tmp_path, edit, field):
     edit(raw)
     with pytest.raises(ValueError, match=field):
         PacedDoc.parse(raw, "paced.json")
+
+
+def test_the_loss_aggregation_reaches_the_schedule(tmp_path):
+    from dataclasses import replace
+
+    assert _cfg(tmp_path).service_config(0).loss_agg == "seq-mean"
+    cfg = replace(_cfg(tmp_path), loss_agg="token-mean")
+    assert cfg.service_config(3).loss_agg == "token-mean" and cfg.service_config(3).seed == 3
