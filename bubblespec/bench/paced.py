@@ -104,6 +104,7 @@ class PacedBenchConfig:
     timeline_step: int
     task: str = "addchain"
     loss_agg: str = "seq-mean"
+    resume: bool = False
 
     def seed_list(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",") if s.strip()]
@@ -294,6 +295,24 @@ def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+RESUME_FREE = ("modes", "out", "resume", "timeline_step")
+"""Configuration keys a resumed run may change; every other one must equal the record's."""
+
+
+def resumed(old: PacedDoc, cfg: PacedBenchConfig) -> dict[int, dict[str, dict[str, Any]]]:
+    """The modes a saved record measured (steps recorded, not skipped or failed), per seed,
+    for a run that goes on where it stopped (`--resume`): a paced run of the real model takes
+    hours, longer than one sitting. ValueError naming the first key in which the record's
+    configuration differs from `cfg` (its results would not compare)."""
+    mine = asdict(cfg)
+    for key, value in mine.items():
+        if key not in RESUME_FREE and old.config.get(key, value) != value:
+            raise ValueError(f"--resume: the record's config.{key} is "
+                             f"{old.config.get(key)!r}, this run's {value!r}")
+    return {int(seed): {name: res for name, res in runs.items() if (res or {}).get("steps")}
+            for seed, runs in old.runs.items()}
+
+
 def run_paced(cfg: PacedBenchConfig, model_dir: str) -> PacedDoc:
     """Every mode (plain ones once per seed), then the figures, files and final lines."""
     from bubblespec.tasks import make_task
@@ -304,6 +323,11 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> PacedDoc:
     modes = mode_by_name([m for m in cfg.modes.split(",") if m])
     seeds = cfg.seed_list()
     by_seed: dict[int, dict[str, dict[str, Any]]] = {s: {} for s in seeds}
+    if cfg.resume and (out / "paced.json").is_file():
+        for seed, done in resumed(PacedDoc.read(out / "paced.json"), cfg).items():
+            by_seed.setdefault(seed, {}).update(done)
+            print(f"resumed seed {seed}: {', '.join(done) or 'nothing'} measured before",
+                  flush=True)
     doc = PacedDoc(config=asdict(cfg))
     t_all = time.monotonic()
 

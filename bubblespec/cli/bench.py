@@ -135,6 +135,9 @@ def _paced(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="out/bench-paced")
     p.add_argument("--timeline-step", type=int, default=1)
     _loss_agg(p)
+    p.add_argument("--resume", action="store_true",
+                   help="keep the modes that --out's paced.json already measured (same "
+                        "configuration apart from --modes) and run the rest")
     p.add_argument("--report", default="", metavar="PATH",
                    help="run nothing: print the figures of a saved paced.json (e.g. of a cut "
                         "run) with its own configuration, writing files to --out")

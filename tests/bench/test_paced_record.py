@@ -74,3 +74,20 @@ def test_the_loss_aggregation_reaches_the_schedule(tmp_path):
     assert _cfg(tmp_path).service_config(0).loss_agg == "seq-mean"
     cfg = replace(_cfg(tmp_path), loss_agg="token-mean")
     assert cfg.service_config(3).loss_agg == "token-mean" and cfg.service_config(3).seed == 3
+
+
+def test_a_resumed_run_keeps_what_was_measured_and_refuses_another_configuration(tmp_path):
+    from dataclasses import replace
+
+    from bubblespec.bench.paced import resumed
+
+    doc = PacedDoc(config=asdict(_cfg(tmp_path)))
+    doc.runs = {"0": {"nospec": _mode(False, [5.0, 10.0]),
+                      "bubblespec": {"skipped": "failed: ClusterError: r3"}}}
+    more = replace(_cfg(tmp_path), modes="nospec,bubblespec,suffix", resume=True)
+    assert resumed(doc, more) == {0: {"nospec": doc.runs["0"]["nospec"]}}
+    with pytest.raises(ValueError, match="config.pace_scale"):
+        resumed(doc, replace(more, pace_scale=20.0))
+    older = PacedDoc(config={k: v for k, v in doc.config.items() if k != "loss_agg"},
+                     runs=doc.runs)  # a record from before a key existed: its default
+    assert list(resumed(older, more)[0]) == ["nospec"]
