@@ -80,6 +80,17 @@ class PacedDoc:
                 if any((r or {}).get("steps") for r in self.runs[k].values())]
 
 
+def tail_fill_budget(rank_args: list[str]) -> float:
+    """The `--tail-fill-budget` a mode's ranks ran with (0: the default, off)."""
+    value = 0.0
+    for i, a in enumerate(rank_args):
+        if a.startswith("--tail-fill-budget="):
+            value = float(a.split("=", 1)[1])
+        elif a == "--tail-fill-budget" and i + 1 < len(rank_args):
+            value = float(rank_args[i + 1])
+    return value
+
+
 @dataclass
 class PacedMode:
     """One mode of the paced run, as measured."""
@@ -92,6 +103,8 @@ class PacedMode:
     baseline: str
     lookahead: int = 1
     """Future steps whose prompts each rollout handed ahead."""
+    tail_fill: float = 0.0
+    """The ranks' tail-fill budget (`--tail-fill-budget` in the mode's rank arguments)."""
 
 
 @dataclass
@@ -139,7 +152,8 @@ class PacedRun:
             modes[name] = PacedMode(name, steps, bool(r.get("pregen")),
                                     r.get("pregen_window") == "training",
                                     str(r.get("shared_cluster") or name),
-                                    baseline_of(name, first), int(r.get("lookahead") or 1))
+                                    baseline_of(name, first), int(r.get("lookahead") or 1),
+                                    tail_fill_budget(r.get("rank_args") or []))
         if not modes:
             raise ValueError(f"{path}: runs: no mode has steps")
         return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),

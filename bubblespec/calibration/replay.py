@@ -63,6 +63,7 @@ from bubblespec.sim.policy import (
     solve_covered,
     with_head_rates,
     with_spread,
+    with_tail_fill,
     with_tail_rates,
 )
 from bubblespec.sim.pregen import breadth_first
@@ -270,7 +271,8 @@ def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,
                 else pooled_spec(run, name, lost))
         rates, held = split_rates(run, name, caps) if tail_classes else ((), ())
         heads = head_rates(run, name, caps) if tail_classes else ()
-        spec = with_head_rates(with_tail_rates(spec, rates, held), heads)
+        spec = with_tail_fill(with_head_rates(with_tail_rates(spec, rates, held), heads),
+                              run.modes[name].tail_fill)
         hit = caught(run, name, caps) if held else None
         if hit is not None:
             drawn["caught"] = hit.reshape(run.steps, -1)

@@ -23,7 +23,13 @@ from bubblespec.core.engine_time import (
     EngineTime,
 )
 from bubblespec.sim.model import SimConfig
-from bubblespec.sim.policy import default_modes, load_accept_json, merge_modes, parse_mode_flag
+from bubblespec.sim.policy import (
+    default_modes,
+    load_accept_json,
+    merge_modes,
+    parse_mode_flag,
+    tail_fill_copies,
+)
 from bubblespec.sim.report import TAG
 from bubblespec.sim.run import Scenario, project, report
 from bubblespec.sim.workload import LengthSource
@@ -107,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="future steps whose prompts each step hands ahead (default 1: the next step's; "
       "more: a bubble that covered the next step goes on to the ones after, and older "
       "drafts are refreshed)")
+    a("--tail-fill-budget", type=float, default=0.0, metavar="B",
+      help="also run each pre-generating mode with tail-fill budget B (as NAME+tailB, side "
+      "by side on the same draws): lanes beside a rank's own requests while the forward "
+      "grows by at most B (bubblespec/sim/tail_fill.py; default 0: none)")
     a("--pregen-order", choices=("breadth_first", "longest_first", "predicted", "predicted_deep"),
       default="breadth_first",
       help="pre-gen queue order (default breadth_first, the synchronizer's; longest_first "
@@ -181,9 +191,10 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
         lines[-1:-1] = calreport.whatif_lines(run, load_flips(args.flips, args.branches),
                                               flips, args.branches)
     measured = {n: (run.ranks, m["measured_speedup"]) for n, m in doc["modes"].items()}
-    report(project(calreport.scenario(run, first, window, _ranks(args), args.steps,
-                                      args.seed, args.cover_cv, flips,
-                                      max(1, args.lookahead))), out, measured)
+    s = calreport.scenario(run, first, window, _ranks(args), args.steps, args.seed,
+                           args.cover_cv, flips, max(1, args.lookahead))
+    s.modes = tail_fill_copies(s.modes, args.tail_fill_budget)
+    report(project(s), out, measured)
     if out is not None:
         (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
     print("\n".join(lines))
@@ -212,6 +223,7 @@ def scenario(args: argparse.Namespace) -> Scenario:
     if args.only_modes:
         keep = {x.strip() for x in args.only_modes.split(",")}
         modes = [m for m in modes if m.is_baseline or m.name in keep]
+    modes = tail_fill_copies(modes, args.tail_fill_budget)
     cfg = SimConfig(prompts_per_rank=args.prompts_per_rank, prompts=args.prompts, n=args.n,
                     max_num_seqs=args.max_num_seqs, assign=args.assign,
                     lpt_noise=args.lpt_noise, prompt_len=args.prompt_len,

@@ -20,7 +20,10 @@ rollout steps (common random numbers: every mode sees the same lengths), and for
    newer weights still agree with (up to an independently drawn flip) at the covered rate,
    then generates on; a refresh stopped before it passed them leaves the old draft. A
    draft used two or more updates after it was made leaves its response at the earlier of
-   two independent flips (ages past two are modelled as two).
+   two independent flips (ages past two are modelled as two);
+5. with a tail-fill budget (`ModeSpec.tail_fill`) ranks also pre-generate beside their own
+   requests from the start of their shard, which finishes later by what the lanes add to
+   its forwards (`sim.tail_fill`).
 
 A mode's speed-up is its throughput (tokens per second of step time) over the baseline's;
 with common lengths that is the ratio of step times. `run_mode` also replays given steps
@@ -40,6 +43,7 @@ from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.pregen import breadth_first, simulate_pregen
 from bubblespec.sim.pregen_order import ORDERS, predicted_order
 from bubblespec.sim.rollout import Requests, build_timeline
+from bubblespec.sim.tail_fill import tail_fill
 from bubblespec.sim.workload import LengthSource, assign_prompts
 
 NO_FLIP = np.iinfo(np.int64).max // 4
@@ -107,6 +111,9 @@ class SimConfig:
     (`ModeSpec.after_caught_by_tail`) instead of the after-flip ones."""
     lookahead: int = 1
     """Future steps whose prompts each step hands ahead (1: the next step's only)."""
+    spec_tokens: int = 8
+    """Draft tokens an engine step may verify per sequence (vLLM's num_speculative_tokens;
+    the rank's default): tail-fill counts a lane at 1 + this."""
     rate_spread: bool = False
     """Draw each request's tokens per forward from its mode's measured per-request spread
     (`ModeSpec.rate_spread`; one uniform quantile per request, shared by the modes so that
@@ -281,6 +288,12 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
                         None if q is None else q[s], None if hit is None else hit[s])
         tl = build_timeline(req, ranks, cfg.max_num_seqs, et)
         F = tl.finish_t
+        tail = None
+        if mode.uses_pregen and mode.tail_fill > 0 and s + 1 < cfg.steps:
+            tail = tail_fill(tl, et, mode.tail_fill, cfg.spec_tokens,
+                             cfg.prompt_len + float(L[s + 1].max()), cfg.pregen_inflight,
+                             _or(cfg.pregen_drafted, mode.drafted))
+            F = F * (1.0 + tail.slowdown)
         fmax = float(F.max())
         slow = int(np.argmax(F))
         tokens = int(L[s].sum())
@@ -301,7 +314,7 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
                                  cfg.pregen_inflight, cfg.rpc_s, cfg.prompt_len,
                                  _or(cfg.pregen_accepted, mode.accepted),
                                  _or(cfg.pregen_drafted, mode.drafted), order, window,
-                                 head, mode.accepted_covered)
+                                 head, mode.accepted_covered, tail)
             for j, t in enumerate(future):
                 part = slice(j * size, (j + 1) * size)
                 drafts.update(t, s, pg.covered[part], head[part], L[t].ravel())

@@ -94,6 +94,10 @@ class ModeSpec:
     (measured by `bubblespec.calibration.tails.head_rates`); when given it replaces
     `accepted_covered` per response."""
 
+    tail_fill: float = 0.0
+    """Tail-fill budget (`--tail-fill-budget`): a pre-generating rank decodes lanes beside its
+    own requests while the forward grows by at most this share (`sim.tail_fill`); 0: off."""
+
     rate_spread: tuple[float, ...] = ()
     """Measured per-request multipliers of tokens per forward (by
     `bubblespec.calibration.tails.rate_spread`): of the tails after a flip relative to their
@@ -138,6 +142,8 @@ class ModeSpec:
             s += (f" uncovered, {self.accepted_covered:.2f}/{self.drafted_covered:.2f} covered "
                   "by pre-generation" + (" (bubble + training window)" if self.pregen_window
                                          else ""))
+            if self.tail_fill:
+                s += f", tail-fill budget {self.tail_fill:g}"
             if self.covered_by_head:
                 s += ", covered by head length " + " ".join(
                     f"<={e:g}:{r:.2f}" for e, r in self.covered_by_head)
@@ -177,6 +183,24 @@ def with_spread(spec: ModeSpec | list[ModeSpec], spread: tuple[float, ...]
                 ) -> ModeSpec | list[ModeSpec]:
     """`spec` (or each step's) with its measured per-request spread."""
     return _each(spec, lambda x: replace(x, rate_spread=spread))
+
+
+def with_tail_fill(spec: ModeSpec | list[ModeSpec], budget: float
+                   ) -> ModeSpec | list[ModeSpec]:
+    """`spec` (or each step's) with tail-fill budget `budget` (pre-generating modes only)."""
+    if budget <= 0:
+        return spec
+    return _each(spec, lambda x: replace(x, tail_fill=budget) if x.uses_pregen else x)
+
+
+def tail_fill_copies(modes: list[ModeSpec], budget: float) -> list[ModeSpec]:
+    """`modes` and, after them, a copy of each pre-generating mode without tail-fill named
+    `NAME+tailB` with tail-fill budget `budget` (none for `budget` <= 0): both side by side
+    on the same draws."""
+    if budget <= 0:
+        return list(modes)
+    return [*modes, *(replace(m, name=f"{m.name}+tail{budget:g}", tail_fill=budget)
+                      for m in modes if m.uses_pregen and not m.tail_fill)]
 
 
 def _each(spec: ModeSpec | list[ModeSpec], fn: Callable[[ModeSpec], ModeSpec]

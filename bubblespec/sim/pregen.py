@@ -24,6 +24,11 @@ The lane verifies the head at 1 + `head_accepted` tokens per forward (the old dr
 draft), then generates the rest at the pre-generation rate; its context and progress follow
 the two phases (its forwards are charged the pre-generation's drafted tokens throughout).
 
+With tail-fill (`sim.tail_fill`) a rank starts earlier: from its shard's start it decodes its
+allowed lanes one forward per own forward (evenly spaced until it finishes; the finish
+times passed in already include the lanes' slowdown), claiming from the same queue, then
+goes on as above with those lanes carried over. Its tail tokens are counted apart.
+
 Between two events of a rank (a lane finishing, new lanes joining, the stop) its batch is
 constant, so the forwards' time is an arithmetic series (`EngineTime.segment`); ranks
 interact only through the shared queue, so an event heap over ranks in time order is exact.
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bubblespec.core.engine_time import EngineTime
+from bubblespec.sim.tail_fill import TailFill
 
 IDLE_EPS_S = 1e-9
 """Bubbles shorter than this (relative to the step, in seconds) are float noise: no pre-gen."""
@@ -56,6 +62,8 @@ class PregenResult:
     pregen_tokens: int
     window_tokens: int = 0
     """Of `pregen_tokens`, those generated after F_max (TRAINING window)."""
+    tail_tokens: int = 0
+    """Of `pregen_tokens`, those generated beside the ranks' own requests (tail-fill)."""
 
 
 @dataclass
@@ -85,15 +93,16 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
                     inflight: int = 64, rpc_s: float = 0.5e-3, prompt_len: float = 0.0,
                     accepted: float = 0.0, drafted: float = 0.0,
                     order: np.ndarray | None = None, window_s: float = 0.0,
-                    head: np.ndarray | None = None, head_accepted: float = 0.0
-                    ) -> PregenResult:
+                    head: np.ndarray | None = None, head_accepted: float = 0.0,
+                    tail: TailFill | None = None) -> PregenResult:
     """Pre-generation of step s+1 (lengths `next_lengths`, shape (prompts, n)) by the ranks of
     a step that finished at `finish` (see the module docstring). Lanes decode at 1 +
     `accepted` tokens per forward verifying `drafted` draft tokens (default plain
     decoding); `order` replaces the breadth-first queue (request indices, prompt * n +
     sample); `window_s` > 0 is the TRAINING window: pre-generation goes on until
     F_max + window_s on every rank. `head` (per task, optional): tokens of an older draft
-    the lane verifies first at 1 + `head_accepted` per forward (a refresh)."""
+    the lane verifies first at 1 + `head_accepted` per forward (a refresh). `tail`: the
+    lanes each rank decodes beside its own requests from time 0 (tail-fill)."""
     if inflight < 1 or window_s < 0:
         raise ValueError("inflight must be >= 1 and window_s >= 0")
     prompts, n = next_lengths.shape
@@ -109,19 +118,22 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
     busy = np.zeros(ranks)
     stop_t = finish.astype(float).copy()
     eps = IDLE_EPS_S * max(1.0, fmax)  # float noise of equal work is not a bubble
-    state = {r: _Rank(float(finish[r]), float(finish[r])) for r in range(ranks)
-             if finish[r] < end - eps and (window_s > 0 or finish[r] < fmax - eps)}
+    lanes = np.zeros(ranks, np.int64) if tail is None else tail.lanes
+    state = {r: _Rank(0.0 if lanes[r] else float(finish[r]), float(finish[r]))
+             for r in range(ranks) if lanes[r] or (
+                 finish[r] < end - eps and (window_s > 0 or finish[r] < fmax - eps))}
     heap = [(s.t, r) for r, s in state.items()]
     heapq.heapify(heap)
     q = 0
-    window_tok = 0.0
+    window_tok = tail_tok = 0.0
     while heap:
         _, r = heapq.heappop(heap)
         s = state[r]
+        beside = s.t < finish[r] - eps  # tail-fill: its own requests still decode
         if s.t < end and q < len(order):  # claim the free lanes
-            if not s.idx:
+            if not s.idx and not beside:
                 s.t += rpc_s  # an idle rank waits for the claim; a busy one keeps decoding
-            take = order[q:q + inflight - len(s.idx)]
+            take = order[q:q + (lanes[r] if beside else inflight) - len(s.idx)]
             q += len(take)
             for i in take:
                 s.idx.append(int(i))
@@ -130,6 +142,8 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
                 if i // n not in s.prompts:
                     s.prompts.add(int(i // n))
                     s.prefill_s += prompt_len * et.t_flop
+        if beside:  # a lane's prefill is outside the budget (not charged)
+            s.prefill_s = 0.0
         if not s.idx:  # nothing to decode: free (waits on the stream)
             stop_t[r] = max(s.t, float(finish[r]))
             busy[r] = max(0.0, min(s.t, fmax) - s.start)
@@ -138,14 +152,25 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
         in_head = done < prog.head_fwd[s.idx]  # a head's end changes the lane's growth
         m = int(min(left.min(), (prog.head_fwd[s.idx] - done)[in_head].min(initial=left.min())))
         ks = np.arange(1, m + 1, dtype=float)
-        lanes = float(len(left))
+        n_lanes = float(len(left))
         grow = float(np.where(in_head, prog.head_rate, rate).sum())
         ctx0 = float((prompt_len + prog.tokens(s.idx, done)).sum())
-        ts = s.t + s.prefill_s + et.segment(ks, lanes * (1.0 + drafted), ctx0, grow)
+        if beside:  # one lane forward per own forward, until the rank finishes
+            dt = float(finish[r]) / max(1, int(tail.forwards[r]))
+            rem = max(1, int(np.ceil((float(finish[r]) - s.t) / dt - 1e-9)))
+            m = min(m, rem)
+            ks = ks[:m]
+            ts = np.minimum(s.t + dt * ks, float(finish[r]))
+            if m == rem:
+                ts[-1] = float(finish[r])
+        else:
+            ts = s.t + s.prefill_s + et.segment(ks, n_lanes * (1.0 + drafted), ctx0, grow)
         if ts[-1] >= end:  # stopped: the first forward that ends at or after the stop
             k = int(np.searchsorted(ts, end, side="left")) + 1
             t_stop = float(ts[k - 1])
             reached = prog.tokens(s.idx, done + k)
+            if beside:
+                tail_tok += float((reached - prog.tokens(s.idx, done)).sum())
             for i, t in zip(s.idx, reached):
                 covered[i] = int(np.floor(t + 1e-9))
             window_tok += _tokens_after(fmax, s.t, ts[:k], grow) if window_s else 0.0
@@ -154,6 +179,8 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
             continue
         if window_s:
             window_tok += _tokens_after(fmax, s.t, ts, grow)
+        if beside:
+            tail_tok += float((prog.tokens(s.idx, done + m) - prog.tokens(s.idx, done)).sum())
         s.t, s.prefill_s = float(ts[-1]), 0.0
         keep = []
         for j, i in enumerate(s.idx):
@@ -166,7 +193,8 @@ def simulate_pregen(finish: np.ndarray, next_lengths: np.ndarray, et: EngineTime
         s.done = [int(done[j] + m) for j in keep]
         heapq.heappush(heap, (s.t, r))
     tokens = int(covered.sum())
-    return PregenResult(covered, busy, stop_t, int(q), tokens, round(window_tok))
+    return PregenResult(covered, busy, stop_t, int(q), tokens, round(window_tok),
+                        round(tail_tok))
 
 
 class _Progress:
