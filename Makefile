@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install run up test test-slow test-valid-space test-drills test-nodes bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
-	real-model real-policy bench-real exactness-real
+	real-model real-policy bench-real bench-paced-real exactness-real
 
 install: $(STAMP)
 
@@ -140,6 +140,19 @@ real-policy: real-model
 bench-real: real-model
 	$(BIN)/bubblespec bench engine --task wordproblems --prompts 8 --n 4 --lr 1e-5 \
 		--out out/engine-wordproblems.json
+
+# The paced bench on the warm-started real policy (issue 32): 8 ranks of SmolLM2-135M, 8
+# problems x 8 samples a step, 5 measured steps after real GRPO updates (lr 2e-6, per-token
+# loss), every forward = H100 engine-time model x 150 (the scale a probe gave for < 1%
+# overruns). Hours on 2 cores: --resume keeps the modes a cut run measured, so running it
+# again goes on where it stopped (docs/results.md, "Paced, 8 ranks, the warm-started policy");
+# the suffix rows need `make bench-deps`.
+REAL_PACED_MODES ?= nospec-keyed,bubblespec-keyed,suffix-keyed,bubblespec-keyed-window,nospec,bubblespec,suffix
+bench-paced-real: real-model
+	P=$$($(BIN)/bubblespec real-policy) && $(BIN)/bubblespec bench paced --task wordproblems \
+		--model $$P --ranks 8 --kv-cache-mib 256 --extra-rank-args=--max-model-len=2048 \
+		--steps 6 --prompts 8 --n 8 --lr 2e-6 --loss-agg token-mean --seeds 0 \
+		--pace-scale 150 --modes $(REAL_PACED_MODES) --resume --out out/bench-paced-real
 
 # The statistical exactness suites of tests/engine once on the real model and its task
 # (slow: not part of `make test`).
