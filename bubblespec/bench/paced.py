@@ -61,6 +61,7 @@ from bubblespec.bench.paced_figures import (
     mode_summary,
     paced_final_line,
     per_step_lines,
+    position_lines,
     speedups,
 )
 from bubblespec.bench.paced_record import PacedDoc
@@ -400,6 +401,10 @@ def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
         print("after leaving the pre-generated response (steps after step 0; tail tokens per "
               "forward vs suffix-keyed's on the same responses; tails at or above it):")
         print("\n".join(dep) + "\n")
+    if pos := position_lines(first):
+        print("where responses left their pre-generated drafts, by output position (steps "
+              "after step 0; entropy: the policy's at the trained samples' positions, nats):")
+        print("\n".join(pos) + "\n")
     print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
     if branched := {k: v["branches"] for k, v in first.items()
                     if (v.get("branches") or {}).get("made")}:

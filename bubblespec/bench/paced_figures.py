@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bubblespec.bench.modes import ALL_MODES, BASELINE, KEYED_BASELINE, baseline_of
+from bubblespec.train.positions import format_pooled, pooled
 
 PACED_FINAL_KEYS = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
                     "suffix-keyed", "bubblespec-keyed-window", "bubblespec-keyed-branch",
@@ -155,6 +156,21 @@ def divergence_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f"end), first divergence at {d['crit_first_divergence']}, tail accepted "
             f"{_f(_pct(d['crit_tail_accepted_share']), '.0f')}%")
     return lines
+
+
+def position_lines(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per pre-generating mode, where its responses left their drafts by output position
+    class, pooled over the steps after step 0 (`train.positions`: tokens on a draft, flips,
+    draft ends, survival per token and the policy's entropy there): the split between the
+    model (flips) and the workload (drafts that ended) behind a mode's acceptance."""
+    out: list[str] = []
+    for name, r in results.items():
+        steps = r.get("steps") or []
+        if not r.get("pregen") or not any(s.get("positions") for s in steps):
+            continue
+        out += [f"{name}:", *("  " + line for line in format_pooled(pooled(steps))
+                              .splitlines())]
+    return out
 
 
 def _pct(v: float | None) -> float | None:

@@ -15,6 +15,7 @@ from bubblespec.bench.paced_figures import (
     mode_summary,
     paced_final_line,
     per_step_lines,
+    position_lines,
     speedups,
 )
 from bubblespec.cli.bench import build_parser
@@ -178,3 +179,18 @@ def test_accept_doc_feeds_the_simulator(tmp_path) -> None:
     assert by["bubblespec-keyed"].uses_pregen
     assert by["bubblespec-keyed"].accepted == pytest.approx(0.5)  # uncovered: suffix-keyed's
     assert any("'suffix-keyed'" in n for n in notes)
+
+
+def test_position_lines_pool_the_pre_generating_modes_after_step_0() -> None:
+    rows = [{"positions": "0-31", "exposed": 30, "flips": 1, "ran_out": 0},
+            {"positions": "32-127", "exposed": 10, "flips": 0, "ran_out": 2}]
+    ent = {"by_position": [{"positions": "0-31", "tokens": 30, "mean": 0.5},
+                           {"positions": "32-127", "tokens": 10, "mean": 0.25}]}
+    steps = [{"step": k, "positions": rows, "entropy": ent} for k in range(3)]
+    lines = position_lines({"nospec-keyed": {"pregen": False, "steps": steps},
+                            "bubblespec-keyed": {"pregen": True, "steps": steps}})
+    assert lines[0] == "bubblespec-keyed:" and len(lines) == 4  # name, header, two classes
+    first = lines[2].split()
+    assert first[:4] == ["0-31", "60", "2", "0"]  # steps 1 and 2 only
+    assert float(first[4]) == pytest.approx(1 - 2 / 60, abs=1e-4) and float(first[5]) == 0.5
+    assert position_lines({"bubblespec-keyed": {"pregen": True, "steps": [{"step": 0}]}}) == []
