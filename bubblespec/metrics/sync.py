@@ -104,9 +104,10 @@ class SyncMetrics:
             "bubblespec_pregen_tasks_handed",
             "Pre-generation tasks opened steps were handed, by what became of them: queued "
             "fresh, queued as a refresh of a draft of older weights, or done (a complete "
-            "draft of the step's weights was stored already).", ["kind"], registry=registry,
+            "draft of the step's weights was stored already); branch: a margin branch an "
+            "earlier bubble cut short, queued to be continued.", ["kind"], registry=registry,
         )
-        for kind in ("fresh", "refresh", "done"):
+        for kind in ("fresh", "refresh", "done", "branch"):
             self.tasks_handed.labels(kind)
         self.tasks_requeued = Counter(
             "bubblespec_pregen_tasks_requeued",

@@ -71,7 +71,8 @@ class PregenTask:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prefix: Sequence[int] = ()
     """A margin branch task: the stored draft's tokens before `branch_at`, then its
-    runner-up token there (the response continues after them)."""
+    runner-up token there, and, for a branch an earlier bubble cut short, what that bubble
+    decoded after it (the response continues after them)."""
     branch_at: int | None = None
     """The output position where the branch takes the runner-up; None: a plain task."""
     step: int | None = None

@@ -18,6 +18,13 @@ when the trainer handed the same step ahead then too) is not redone from nothing
   when pushed; a refresh cut short that agrees with the hint so far leaves the stored draft
   as it is (`rank/pregen.py`).
 
+A margin branch of such a sample that an earlier bubble cut short is continued from where
+it stopped (`TaskQueue.continue_branch`: its stored tokens become the branch task's
+prefix), behind the step's plain tasks like any branch. A branch matters where the update
+flips the response early, and a streamed branch offered near the draft's start is the one
+the bubble's stop cuts: without this, a later bubble refreshed the draft but left its branch
+cut (docs/results.md, "Keyed rows on two seeds").
+
 Seeds of a future step's tasks are fixed when its prompts are handed ahead (the gateway
 derives them from (run seed, step, prompt key, sample index)), so a draft made two steps
 early is coupled to its rollout exactly as one made the step before.
@@ -34,6 +41,8 @@ from bubblespec.synchronizer.pregen import LengthPredictor, TaskQueue
 
 Stored = Callable[[int, str, int], "tuple[Any, bool, int] | None"]
 """(step, prompt key, sample index) -> (tokens, complete, weight version) of a stored draft."""
+Branches = Callable[[int, str, int], "Sequence[tuple[int, Any, bool]]"]
+"""(step, prompt key, sample index) -> (position, tokens, complete) of its stored branches."""
 
 
 @dataclasses.dataclass
@@ -43,6 +52,8 @@ class Handed:
     fresh: int = 0
     refresh: int = 0
     done: int = 0
+    branches: int = 0
+    """Cut branches queued to be continued."""
 
 
 class Lookahead:
@@ -50,15 +61,21 @@ class Lookahead:
 
     def __init__(self, opened: int, tasks: Sequence[PregenTask],
                  lengths: LengthPredictor | None = None, depth: int = 1,
-                 stored: Stored | None = None, weight_version: int | None = None) -> None:
+                 stored: Stored | None = None, weight_version: int | None = None,
+                 branches: Branches | None = None) -> None:
         self.opened = opened
         self.handed = Handed()
         self.hinted: set[int] = set()
         """Future steps with refresh tasks (claimed one by one: their hints are sized)."""
         by_step: dict[int, list[PregenTask]] = {}
+        cut: list[tuple[int, PregenTask, int, list[int]]] = []
         for t in tasks:
             step = t.step if t.step is not None else opened + 1
             have = stored(step, t.prompt_key, t.sample_index) if stored is not None else None
+            if have is not None and branches is not None:
+                cut += [(step, t, at, list(tok))
+                        for at, tok, whole in branches(step, t.prompt_key, t.sample_index)
+                        if not whole and len(tok) > at]
             if have is not None and have[0]:
                 tokens, complete, version = have
                 if complete and weight_version is not None and version >= weight_version:
@@ -71,8 +88,13 @@ class Lookahead:
                 self.handed.fresh += 1
             by_step.setdefault(step, []).append(
                 t if t.step == step else dataclasses.replace(t, step=step))
+        for step, *_ in cut:
+            by_step.setdefault(step, [])
         self.queues: dict[int, TaskQueue] = {
             s: TaskQueue(s, by_step[s], lengths, depth) for s in sorted(by_step)}
+        for step, t, at, tok in cut:
+            task = t if t.step == step else dataclasses.replace(t, step=step)
+            self.handed.branches += self.queues[step].continue_branch(task, at, tok)
 
     @classmethod
     def empty(cls, opened: int) -> Lookahead:

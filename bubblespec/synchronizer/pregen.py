@@ -200,6 +200,22 @@ class TaskQueue:
         self.branches_offered += n
         return n
 
+    def continue_branch(self, task: PregenTask, at: int, tokens: Sequence[int]) -> bool:
+        """Queue the continuation of a margin branch at `at` of `task`'s sample that an
+        earlier bubble cut short after `tokens` (its prefix, runner-up and what it decoded):
+        decoding goes on from its end, behind the plain tasks like any branch. False when
+        that branch is already queued here."""
+        bkey = (task.prompt_key, task.sample_index, int(at))
+        if bkey in self._branches:
+            return False
+        self._bseq += 1
+        prio = (-len(tokens), 0, self._bseq)
+        bt = dataclasses.replace(task, prefix=list(tokens), branch_at=int(at), hint=())
+        self._branches[bkey] = (prio, bt)
+        self._bqueued.add(bkey)
+        heapq.heappush(self._bheap, (prio, bkey))
+        return True
+
     def complete_branch(self, bkey: BranchKey) -> bool:
         """Retire a branch task (its complete branch draft arrived); True if it was open."""
         if bkey in self._bqueued:

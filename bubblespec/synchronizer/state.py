@@ -153,15 +153,16 @@ class SyncState:
             self._close(cur)
         now = time.time()
         queue = Lookahead(step, tasks, self.lengths, self.config.pregen_depth,
-                          self.store.version_of, weight_version)
+                          self.store.version_of, weight_version, self.store.branches_of)
         h = queue.handed
-        for kind, n in (("fresh", h.fresh), ("refresh", h.refresh), ("done", h.done)):
+        for kind, n in (("fresh", h.fresh), ("refresh", h.refresh), ("done", h.done),
+                        ("branch", h.branches)):
             if n:
                 self.metrics.tasks_handed.labels(kind).inc(n)
         if h.refresh or h.done:
             log.info("step %d: %d pre-generation tasks new, %d refreshes of older drafts, "
-                     "%d already done at weight version %s", step, h.fresh, h.refresh, h.done,
-                     weight_version)
+                     "%d already done at weight version %s, %d cut branches to continue",
+                     step, h.fresh, h.refresh, h.done, weight_version, h.branches)
         rec = StepRecord(step, {s.rank_id: s.num_requests for s in shards}, content_key,
                          queue, now, time.monotonic(), pregen_window=pregen_window)
         self.current = rec

@@ -100,6 +100,14 @@ class DraftStore:
         s = self._draft(step, prompt_key, sample_index)
         return None if s is None else (s.tokens, s.complete, s.weight_version)
 
+    def branches_of(self, step: int, prompt_key: str, sample_index: int
+                    ) -> list[tuple[int, array, bool]]:
+        """(branch position, tokens, complete) of one sample's stored margin branches, by
+        position, the tokens read-only."""
+        samples = self._steps.get(step, {}).get(prompt_key, {})
+        return [(at, s.tokens, s.complete) for (i, at), s in sorted(samples.items())
+                if i == sample_index and at >= 0]
+
     def records_of(self, step: int, prompt_key: str, sample_index: int
                    ) -> tuple[Sequence[tuple[int, float]], bool] | None:
         """(margin records, complete) of one sample's stored draft; None if absent."""

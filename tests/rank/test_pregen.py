@@ -6,6 +6,7 @@ window) ends it with partial drafts pushed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from itertools import pairwise
 from typing import Any
@@ -209,6 +210,7 @@ def test_an_idle_rank_decodes_the_branches_another_rank_offers(loop_runner: Any,
             stored = await sync.fetch_drafts(1, sorted({t.prompt_key for t in tasks}))
             by_key = {(d.prompt_key, d.sample_index, d.branch_at): list(d.token_ids)
                       for d in stored}
+            cut: list[tuple[list[int], Any]] = []
             for t, d in zip(tasks, drafts):
                 (at, ru), = d.branch_offers
                 branch = by_key[(t.prompt_key, t.sample_index, at)]
@@ -220,6 +222,15 @@ def test_an_idle_rank_decodes_the_branches_another_rank_offers(loop_runner: Any,
                     req.group = f"direct-{t.prompt_key}"
                     (again,) = await spec_engine.generate([req])
                     assert branch[at + 1:] == again.samples[0].output_ids
+                # a branch a stop cut after a few tokens, continued from there (a later
+                # bubble, `TaskQueue.continue_branch`): the rest of the same branch
+                end = min(len(branch) - 1, at + 4)
+                more = branch_request(dataclasses.replace(bt, prefix=branch[:end]))
+                if more is not None:
+                    more.group = f"cont-{t.prompt_key}-{t.sample_index}"
+                    cut.append((branch[end:], more))
+            rest = await spec_engine.generate([r for _, r in cut])
+            assert [want for want, _ in cut] == [list(g.samples[0].output_ids) for g in rest]
 
     loop_runner.run(go())
 

@@ -127,3 +127,54 @@ async def test_a_step_out_of_the_lookahead_range_is_invalid_argument() -> None:
                 next_prompts=twice))
         assert "next_prompts[1].prompt_key" in e.value.details()
         await channel.close()
+
+
+def test_a_branch_cut_short_is_continued_from_its_end() -> None:
+    store = {(7, "p0", 0): ([4, 5, 6], True, 3),   # done at the current version
+             (7, "p1", 0): ([4, 5], True, 2)}      # older weights: refreshed
+    cut = {(7, "p0", 0): [(1, [4, 9, 3], False), (2, [4, 5, 8, 1], True)],  # one cut
+           (7, "p1", 0): [(0, [7], False)]}        # cut at its runner-up
+    q = Lookahead(6, ahead(make_tasks(3, 1), 7), stored=lambda *k: store.get(k),
+                  weight_version=3, branches=lambda *k: cut.get(k, []))
+    h = q.handed
+    assert (h.fresh, h.refresh, h.done, h.branches) == (1, 1, 1, 2)
+    got = q.claim("a", 9)
+    plain = [t for t in got if t.branch_at is None]
+    assert [t.prompt_key for t in plain] == ["p1", "p2"] and got[:2] == plain  # plain first
+    cont = {(t.prompt_key, t.branch_at): (list(t.prefix), list(t.hint), t.step)
+            for t in got[2:]}
+    assert cont == {("p0", 1): ([4, 9, 3], [], 7), ("p1", 0): ([7], [], 7)}
+    # a branch already queued in the step's queue is not queued twice
+    assert not q.queues[7].continue_branch(got[2], got[2].branch_at, [4, 9])
+
+
+async def test_a_later_bubble_goes_on_with_a_branch_the_stop_cut() -> None:
+    async with serving() as (_, client):
+        for r in ("r0", "r1"):
+            await client.register(r, r)
+        await client.open_step(0, {"r0": 1, "r1": 1}, ahead(make_tasks(1, 1, keyed=True), 2),
+                               weight_version=0)
+        await client.report_done(0, "r0")
+        assert len((await client.claim_tasks(0, "r0", 1)).tasks) == 1
+        draft = PregenDraft("p0", 0, [7, 8, 9], complete=True, weight_version=0,
+                            branch_offers=[(1, 5)])
+        assert (await client.push_drafts(2, "r0", [draft])).statuses == [DraftStatus.STORED]
+        (branch,) = (await client.claim_tasks(0, "r0", 1)).tasks
+        assert (branch.branch_at, list(branch.prefix)) == (1, [7, 5])
+        cut = PregenDraft("p0", 0, [7, 5, 6], complete=False, weight_version=0, branch_at=1)
+        assert (await client.push_drafts(2, "r0", [cut])).statuses == [DraftStatus.STORED]
+        await client.report_done(0, "r1")
+        # step 1 hands step 2's prompts again (new weights): the draft is refreshed and
+        # the cut branch goes on from its three tokens
+        await client.open_step(1, {"r0": 1, "r1": 1}, ahead(make_tasks(1, 1, keyed=True), 2),
+                               weight_version=1)
+        await client.report_done(1, "r1")
+        got = (await client.claim_tasks(1, "r1", 5)).tasks
+        assert [(t.branch_at, list(t.prefix), list(t.hint)) for t in got] == [
+            (None, [], [7, 8, 9]), (1, [7, 5, 6], [])]
+        more = PregenDraft("p0", 0, [7, 5, 6, 4, 2], complete=True, weight_version=1,
+                           branch_at=1)
+        assert (await client.push_drafts(2, "r1", [more])).statuses == [DraftStatus.STORED]
+        fetched = await client.fetch_drafts(2, ["p0"])
+        assert [(d.branch_at, list(d.token_ids)) for d in fetched] == [
+            (None, [7, 8, 9]), (1, [7, 5, 6, 4, 2])]
