@@ -146,11 +146,14 @@ bench-real: real-model
 # loss), every forward = H100 engine-time model x 150 (the scale a probe gave for < 1%
 # overruns). Hours on 2 cores: --resume keeps the modes a cut run measured, so running it
 # again goes on where it stopped (docs/results.md, "Paced, 8 ranks, the warm-started policy");
-# the suffix rows need `make bench-deps`.
+# the suffix rows need `make bench-deps`. First run (2026-12-04): the baseline fitted (23.0 of
+# 23.5 GiB), bubblespec-keyed was OOM-killed in its third update: use RANKS=6 until the
+# trainer's memory is cut.
+RANKS ?= 8
 REAL_PACED_MODES ?= nospec-keyed,bubblespec-keyed,suffix-keyed,bubblespec-keyed-window,nospec,bubblespec,suffix
 bench-paced-real: real-model
 	P=$$($(BIN)/bubblespec real-policy) && $(BIN)/bubblespec bench paced --task wordproblems \
-		--model $$P --ranks 8 --kv-cache-mib 256 --extra-rank-args=--max-model-len=2048 \
+		--model $$P --ranks $(RANKS) --kv-cache-mib 256 --extra-rank-args=--max-model-len=2048 \
 		--steps 6 --prompts 8 --n 8 --lr 2e-6 --loss-agg token-mean --seeds 0 \
 		--pace-scale 150 --modes $(REAL_PACED_MODES) --resume --out out/bench-paced-real
 
