@@ -190,12 +190,8 @@ class TaskQueue:
             bkey = (key[0], key[1], int(at))
             if bkey in self._branches or not 0 <= at < len(draft) or draft[at] == tok:
                 continue
-            self._bseq += 1
-            prio = (-len(draft), j, self._bseq)
-            bt = dataclasses.replace(task, prefix=[*draft[:at], int(tok)], branch_at=int(at))
-            self._branches[bkey] = (prio, bt)
-            self._bqueued.add(bkey)
-            heapq.heappush(self._bheap, (prio, bkey))
+            self._queue_branch(bkey, len(draft), j, dataclasses.replace(
+                task, prefix=[*draft[:at], int(tok)], branch_at=int(at)))
             n += 1
         self.branches_offered += n
         return n
@@ -208,13 +204,18 @@ class TaskQueue:
         bkey = (task.prompt_key, task.sample_index, int(at))
         if bkey in self._branches:
             return False
+        self._queue_branch(bkey, len(tokens), 0, dataclasses.replace(
+            task, prefix=list(tokens), branch_at=int(at), hint=()))
+        return True
+
+    def _queue_branch(self, bkey: BranchKey, length: int, rank: int, bt: PregenTask) -> None:
+        """Queue branch task `bt`: branches of longer drafts first, then by their rank
+        among one draft's offers, then first come."""
         self._bseq += 1
-        prio = (-len(tokens), 0, self._bseq)
-        bt = dataclasses.replace(task, prefix=list(tokens), branch_at=int(at), hint=())
+        prio = (-length, rank, self._bseq)
         self._branches[bkey] = (prio, bt)
         self._bqueued.add(bkey)
         heapq.heappush(self._bheap, (prio, bkey))
-        return True
 
     def complete_branch(self, bkey: BranchKey) -> bool:
         """Retire a branch task (its complete branch draft arrived); True if it was open."""

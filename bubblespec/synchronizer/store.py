@@ -105,8 +105,8 @@ class DraftStore:
         """(branch position, tokens, complete) of one sample's stored margin branches, by
         position, the tokens read-only."""
         samples = self._steps.get(step, {}).get(prompt_key, {})
-        return [(at, s.tokens, s.complete) for (i, at), s in sorted(samples.items())
-                if i == sample_index and at >= 0]
+        return sorted(((at, s.tokens, s.complete) for (i, at), s in samples.items()
+                       if i == sample_index and at >= 0), key=lambda b: b[0])
 
     def records_of(self, step: int, prompt_key: str, sample_index: int
                    ) -> tuple[Sequence[tuple[int, float]], bool] | None:
