@@ -69,6 +69,10 @@ class Trainer:
         if threads:
             torch.set_num_threads(threads)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if (self.model.base_model is self.model
+                or getattr(self.model.config, "final_logit_softcapping", None)):
+            raise ValueError(f"{type(self.model).__name__}: the trainer needs a causal LM "
+                             "whose head is a plain projection of its decoder's output")
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.clip = clip
@@ -78,28 +82,38 @@ class Trainer:
     def _token_logprobs(self, seqs: list[list[int]], starts: list[int]
                         ) -> tuple[list[torch.Tensor], list[list[float]]]:
         """Log-probs of tokens seqs[i][starts[i]:] under the current policy, and the
-        policy's entropy (nats, no gradient) at each of those positions."""
+        policy's entropy (nats, no gradient) at each of those positions. The output head
+        runs on the response positions only: the prompt's and the padding's logits (a
+        positions x vocabulary tensor each, with its log-softmax and gradient) are never
+        formed, which is most of the trainer's memory beside the ranks."""
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
-        logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        tok = torch.gather(logp, 2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        ent = []
-        with torch.no_grad():  # row by row: one row's (positions x vocab) at a time
-            for i, s in enumerate(seqs):
-                row = logp[i, starts[i] - 1 : len(s) - 1].detach()
-                ent.append((-(row.exp() * row).sum(-1)).tolist())
-        return [tok[i, starts[i] - 1 : len(s) - 1] for i, s in enumerate(seqs)], ent
+        hidden = self._hidden(ids, mask)
+        spans = [(starts[i] - 1, len(s) - 1) for i, s in enumerate(seqs)]
+        rows = torch.cat([hidden[i, a:b] for i, (a, b) in enumerate(spans)])
+        targets = torch.cat([ids[i, a + 1 : b + 1] for i, (a, b) in enumerate(spans)])
+        logp = torch.log_softmax(self.model.get_output_embeddings()(rows).float(), dim=-1)
+        tok = torch.gather(logp, 1, targets.unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            ent = (-(logp.exp() * logp).sum(-1)).detach()
+        sizes = [b - a for a, b in spans]
+        return (list(torch.split(tok, sizes)),
+                [e.tolist() for e in torch.split(ent, sizes)])
+
+    def _hidden(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The last hidden state before the output head (the decoder's, final norm
+        included), so that the head can be applied to chosen positions only."""
+        return self.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
 
     def step(self, batch: list[Rollout], micro_batch: int = 2) -> dict[str, Any]:
         """One optimiser step over all samples of `batch` (the GRPO loss aggregated by
         `loss_agg`), its gradient accumulated over chunks of `micro_batch` samples: the
-        logits, log-softmax and their gradients of a chunk hold samples x positions x
-        vocabulary floats each (about 0.2 GB per tensor for 2 samples of 550 tokens of a
+        logits, log-softmax and their gradients of a chunk hold its response tokens x
+        vocabulary floats each (about 0.16 GB per tensor for 2 responses of 400 tokens of a
         49k-token vocabulary), and the trainer shares the machine with the ranks' engines;
         statistics include the entropy of the samples trained on."""
         items, flips = [], []

@@ -79,3 +79,19 @@ def test_saved_weights_are_a_model_directory_of_their_own(model_dir: str, tmp_pa
     assert have and all((Path(out) / n).is_file() for n in have)
     AutoTokenizer.from_pretrained(out)
     AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_log_probs_and_entropy_equal_the_full_models_in_a_padded_batch(model_dir: str) -> None:
+    """The head runs on response positions only; a batch of unequal lengths (padding) gives
+    what the whole model's logits give, row by row."""
+    trainer = Trainer(model_dir, lr=0.0)
+    seqs, starts = [[1, 5, 9, 4, 7, 3, 8, 2], [1, 6, 2, 6], [3, 3, 3, 3, 3, 9]], [3, 2, 5]
+    lps, ents = trainer._token_logprobs(seqs, starts)
+    with torch.no_grad():
+        for s, a, lp, ent in zip(seqs, starts, lps, ents):
+            logp = torch.log_softmax(trainer.model(input_ids=torch.tensor([s])).logits[0], -1)
+            rows = logp[a - 1 : len(s) - 1]
+            want = rows.gather(1, torch.tensor(s[a:]).unsqueeze(-1)).squeeze(-1)
+            assert lp.shape == want.shape
+            assert torch.allclose(lp.detach(), want, atol=1e-5)
+            assert ent == pytest.approx((-(rows.exp() * rows).sum(-1)).tolist(), rel=1e-4)
