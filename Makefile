@@ -141,16 +141,16 @@ bench-real: real-model
 	$(BIN)/bubblespec bench engine --task wordproblems --prompts 8 --n 4 --lr 1e-5 \
 		--out out/engine-wordproblems.json
 
-# The paced bench on the warm-started real policy (issue 32): 8 ranks of SmolLM2-135M, 8
+# The paced bench on the warm-started real policy (issue 32): 6 ranks of SmolLM2-135M (the
+# most that fit 23.5 GiB beside the trainer: 8 were OOM-killed in bubblespec-keyed's third
+# update; at 6 the peak was 15.4 GiB PSS for the cluster + 5.0 GiB for the trainer), 8
 # problems x 8 samples a step, 5 measured steps after real GRPO updates (lr 2e-6, per-token
 # loss), every forward = H100 engine-time model x 150 (the scale a probe gave for < 1%
 # overruns). Hours on 2 cores: --resume keeps the modes a cut run measured, so running it
-# again goes on where it stopped (docs/results.md, "Paced, 8 ranks, the warm-started policy");
-# the suffix rows need `make bench-deps`. First run (2026-12-04): the baseline fitted (23.0 of
-# 23.5 GiB), bubblespec-keyed was OOM-killed in its third update: use RANKS=6 until the
-# trainer's memory is cut.
-RANKS ?= 8
-REAL_PACED_MODES ?= nospec-keyed,bubblespec-keyed,suffix-keyed,bubblespec-keyed-window,nospec,bubblespec,suffix
+# again goes on where it stopped (docs/results.md, "Paced, the warm-started policy"); the
+# suffix rows need `make bench-deps`.
+RANKS ?= 6
+REAL_PACED_MODES ?= nospec-keyed,bubblespec-keyed,suffix-keyed,bubblespec-keyed-window,nospec,bubblespec,suffix,bubblespec-keyed-ahead3
 bench-paced-real: real-model
 	P=$$($(BIN)/bubblespec real-policy) && $(BIN)/bubblespec bench paced --task wordproblems \
 		--model $$P --ranks $(RANKS) --kv-cache-mib 256 --extra-rank-args=--max-model-len=2048 \
