@@ -85,7 +85,7 @@ class Trainer:
         policy's entropy (nats, no gradient) at each of those positions. The output head
         runs on the response positions only: the prompt's and the padding's logits (a
         positions x vocabulary tensor each, with its log-softmax and gradient) are never
-        formed, which is most of the trainer's memory beside the ranks."""
+        formed."""
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -99,7 +99,7 @@ class Trainer:
         logp = torch.log_softmax(self.model.get_output_embeddings()(rows).float(), dim=-1)
         tok = torch.gather(logp, 1, targets.unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
-            ent = (-(logp.exp() * logp).sum(-1)).detach()
+            ent = -(logp.exp() * logp).sum(-1)
         sizes = [b - a for a, b in spans]
         return (list(torch.split(tok, sizes)),
                 [e.tolist() for e in torch.split(ent, sizes)])
