@@ -184,21 +184,33 @@ def rank_pace(cluster: Any) -> dict[str, dict[str, Any]]:
             for rid, url in cluster.rank_urls.items()}
 
 
+BRANCH_COUNTERS = {"bubblespec_pregen_branches_total": "made",
+                   "bubblespec_pregen_branch_tokens_total": "tokens",
+                   "bubblespec_pregen_branch_offers_streamed_total": "streamed"}
+
+
+def branch_counters(metrics_text: str) -> dict[str, float]:
+    """One rank's margin-branch counters from its /metrics text: branches decoded, the
+    tokens they decoded (what branches cost the bubble) and offers streamed while their
+    draft decoded."""
+    sums = dict.fromkeys(BRANCH_COUNTERS.values(), 0.0)
+    for line in metrics_text.splitlines():
+        if (key := BRANCH_COUNTERS.get(line.split("{", 1)[0])) is not None:
+            sums[key] += float(line.rsplit(" ", 1)[1])
+    return sums
+
+
 def rank_branches(cluster: Any) -> dict[str, int]:
-    """Margin branches over all ranks: decoded (`bubblespec_pregen_branches_total`), offers
-    streamed while their draft decoded (`bubblespec_pregen_branch_offers_streamed_total`)
-    and taken by a proposer because the output left its draft where a branch did (draft
-    index `branches_taken`); counters since each rank started."""
-    made = streamed = taken = 0.0
+    """Margin branches over all ranks (`branch_counters`) and those taken by a proposer
+    because the output left its draft where a branch did (draft index `branches_taken`);
+    counters since each rank started."""
+    sums = dict.fromkeys([*BRANCH_COUNTERS.values(), "taken"], 0.0)
     for url in cluster.rank_urls.values():
-        for line in httpx.get(url + "/metrics", timeout=10.0).text.splitlines():
-            if line.startswith("bubblespec_pregen_branches_total{"):
-                made += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("bubblespec_pregen_branch_offers_streamed_total{"):
-                streamed += float(line.rsplit(" ", 1)[1])
+        for k, v in branch_counters(httpx.get(url + "/metrics", timeout=10.0).text).items():
+            sums[k] += v
         idx = httpx.get(url + "/v1/draft_index", timeout=10.0)  # not 200 without spec
-        taken += idx.json().get("branches_taken", 0) if idx.status_code == 200 else 0
-    return {"made": int(made), "streamed": int(streamed), "taken": int(taken)}
+        sums["taken"] += idx.json().get("branches_taken", 0) if idx.status_code == 200 else 0
+    return {k: int(v) for k, v in sums.items()}
 
 
 def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
@@ -408,9 +420,10 @@ def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
     print("\n".join(per_step_lines(by_seed, cfg.pace_scale)))
     if branched := {k: v["branches"] for k, v in first.items()
                     if (v.get("branches") or {}).get("made")}:
-        print("margin branches (decoded / taken by a proposer; offers streamed): " + ", ".join(
-            f"{k}: {b['made']} / {b['taken']}; {b.get('streamed', 0)}"
-            for k, b in branched.items()))
+        print("margin branches (decoded / taken by a proposer; offers streamed; tokens they "
+              "decoded): " + ", ".join(
+                  f"{k}: {b['made']} / {b['taken']}; {b.get('streamed', 0)}; "
+                  f"{b.get('tokens', '-')}" for k, b in branched.items()))
     print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
           f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
     g = doc.report["greedy_check"]

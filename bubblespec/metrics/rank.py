@@ -25,6 +25,7 @@ class RankMetrics:
     pregen_seconds: Counter
     pregen_requests: Counter
     pregen_branches: Counter
+    pregen_branch_tokens: Counter
     pregen_offers_streamed: Counter
     pregen_refreshed: Counter
     pregen_tail_tokens: Counter
@@ -64,6 +65,9 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
         pregen_requests=counter("bubblespec_pregen_requests", "Pre-generation tasks run."),
         pregen_branches=counter("bubblespec_pregen_branches",
                                 "Margin branches of keyed drafts decoded (--pregen-branches)."),
+        pregen_branch_tokens=counter(
+            "bubblespec_pregen_branch_tokens",
+            "Tokens margin branches decoded past their prefix (part of pregen tokens)."),
         pregen_offers_streamed=counter(
             "bubblespec_pregen_branch_offers_streamed",
             "Branch offers pushed while their draft still decoded (--pregen-branch-margin)."),
@@ -97,8 +101,9 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
     )
     for c in (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.decode_steps,
               m.generation_tokens, m.bubble_seconds, m.pregen_seconds, m.pregen_requests,
-              m.pregen_branches, m.pregen_offers_streamed, m.pregen_refreshed, m.pregen_tokens,
-              m.pregen_tail_tokens, m.pregen_pushed_tokens, m.drafts_fetched_tokens, m.engine_restarts):
+              m.pregen_branches, m.pregen_branch_tokens, m.pregen_offers_streamed,
+              m.pregen_refreshed, m.pregen_tokens, m.pregen_tail_tokens, m.pregen_pushed_tokens,
+              m.drafts_fetched_tokens, m.engine_restarts):
         c.labels(rank_id)
     m.engine_alive.labels(rank_id).set(0)
     return m

@@ -132,6 +132,8 @@ class PregenOutcome:
     pushed_tokens: int = 0
     branches: int = 0
     """Margin branches decoded (their tokens are in `tokens`)."""
+    branch_tokens: int = 0
+    """Tokens those branches decoded past their prefix (the branches' share of `tokens`)."""
     streamed_offers: int = 0
     """Branch offers pushed while their draft was still decoding."""
     refreshed: int = 0
@@ -378,6 +380,7 @@ class Pregenerator:
                          t.branch_at, len(d.token_ids) - len(t.prefix),
                          "" if d.complete else ", cut at the stop")
                 out.tokens += len(d.token_ids) - len(t.prefix)
+                out.branch_tokens += len(d.token_ids) - len(t.prefix)
             else:
                 g = lane.result()
                 d = task_draft(t, g, offers(t, g, self.branches, watch), watch)

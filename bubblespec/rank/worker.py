@@ -217,6 +217,7 @@ class RankWorker:
         lab = self.rank_id
         self.m.pregen_requests.labels(lab).inc(out.tasks)
         self.m.pregen_branches.labels(lab).inc(out.branches)
+        self.m.pregen_branch_tokens.labels(lab).inc(out.branch_tokens)
         self.m.pregen_offers_streamed.labels(lab).inc(out.streamed_offers)
         self.m.pregen_refreshed.labels(lab).inc(out.refreshed)
         self.m.pregen_tokens.labels(lab).inc(out.tokens)

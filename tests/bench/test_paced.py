@@ -142,6 +142,25 @@ def test_cluster_groups_share_only_stateless_engines() -> None:
     assert order[1][0].sync_args == ("--pregen-depth=8",)
 
 
+def test_branch_counters_read_a_ranks_metrics_exposition() -> None:
+    """The paced record's branch figures come from the rank's own Prometheus registry:
+    the names the bench reads are the ones the rank exports."""
+    from prometheus_client import generate_latest
+
+    from bubblespec.bench.paced import branch_counters
+    from bubblespec.metrics.rank import new_rank_metrics
+
+    m = new_rank_metrics("r0")
+    assert branch_counters(generate_latest(m.registry).decode()) == {
+        "made": 0.0, "tokens": 0.0, "streamed": 0.0}
+    m.pregen_branches.labels("r0").inc(3)
+    m.pregen_branch_tokens.labels("r0").inc(41)
+    m.pregen_offers_streamed.labels("r0").inc(2)
+    m.pregen_tokens.labels("r0").inc(500)  # every pre-generated token: not the branches'
+    assert branch_counters(generate_latest(m.registry).decode()) == {
+        "made": 3.0, "tokens": 41.0, "streamed": 2.0}
+
+
 def test_accept_doc_for_the_simulator() -> None:
     from bubblespec.bench.paced_figures import accept_doc
 

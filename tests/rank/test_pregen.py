@@ -210,6 +210,10 @@ def test_an_idle_rank_decodes_the_branches_another_rank_offers(loop_runner: Any,
             stored = await sync.fetch_drafts(1, sorted({t.prompt_key for t in tasks}))
             by_key = {(d.prompt_key, d.sample_index, d.branch_at): list(d.token_ids)
                       for d in stored}
+            # what the branches cost: the tokens each decoded past its prefix (up to and
+            # including the runner-up token), all of this rank's pre-generated tokens here
+            past = sum(len(ids) - at - 1 for (_, _, at), ids in by_key.items() if at is not None)
+            assert out.branch_tokens == out.tokens == past
             cut: list[tuple[list[int], Any]] = []
             for t, d in zip(tasks, drafts):
                 (at, ru), = d.branch_offers
