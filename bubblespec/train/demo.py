@@ -3,7 +3,9 @@
 `run_demo` runs `run_grpo` against a gateway, prints a line per step (reward, wall time,
 critical-path decode steps, tokens per forward, pre-generated tokens, and
 `max_abs_logprob_gap`: trainer vs rollout log-probs of the same tokens under the same
-weights, the on-policy check), then, pooled over the steps, where responses left their
+weights, the on-policy check), then the reward per epoch when the prompts repeat
+(`--epoch-steps`: the same problems each epoch, so the curve is not the luck of the draw
+of a step's problems), and, pooled over the steps, where responses left their
 pre-generated drafts by position class with the policy's entropy there (`positions.py`),
 and writes `<out>/grpo_log.json` and `<out>/grpo_reward.png`.
 """
@@ -56,8 +58,42 @@ def resolve_model(model: str | None, task: str = "addchain") -> str:
     return str(task_model_dir(task))
 
 
-def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str) -> bool:
-    """Reward per step (and a 3-step moving average); False if matplotlib is missing."""
+def epoch_rewards(records: Sequence[dict[str, Any]], epoch_steps: int) -> list[dict[str, Any]]:
+    """Mean reward per epoch of a run whose prompt batches repeat every `epoch_steps` steps
+    (`--epoch-steps`): epoch e is steps e*K .. e*K+K-1, the same problems each epoch, so
+    epochs compare the same problems under newer weights, where single steps compare
+    different problems. Each row: epoch, its steps, mean, standard error of the mean over
+    its samples (None with fewer than 2), samples. Epochs cut short by the run's end are
+    left out; [] when `epoch_steps` < 1 or a step has no per-sample rewards."""
+    if epoch_steps < 1 or any("rewards" not in r for r in records):
+        return []
+    rows = []
+    for e in range(len(records) // epoch_steps):
+        steps = records[e * epoch_steps:(e + 1) * epoch_steps]
+        xs = [float(x) for r in steps for g in r["rewards"] for x in g]
+        mean = sum(xs) / len(xs) if xs else 0.0
+        var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else None
+        rows.append({"epoch": e, "steps": [r["step"] for r in steps], "mean": mean,
+                     "se": (var / len(xs)) ** 0.5 if var is not None else None,
+                     "samples": len(xs)})
+    return rows
+
+
+def format_epochs(rows: Sequence[dict[str, Any]]) -> str:
+    """`epoch_rewards` as lines: epoch, steps, mean +- standard error, samples."""
+    lines = ["epoch  steps    reward (+- s.e.)  samples"]
+    for r in rows:
+        se = f"{r['se']:.3f}" if r["se"] is not None else "-"
+        lines.append(f"{r['epoch']:>5}  {r['steps'][0]:>2}-{r['steps'][-1]:<3}  "
+                     f"{r['mean']:.3f} +- {se:<6} {r['samples']:>7}")
+    return "\n".join(lines)
+
+
+def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str,
+                 epochs: Sequence[dict[str, Any]] = ()) -> bool:
+    """Reward per step (and a 3-step moving average), and with `epochs` (`epoch_rewards`)
+    each epoch's mean with its standard error across its steps; False if matplotlib is
+    missing."""
     try:
         import matplotlib
 
@@ -71,6 +107,11 @@ def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(xs, ys, "o-", alpha=0.5, label="mean reward")
     ax.plot(xs, ma, "-", lw=2, label="3-step moving average")
+    if epochs:
+        ax.errorbar([(e["steps"][0] + e["steps"][-1]) / 2 for e in epochs],
+                    [e["mean"] for e in epochs], yerr=[e["se"] or 0.0 for e in epochs],
+                    xerr=[(e["steps"][-1] - e["steps"][0]) / 2 for e in epochs], fmt="s",
+                    color="black", capsize=3, label="epoch mean (same problems) +- s.e.")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward")
     ax.set_title(title)
@@ -105,11 +146,15 @@ def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]
     print(f"\nreward: first {q} steps {sum(ys[:q]) / q:.3f} -> last {q} steps "
           f"{sum(ys[-q:]) / q:.3f}; max |logprob gap| "
           f"{max((r['max_abs_logprob_gap'] for r in records), default=0):.2e}")
+    epochs = epoch_rewards(records, args.epoch_steps)
+    if epochs:
+        print(f"\nreward per epoch (the same {args.epoch_steps * args.prompts} problems "
+              f"each epoch):\n{format_epochs(epochs)}")
     print("\nwhere responses left their pre-generated drafts (steps >= 1; entropy: the "
           "policy's at the trained samples' positions, nats):")
     print(format_pooled(pooled(records)))
     if plot_rewards(records, out / "grpo_reward.png", f"GRPO on the {args.task} task "
-                    f"({args.prompts}x{args.n}/step)"):
+                    f"({args.prompts}x{args.n}/step)", epochs):
         print(f"wrote {out / 'grpo_log.json'} and {out / 'grpo_reward.png'}")
     else:
         print(f"wrote {out / 'grpo_log.json'} (matplotlib missing: no plot)")

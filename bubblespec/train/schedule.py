@@ -152,7 +152,8 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     Every rollout carries the schedule's own seeds (`schedule_seeds`). `lookahead`: how
     many future steps' batches each rollout hands ahead (1: the next step's only).
     `loss_agg`: the trainer's loss aggregation (`grpo.LOSS_AGGS`).
-    Returns one dict per step (figures of `step_figures` plus trainer stats)."""
+    Returns one dict per step (figures of `step_figures`, trainer stats, and `rewards`:
+    each sample's reward, grouped by prompt like `output_lengths`)."""
     trainer = Trainer(model_dir, lr=lr, seed=seed, loss_agg=loss_agg) if train else None
     own_tmp = work_dir is None
     wdir = Path(tempfile.mkdtemp(prefix="bubblespec-grpo-") if own_tmp else work_dir)
@@ -209,6 +210,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                        prompt_keys=[pr.prompt_key for pr in res.prompts],
                        output_lengths=[[len(s.output_ids) for s in pr.samples]
                                        for pr in res.prompts],
+                       rewards=[list(g.rewards) for g in groups],
                        **request_figures(res.prompts),
                        output_ids_sha256=hashlib.sha256(json.dumps(
                            [[s.output_ids for s in pr.samples] for pr in res.prompts]
