@@ -13,6 +13,7 @@ and writes `<out>/grpo_log.json` and `<out>/grpo_reward.png`.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,10 +72,9 @@ def epoch_rewards(records: Sequence[dict[str, Any]], epoch_steps: int) -> list[d
     for e in range(len(records) // epoch_steps):
         steps = records[e * epoch_steps:(e + 1) * epoch_steps]
         xs = [float(x) for r in steps for g in r["rewards"] for x in g]
-        mean = sum(xs) / len(xs) if xs else 0.0
-        var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else None
-        rows.append({"epoch": e, "steps": [r["step"] for r in steps], "mean": mean,
-                     "se": (var / len(xs)) ** 0.5 if var is not None else None,
+        rows.append({"epoch": e, "steps": [r["step"] for r in steps],
+                     "mean": statistics.fmean(xs) if xs else 0.0,
+                     "se": statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None,
                      "samples": len(xs)})
     return rows
 
@@ -92,8 +92,8 @@ def format_epochs(rows: Sequence[dict[str, Any]]) -> str:
 def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str,
                  epochs: Sequence[dict[str, Any]] = ()) -> bool:
     """Reward per step (and a 3-step moving average), and with `epochs` (`epoch_rewards`)
-    each epoch's mean with its standard error across its steps; False if matplotlib is
-    missing."""
+    each epoch's mean with the standard error over its samples, spanning its steps; False if
+    matplotlib is missing."""
     try:
         import matplotlib
 
