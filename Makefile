@@ -147,8 +147,10 @@ bench-real: real-model
 # problems x 8 samples a step, 5 measured steps after real GRPO updates (lr 2e-6, per-token
 # loss), every forward = H100 engine-time model x REAL_PACE_SCALE. The keyed modes are valid
 # at x150 (the scale a probe gave for < 1% overruns); the plain-sampling modes verify many
-# more draft tokens a forward and overran at x150 (7.1% for bubblespec), so they have their
-# own target at x360 (their own record: a record keeps one scale). Hours on 2 cores:
+# more draft tokens a forward and overran at x150 (7.1% for bubblespec, 1.6% for suffix), so
+# bench-paced-real-plain runs those two modes at scales of their own (REAL_MODE_SCALES: the
+# probe's x357 and x252 with a margin) and no speculation at x150: a figure is wall s / the
+# scale its mode ran at, and the baseline's wall time grows with its scale. Hours on 2 cores:
 # --resume keeps the modes a cut run measured, so running it again goes on where it
 # stopped (docs/results.md, "Paced, the warm-started policy"); the suffix rows need
 # `make bench-deps`.
@@ -156,15 +158,17 @@ RANKS ?= 6
 REAL_PACED_MODES ?= nospec-keyed,bubblespec-keyed,suffix-keyed,bubblespec-keyed-window,bubblespec-keyed-ahead3
 REAL_PACE_SCALE ?= 150
 REAL_PACED_OUT ?= out/bench-paced-real
+REAL_MODE_SCALES ?=
 bench-paced-real: real-model
 	P=$$($(BIN)/bubblespec real-policy) && $(BIN)/bubblespec bench paced --task wordproblems \
 		--model $$P --ranks $(RANKS) --kv-cache-mib 256 --extra-rank-args=--max-model-len=2048 \
 		--steps 6 --prompts 8 --n 8 --lr 2e-6 --loss-agg token-mean --seeds 0 \
-		--pace-scale $(REAL_PACE_SCALE) --modes $(REAL_PACED_MODES) --resume --out $(REAL_PACED_OUT)
+		--pace-scale $(REAL_PACE_SCALE) --mode-scale=$(REAL_MODE_SCALES) --modes $(REAL_PACED_MODES) \
+		--resume --out $(REAL_PACED_OUT)
 
 bench-paced-real-plain:
-	$(MAKE) bench-paced-real REAL_PACED_MODES=nospec,bubblespec,suffix REAL_PACE_SCALE=360 \
-		REAL_PACED_OUT=out/bench-paced-real-plain
+	$(MAKE) bench-paced-real REAL_PACED_MODES=nospec,bubblespec,suffix \
+		REAL_MODE_SCALES=bubblespec=400,suffix=300 REAL_PACED_OUT=out/bench-paced-real-plain
 
 # The statistical exactness suites of tests/engine once on the real model and its task
 # (slow: not part of `make test`).

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import threading
 import time
@@ -106,12 +107,40 @@ class PacedBenchConfig:
     task: str = "addchain"
     loss_agg: str = "seq-mean"
     resume: bool = False
+    mode_scales: str = ""
+    """Per-mode pace scales, "mode=scale,..." (`--mode-scale`); the other modes run at
+    `pace_scale`. A paced figure is wall seconds / the scale its mode ran at, so modes of one
+    record may run at different scales: each mode needs a scale that keeps its own forwards
+    from overrunning, and a mode that verifies many draft tokens a forward needs a larger one
+    than the baseline, whose wall time grows with the scale."""
 
     def seed_list(self) -> list[int]:
         return [int(s) for s in self.seeds.split(",") if s.strip()]
 
-    def service_config(self, seed: int) -> ServiceBenchConfig:
-        pace = (f"--pace={self.pace} --pace-scale={self.pace_scale} "
+    def scales(self) -> dict[str, float]:
+        """`mode_scales` as a map (ValueError naming --mode-scale when malformed)."""
+        out: dict[str, float] = {}
+        for item in filter(None, (x.strip() for x in self.mode_scales.split(","))):
+            name, eq, value = item.partition("=")
+            try:
+                scale = float(value) if eq and name else math.nan
+            except ValueError:
+                scale = math.nan
+            if not scale > 0:
+                raise ValueError(f"--mode-scale: expected MODE=SCALE with SCALE > 0, "
+                                 f"got {item!r}")
+            out[name.strip()] = scale
+        return out
+
+    def scale_of(self, mode: str) -> float:
+        """The pace scale `mode` runs at."""
+        return self.scales().get(mode, self.pace_scale)
+
+    def service_config(self, seed: int, scale: float | None = None) -> ServiceBenchConfig:
+        """The schedule's configuration for one seed, its ranks paced at `scale` (default
+        `pace_scale`)."""
+        scale = self.pace_scale if scale is None else scale
+        pace = (f"--pace={self.pace} --pace-scale={scale} "
                 f"--kv-cache-mib={self.kv_cache_mib} --engine-in-one-process --cpu-threads=1 "
                 f"{self.extra_rank_args}")
         return ServiceBenchConfig(
@@ -242,14 +271,26 @@ def cluster_groups(modes: Sequence[Mode], extra_rank_args: str = "") -> list[lis
     return groups
 
 
+def scaled_groups(modes: Sequence[Mode], cfg: PacedBenchConfig) -> list[list[Mode]]:
+    """`cluster_groups` of the modes that run at one pace scale, scale by scale in the order
+    of their first mode: a cluster's ranks are paced at one scale."""
+    groups: list[list[Mode]] = []
+    for scale in dict.fromkeys(cfg.scale_of(m.name) for m in modes):
+        groups += cluster_groups([m for m in modes if cfg.scale_of(m.name) == scale],
+                                 cfg.extra_rank_args)
+    return groups
+
+
 def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir: str,
               task: Any, out: dict[str, dict[str, Any]], save: Callable[[], None]) -> None:
     """The modes of one group on one fresh cluster, one after the other (weights loaded back
-    between modes); into `out` per mode its schedule's result plus its paced counters and
-    the cluster's peak memory so far, calling `save` after each mode."""
+    between modes), its ranks paced at the group's scale; into `out` per mode its schedule's
+    result plus its scale, paced counters and the cluster's peak memory so far, calling
+    `save` after each mode."""
     from bubblespec.cluster import LocalCluster
 
-    args = cfg.service_config(seed)
+    scale = cfg.scale_of(group[0].name)
+    args = cfg.service_config(seed, scale)
     name = "+".join(m.name for m in group)
     log_dir = Path(cfg.out) / "logs" / f"seed{seed}" / name
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -264,7 +305,7 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
               flush=True)
         for i, mode in enumerate(group):
             t1 = time.monotonic()
-            window = cfg.train_window_s * cfg.pace_scale if (
+            window = cfg.train_window_s * scale if (
                 mode.pregen_window == PregenWindow.TRAINING) else 0.0
             before, b_before = rank_pace(cluster), rank_branches(cluster)
             try:
@@ -278,6 +319,7 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
             after, b_after = rank_pace(cluster), rank_branches(cluster)
             per_rank = {r: stats_delta(after[r], before[r]) for r in after}
             res.update(rank_args=rank_args, sync_args=sync_args, cluster_start_s=start_s,
+                       pace_scale=scale,
                        branches={k: b_after[k] - b_before[k] for k in b_after},
                        mode_wall_s=time.monotonic() - t1, shared_cluster=name,
                        cluster={"pace": merge_stats(per_rank.values()),
@@ -308,22 +350,35 @@ def plot_speedups(sp: dict[str, float | None], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-RESUME_FREE = ("modes", "out", "resume", "timeline_step")
-"""Configuration keys a resumed run may change; every other one must equal the record's."""
+RESUME_FREE = ("modes", "out", "resume", "timeline_step", "mode_scales")
+"""Configuration keys a resumed run may change; every other one must equal the record's.
+A mode measured at another scale than this run gives it is measured again (`resumed`)."""
 
 
 def resumed(old: PacedDoc, cfg: PacedBenchConfig) -> dict[int, dict[str, dict[str, Any]]]:
     """The modes a saved record measured (steps recorded, not skipped or failed), per seed,
     for a run that goes on where it stopped (`--resume`): a paced run of the real model takes
-    hours, longer than one sitting. ValueError naming the first key in which the record's
-    configuration differs from `cfg` (its results would not compare)."""
+    hours, longer than one sitting. A mode this run names at another pace scale than it was
+    measured at is left out, to run again at the new one (a record from before per-mode
+    scales: every mode ran at its `pace_scale`); each kept mode names its scale. ValueError
+    naming the first key in which the record's configuration differs from `cfg` (its results
+    would not compare)."""
     mine = asdict(cfg)
     for key, value in mine.items():
         if key not in RESUME_FREE and old.config.get(key, value) != value:
             raise ValueError(f"--resume: the record's config.{key} is "
                              f"{old.config.get(key)!r}, this run's {value!r}")
-    return {int(seed): {name: res for name, res in runs.items() if (res or {}).get("steps")}
-            for seed, runs in old.runs.items()}
+    names = {m for m in cfg.modes.split(",") if m}
+    kept: dict[int, dict[str, dict[str, Any]]] = {}
+    for seed, runs in old.runs.items():
+        kept[int(seed)] = {}
+        for name, res in runs.items():
+            if not (res or {}).get("steps"):
+                continue
+            scale = float(res.get("pace_scale", old.config["pace_scale"]))
+            if name not in names or scale == cfg.scale_of(name):
+                kept[int(seed)][name] = {**res, "pace_scale": scale}
+    return kept
 
 
 def run_paced(cfg: PacedBenchConfig, model_dir: str) -> PacedDoc:
@@ -355,8 +410,7 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> PacedDoc:
                 by_seed[seed][m.name] = {"skipped": f"{m.needs} not importable"}
                 print(f"[{m.name}] skipped: {m.needs} not importable (make bench-deps)",
                       flush=True)
-        for group in cluster_groups([m for m in todo if m.name not in by_seed[seed]],
-                                    cfg.extra_rank_args):
+        for group in scaled_groups([m for m in todo if m.name not in by_seed[seed]], cfg):
             try:
                 run_group(group, cfg, seed, model_dir, task, by_seed[seed], save)
             except Exception as e:  # noqa: BLE001 (a failed cluster must not lose the others)
@@ -367,6 +421,12 @@ def run_paced(cfg: PacedBenchConfig, model_dir: str) -> PacedDoc:
             save()
     report(doc, cfg, time.monotonic() - t_all)
     return doc
+
+
+def scale_text(cfg: PacedBenchConfig) -> str:
+    """The run's pace scale, with the modes that ran at another ("150 (bubblespec x400)")."""
+    other = ", ".join(f"{k} x{v:g}" for k, v in cfg.scales().items() if v != cfg.pace_scale)
+    return f"{cfg.pace_scale:g}" + (f" ({other})" if other else "")
 
 
 def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
@@ -393,7 +453,7 @@ def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
     if base is not None:
         (out / "lengths.json").write_text(json.dumps(lengths_doc(
             first[base]["steps"], f"bubblespec bench paced, {base} mode, response tokens")))
-    title = (f"Paced rollout speed-up, {cfg.ranks} ranks, {cfg.pace} x {cfg.pace_scale:g} "
+    title = (f"Paced rollout speed-up, {cfg.ranks} ranks, {cfg.pace} x {scale_text(cfg)} "
              f"(modelled GPU time), {cfg.prompts} prompts x n={cfg.n}, "
              f"{'epoch repeats' if cfg.epoch_steps else 'fresh prompts'}")
     try:
@@ -425,7 +485,7 @@ def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
                   f"{k}: {b['made']} / {b['taken']}; {b.get('streamed', 0)}; "
                   f"{b.get('tokens', '-')}" for k, b in branched.items()))
     print(f"\nwrote {out}/paced.json in {took_s:.0f} s; figures after step 0, "
-          f"rollout phases only (trainer excluded), modelled s = wall s / {cfg.pace_scale:g}")
+          f"rollout phases only (trainer excluded), modelled s = wall s / {scale_text(cfg)}")
     g = doc.report["greedy_check"]
     print(f"greedy check (T=0, vs {g.get('reference')}): " + ", ".join(
         f"{k}: {'identical' if v['identical'] else 'DIFFERS'}"

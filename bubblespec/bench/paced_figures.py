@@ -67,12 +67,19 @@ def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
     return m, t95(len(xs) - 1) * sd / math.sqrt(len(xs))
 
 
+def run_scale(run: Mapping[str, Any], scale: float) -> float:
+    """The pace scale a mode's run went at: its own (`pace_scale`), else the record's `scale`."""
+    return float(run.get("pace_scale") or scale)
+
+
 def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, Any]:
     """One mode's paced figures over its runs (one per seed; `service.run_schedule` results
-    with a "cluster" entry holding "pace" and "memory"), steps after step 0."""
+    with a "cluster" entry holding "pace" and "memory"), steps after step 0; each run's wall
+    seconds over the scale it ran at (`run_scale`, default `scale`)."""
     steps = [s for r in runs for s in (r.get("steps") or [])[1:]]
     tokens = sum(s["completion_tokens"] for s in steps)
-    modelled = sum(s["wall_s"] for s in steps) / scale
+    modelled = sum(s["wall_s"] / run_scale(r, scale)
+                   for r in runs for s in (r.get("steps") or [])[1:])
     ratios = [s["decode_steps_critical"] / s["max_len"] for s in steps if s["max_len"] > 0]
     ratio_mean, ratio_ci = mean_ci(ratios)
     pace = [(r.get("cluster") or {}).get("pace") or {} for r in runs]
@@ -85,6 +92,7 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
     mem = [(r.get("cluster") or {}).get("memory") or {} for r in runs]
     return {
         "runs": len(runs), "steps": len(steps), "completion_tokens": tokens,
+        "pace_scale": max((run_scale(r, scale) for r in runs), default=scale),
         "modelled_rollout_s": modelled,
         "throughput_tok_s": tokens / modelled if modelled > 0 else 0.0,
         "decode_steps_critical": sum(s["decode_steps_critical"] for s in steps),
@@ -221,7 +229,7 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
     """Per-mode rows of the paced bench."""
     head = ["mode", "tok/s (modelled)", "speed-up", "crit steps", "crit/longest (95% CI)",
             "bubble %", "pregen tok", "pregen acc", "accept %", "drafting %", "overruns",
-            "scale for <1%", "peak GiB rss/pss"]
+            "scale", "scale for <1%", "peak GiB rss/pss"]
     rows = []
     for name, s in summaries.items():
         ci = s["crit_per_longest_ci95"]
@@ -234,7 +242,7 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
             _f(None if s["acceptance"] is None else 100 * s["acceptance"], ".0f"),
             _drafting(s),
             f"{s['overruns']}/{s['forwards']}" + ("" if s["valid"] else " INVALID"),
-            _f(s.get("scale_for_valid"), ".0f"),
+            _f(s.get("pace_scale"), "g"), _f(s.get("scale_for_valid"), ".0f"),
             f"{s['peak_rss_mib'] / 1024:.1f}/{s['peak_cluster_pss_mib'] / 1024:.1f}"])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
@@ -244,7 +252,8 @@ def format_paced_table(summaries: Mapping[str, Mapping[str, Any]],
 
 def per_step_lines(results_by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]],
                    scale: float) -> list[str]:
-    """Per seed and step: critical path, longest response and modelled seconds per mode."""
+    """Per seed and step: critical path, longest response and modelled seconds per mode
+    (wall seconds over the scale each mode ran at, `run_scale`)."""
     lines = []
     for seed, results in results_by_seed.items():
         names = [n for n, r in results.items() if r.get("steps")]
@@ -259,8 +268,9 @@ def per_step_lines(results_by_seed: Mapping[int, Mapping[str, Mapping[str, Any]]
                 st = results[n]["steps"]
                 if i < len(st):
                     s = st[i]
+                    modelled = s["wall_s"] / run_scale(results[n], scale)
                     cells.append(f"{s['decode_steps_critical']:>5}/{s['max_len']:<5} "
-                                 f"{s['wall_s'] / scale:>8.2f} s".rjust(24))
+                                 f"{modelled:>8.2f} s".rjust(24))
                 else:
                     cells.append(" " * 24)
             lines.append(f"{i:>4}  " + "  ".join(cells))

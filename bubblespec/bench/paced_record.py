@@ -105,6 +105,8 @@ class PacedMode:
     """Future steps whose prompts each rollout handed ahead."""
     tail_fill: float = 0.0
     """The ranks' tail-fill budget (`--tail-fill-budget` in the mode's rank arguments)."""
+    scale: float = 0.0
+    """The pace scale its ranks ran at (the run's `pace_scale` unless the mode had its own)."""
 
 
 @dataclass
@@ -118,6 +120,7 @@ class PacedRun:
     steps: int
     pace: str
     scale: float
+    """The run's pace scale (`scale_of` gives a mode's own)."""
     greedy_prompts: int
     modes: dict[str, PacedMode]
     seeds: int = 1
@@ -153,7 +156,8 @@ class PacedRun:
                                     r.get("pregen_window") == "training",
                                     str(r.get("shared_cluster") or name),
                                     baseline_of(name, first), int(r.get("lookahead") or 1),
-                                    tail_fill_budget(r.get("rank_args") or []))
+                                    tail_fill_budget(r.get("rank_args") or []),
+                                    float(r.get("pace_scale") or cfg["pace_scale"]))
         if not modes:
             raise ValueError(f"{path}: runs: no mode has steps")
         return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),
@@ -174,13 +178,17 @@ class PacedRun:
         return np.stack([np.asarray(s["output_lengths"], dtype=np.int64)
                          for s in self.modes[name].steps])
 
+    def scale_of(self, name: str) -> float:
+        """The pace scale mode `name` ran at."""
+        return self.modes[name].scale or self.scale
+
     def train_s(self, name: str) -> float:
         """Mean trainer time between steps of a mode, modelled seconds."""
         st = self.modes[name].steps
-        return float(np.mean([s.get("train_s", 0.0) for s in st])) / self.scale
+        return float(np.mean([s.get("train_s", 0.0) for s in st])) / self.scale_of(name)
 
     def measured(self, name: str) -> tuple[float, float]:
         """(generated tokens, modelled rollout seconds) over the steps after step 0."""
         st = self.modes[name].steps[1:]
         return (float(sum(s["completion_tokens"] for s in st)),
-                sum(s["wall_s"] for s in st) / self.scale)
+                sum(s["wall_s"] for s in st) / self.scale_of(name))

@@ -138,7 +138,7 @@ def step_lines(run: PacedRun, pooled: dict[str, Replayed]) -> list[str]:
             c = Counts.of([raw])
             made = raw.get("pregen_tokens", 0) + raw.get("window_pregen_tokens", 0)
             out.append(
-                f"{TAG} {name:<24} step {sim.step}: {raw['wall_s'] / run.scale:6.2f}/"
+                f"{TAG} {name:<24} step {sim.step}: {raw['wall_s'] / run.scale_of(name):6.2f}/"
                 f"{sim.rollout_time_s:<6.2f} | {raw['decode_steps_critical']:>4}/"
                 f"{sim.cp_forwards:<4} | {raw['bubble_fraction']:.2f}/"
                 f"{sim.bubble_s / max(run.ranks * sim.rollout_time_s, 1e-12):.2f} | "
@@ -288,7 +288,10 @@ def compare(run: PacedRun, first: dict[str, Any], cover_cv: float = 0.0, draws: 
                   "heads, whole responses; replays the rates, checks the rest): "
                   + gap_line(replay_all(run.path, flips=flips, own_rates=True)))
     checks = assignment_check(run, assignments(run))
-    head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}, "
+    own = ", ".join(f"{k} x{m.scale:g}" for k, m in run.modes.items()
+                    if m.scale and m.scale != run.scale)
+    head = [(f"{TAG} paced run {run.path}: {run.ranks} ranks, {run.pace} x {run.scale:g}"
+             + (f" ({own})" if own else "") + ", "
             f"{run.prompts} prompts x n={run.n}, {run.steps} steps; replayed on each mode's "
             f"own lengths and assignment, prompt {run.prompt_len(first):.0f} tokens (prefill "
             f"counters), {PREGEN_INFLIGHT} pre-gen lanes per rank; figures after step 0; "

@@ -110,6 +110,10 @@ def _paced(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pace-scale", type=float, default=30.0,
                    help="wall seconds per modelled GPU second (large enough for < 1%% "
                         "overruns)")
+    p.add_argument("--mode-scale", dest="mode_scales", default="", metavar="MODE=SCALE,...",
+                   help="a pace scale of their own for the modes named (e.g. a mode that "
+                        "verifies many draft tokens a forward and overran at --pace-scale); "
+                        "the others run at --pace-scale")
     p.add_argument("--kv-cache-mib", type=int, default=256,
                    help="KV cache per rank, MiB (4 KiB per token on the embedded model)")
     p.add_argument("--train-window-s", type=float, default=2.0,
@@ -322,7 +326,9 @@ def _run_paced(args: argparse.Namespace) -> int:
                               if k not in ("bench", "report")})
     try:
         model_dir = resolve_model(cfg.model, cfg.task)
-        mode_by_name([m for m in cfg.modes.split(",") if m])
+        names = [m.name for m in mode_by_name([m for m in cfg.modes.split(",") if m])]
+        if stray := [m for m in cfg.scales() if m not in names]:
+            raise ValueError(f"--mode-scale: {', '.join(stray)} not in --modes")
         if not cfg.seed_list() or cfg.steps < 2 or cfg.ranks < 1 or cfg.pace_scale <= 0:
             raise ValueError("--seeds needs a seed, --steps >= 2, --ranks >= 1, "
                              "--pace-scale > 0")

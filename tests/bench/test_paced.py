@@ -48,6 +48,19 @@ def test_summary_uses_modelled_seconds_after_step_0() -> None:
     assert s["valid"] and s["peak_rss_mib"] == 4096.0
 
 
+def test_each_run_is_modelled_at_its_own_pace_scale() -> None:
+    slow = {**_run("default", [99.0, 40.0, 120.0]), "pace_scale": 40.0}
+    s = mode_summary([slow, _run("default", [1.0, 10.0, 30.0])], scale=10.0)
+    assert s["modelled_rollout_s"] == pytest.approx(4.0 + 4.0)  # 160 / 40 + 40 / 10
+    assert s["pace_scale"] == 40.0
+    assert mode_summary([_run("default", [1.0, 10.0])], scale=10.0)["pace_scale"] == 10.0
+    lines = per_step_lines({0: {"nospec": _run("default", [10.0, 20.0]), "bubblespec": slow}},
+                           10.0)
+    assert "2.00 s" in lines[3] and "1.00 s" in lines[3]  # step 1: 20 / 10 and 40 / 40
+    assert "3.00 s" in lines[4]  # 120 / 40
+    assert " 40 " in format_paced_table({"bubblespec": s}, {"bubblespec": 1.0})
+
+
 def test_drafting_share_is_the_proposers_time_over_the_ranks_modelled_time() -> None:
     run = _run("keyed", [1, 1])
     assert mode_summary([run], 1.0)["drafting_share"] is None  # an older run: not recorded
@@ -114,6 +127,37 @@ def test_cli_flags() -> None:
     assert (a.ranks, a.pace, a.epoch_steps, a.seeds) == (8, "h200", 0, "0,1,2")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["paced", "--pace", "a100"])
+
+
+def test_mode_scales_flag_and_groups(tmp_path) -> None:
+    from bubblespec.bench.paced import PacedBenchConfig, scale_text, scaled_groups
+    from bubblespec.cli.bench import main
+
+    a = build_parser().parse_args(["paced", "--mode-scale", "bubblespec=400,suffix=300"])
+    assert a.mode_scales == "bubblespec=400,suffix=300"
+    cfg = PacedBenchConfig(
+        steps=2, prompts=2, n=2, seeds="0", epoch_steps=0, lr=1e-4, temperature=1.0,
+        greedy_prompts=0, modes="nospec,nospec-keyed,bubblespec,suffix", ranks=2, pace="h100",
+        pace_scale=150.0, kv_cache_mib=64, train_window_s=1.0, extra_rank_args="",
+        model=None, out=str(tmp_path), timeline_step=1, mode_scales=a.mode_scales)
+    assert (cfg.scale_of("nospec"), cfg.scale_of("bubblespec"), cfg.scale_of("suffix")) == (
+        150.0, 400.0, 300.0)
+    assert "--pace-scale=400.0" in cfg.service_config(0, 400.0).extra_rank_args
+    assert "--pace-scale=150.0" in cfg.service_config(0).extra_rank_args
+    assert scale_text(cfg) == "150 (bubblespec x400, suffix x300)"
+    groups = scaled_groups(mode_by_name(cfg.modes.split(",")), cfg)
+    assert [[m.name for m in g] for g in groups] == [["nospec", "nospec-keyed"],
+                                                     ["bubblespec"], ["suffix"]]
+    # two stateless modes at different scales cannot share a cluster's paced ranks
+    split = PacedBenchConfig(**{**cfg.__dict__, "mode_scales": "nospec-keyed=300"})
+    assert [[m.name for m in g] for g in scaled_groups(
+        mode_by_name(["nospec", "nospec-keyed"]), split)] == [["nospec"], ["nospec-keyed"]]
+    for bad in ("bubblespec", "bubblespec=0", "bubblespec=fast", "=3"):
+        with pytest.raises(ValueError, match="--mode-scale"):
+            PacedBenchConfig(**{**cfg.__dict__, "mode_scales": bad}).scales()
+    rc = main(["paced", "--modes", "nospec", "--mode-scale", "suffix=300",
+               "--out", str(tmp_path)])
+    assert rc == 2  # a scale for a mode that does not run: refused before anything starts
 
 
 def test_cluster_groups_share_only_stateless_engines() -> None:

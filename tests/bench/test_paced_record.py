@@ -85,9 +85,34 @@ def test_a_resumed_run_keeps_what_was_measured_and_refuses_another_configuration
     doc.runs = {"0": {"nospec": _mode(False, [5.0, 10.0]),
                       "bubblespec": {"skipped": "failed: ClusterError: r3"}}}
     more = replace(_cfg(tmp_path), modes="nospec,bubblespec,suffix", resume=True)
-    assert resumed(doc, more) == {0: {"nospec": doc.runs["0"]["nospec"]}}
+    assert resumed(doc, more) == {0: {"nospec": {**doc.runs["0"]["nospec"], "pace_scale": 10.0}}}
     with pytest.raises(ValueError, match="config.pace_scale"):
         resumed(doc, replace(more, pace_scale=20.0))
     older = PacedDoc(config={k: v for k, v in doc.config.items() if k != "loss_agg"},
                      runs=doc.runs)  # a record from before a key existed: its default
     assert list(resumed(older, more)[0]) == ["nospec"]
+
+
+def test_a_resumed_run_measures_again_the_modes_given_another_scale(tmp_path):
+    from dataclasses import replace
+
+    from bubblespec.bench.paced import resumed
+
+    doc = PacedDoc(config=asdict(_cfg(tmp_path)))  # a record from before per-mode scales
+    doc.runs = {"0": {"nospec": _mode(False, [5.0, 10.0]),
+                      "bubblespec": _mode(True, [5.0, 5.0])}}
+    more = replace(_cfg(tmp_path), modes="nospec,bubblespec", mode_scales="bubblespec=40",
+                   resume=True)
+    kept = resumed(doc, more)
+    assert list(kept[0]) == ["nospec"] and kept[0]["nospec"]["pace_scale"] == 10.0
+    # the same scale again: kept, and a mode this run does not name stays as it was
+    assert set(resumed(doc, replace(more, mode_scales="bubblespec=10"))[0]) == {
+        "nospec", "bubblespec"}
+    assert set(resumed(doc, replace(more, modes="nospec"))[0]) == {"nospec", "bubblespec"}
+    # read back, each mode's modelled seconds use the scale it ran at
+    doc.runs["0"]["bubblespec"]["pace_scale"] = 40.0
+    doc.write(tmp_path / "paced.json")
+    run = PacedRun.load(tmp_path / "paced.json")
+    assert run.scale == 10.0 and run.scale_of("bubblespec") == 40.0
+    assert run.measured("bubblespec") == (8.0, 0.125) and run.measured("nospec") == (8.0, 1.0)
+    assert run.train_s("bubblespec") == pytest.approx(0.05)
