@@ -65,7 +65,7 @@ from bubblespec.bench.paced_figures import (
     position_lines,
     speedups,
 )
-from bubblespec.bench.paced_record import PacedDoc
+from bubblespec.bench.paced_record import PacedDoc, run_scale
 from bubblespec.bench.service import ServiceBenchConfig, plot_timeline, run_schedule
 from bubblespec.bench.soak import descendants, read_rss_kib
 from bubblespec.engine.pace import merge_stats, stats_delta
@@ -375,7 +375,7 @@ def resumed(old: PacedDoc, cfg: PacedBenchConfig) -> dict[int, dict[str, dict[st
         for name, res in runs.items():
             if not (res or {}).get("steps"):
                 continue
-            scale = float(res.get("pace_scale", old.config["pace_scale"]))
+            scale = run_scale(res, old.config["pace_scale"])
             if name not in names or scale == cfg.scale_of(name):
                 kept[int(seed)][name] = {**res, "pace_scale": scale}
     return kept

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bubblespec.bench.modes import ALL_MODES, BASELINE, KEYED_BASELINE, baseline_of
+from bubblespec.bench.paced_record import run_scale
 from bubblespec.train.positions import format_pooled, pooled
 
 PACED_FINAL_KEYS = ("bubblespec", "suffix", "ngram", "history", "bubblespec-keyed",
@@ -65,11 +66,6 @@ def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
         return m, math.inf
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
     return m, t95(len(xs) - 1) * sd / math.sqrt(len(xs))
-
-
-def run_scale(run: Mapping[str, Any], scale: float) -> float:
-    """The pace scale a mode's run went at: its own (`pace_scale`), else the record's `scale`."""
-    return float(run.get("pace_scale") or scale)
 
 
 def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, Any]:

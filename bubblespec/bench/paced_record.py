@@ -20,6 +20,7 @@ readers rely on.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,12 @@ class PacedDoc:
         """The seeds in which at least one mode recorded steps, ascending."""
         return [k for k in self.seeds()
                 if any((r or {}).get("steps") for r in self.runs[k].values())]
+
+
+def run_scale(run: Mapping[str, Any], scale: float) -> float:
+    """The pace scale a mode's result ran at: its own (`pace_scale`), else the record's
+    `scale` (records from before per-mode scales)."""
+    return float(run.get("pace_scale") or scale)
 
 
 def tail_fill_budget(rank_args: list[str]) -> float:
@@ -157,7 +164,7 @@ class PacedRun:
                                     str(r.get("shared_cluster") or name),
                                     baseline_of(name, first), int(r.get("lookahead") or 1),
                                     tail_fill_budget(r.get("rank_args") or []),
-                                    float(r.get("pace_scale") or cfg["pace_scale"]))
+                                    run_scale(r, cfg["pace_scale"]))
         if not modes:
             raise ValueError(f"{path}: runs: no mode has steps")
         return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),
