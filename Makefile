@@ -146,19 +146,20 @@ bench-real: real-model
 # update; at 6 the peak was 15.4 GiB PSS for the cluster + 5.0 GiB for the trainer), 8
 # problems x 8 samples a step, 5 measured steps after real GRPO updates (lr 2e-6, per-token
 # loss), every forward = H100 engine-time model x REAL_PACE_SCALE. The keyed modes are valid
-# at x150 (the scale a probe gave for < 1% overruns); the plain-sampling modes verify many
-# more draft tokens a forward and overran at x150 (7.1% for bubblespec, 1.6% for suffix), so
-# bench-paced-real-plain runs those two modes at scales of their own (REAL_MODE_SCALES: the
-# probe's x357 and x252 with a margin) and no speculation at x150: a figure is wall s / the
-# scale its mode ran at, and the baseline's wall time grows with its scale. Hours on 2 cores:
-# --resume keeps the modes a cut run measured, so running it again goes on where it
-# stopped (docs/results.md, "Paced, the warm-started policy"); the suffix rows need
-# `make bench-deps`.
+# at x150 (the scale a probe gave for < 1% overruns) but three steps ahead (three steps'
+# prompts prefilled on every rank) overran there on 21.5% of its forwards, so it runs at
+# the x505 that run estimated. The plain-sampling modes verify many more draft tokens a
+# forward and overran at x150 (7.1% for bubblespec, 1.6% for suffix), so
+# bench-paced-real-plain runs those two at x400 and x300 (both valid: under 0.2% and 0.4%)
+# and no speculation at x150: a figure is wall s / the scale its mode ran at, and the
+# baseline's wall time grows with its scale. Hours on 2 cores (docs/results.md, "Paced, the
+# warm-started policy"): --resume keeps the modes a cut run measured at the scale asked, so
+# running it again goes on where it stopped; the suffix rows need `make bench-deps`.
 RANKS ?= 6
 REAL_PACED_MODES ?= nospec-keyed,bubblespec-keyed,suffix-keyed,bubblespec-keyed-window,bubblespec-keyed-ahead3
 REAL_PACE_SCALE ?= 150
 REAL_PACED_OUT ?= out/bench-paced-real
-REAL_MODE_SCALES ?=
+REAL_MODE_SCALES ?= bubblespec-keyed-ahead3=505
 bench-paced-real: real-model
 	P=$$($(BIN)/bubblespec real-policy) && $(BIN)/bubblespec bench paced --task wordproblems \
 		--model $$P --ranks $(RANKS) --kv-cache-mib 256 --extra-rank-args=--max-model-len=2048 \

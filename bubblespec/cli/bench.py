@@ -327,8 +327,13 @@ def _run_paced(args: argparse.Namespace) -> int:
     try:
         model_dir = resolve_model(cfg.model, cfg.task)
         names = [m.name for m in mode_by_name([m for m in cfg.modes.split(",") if m])]
-        if stray := [m for m in cfg.scales() if m not in names]:
-            raise ValueError(f"--mode-scale: {', '.join(stray)} not in --modes")
+        try:  # a misspelt mode is refused; a known one outside --modes is a default unused
+            mode_by_name(cfg.scales())
+        except ValueError as e:
+            raise ValueError(f"--mode-scale: {e}") from e
+        if idle := [m for m in cfg.scales() if m not in names]:
+            print(f"bench paced: --mode-scale for {', '.join(idle)}: not in --modes",
+                  file=sys.stderr)
         if not cfg.seed_list() or cfg.steps < 2 or cfg.ranks < 1 or cfg.pace_scale <= 0:
             raise ValueError("--seeds needs a seed, --steps >= 2, --ranks >= 1, "
                              "--pace-scale > 0")

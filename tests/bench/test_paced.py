@@ -129,7 +129,7 @@ def test_cli_flags() -> None:
         build_parser().parse_args(["paced", "--pace", "a100"])
 
 
-def test_mode_scales_flag_and_groups(tmp_path) -> None:
+def test_mode_scales_flag_and_groups(tmp_path, capsys) -> None:
     from bubblespec.bench.paced import PacedBenchConfig, scale_text, scaled_groups
     from bubblespec.cli.bench import main
 
@@ -155,9 +155,16 @@ def test_mode_scales_flag_and_groups(tmp_path) -> None:
     for bad in ("bubblespec", "bubblespec=0", "bubblespec=fast", "=3"):
         with pytest.raises(ValueError, match="--mode-scale"):
             PacedBenchConfig(**{**cfg.__dict__, "mode_scales": bad}).scales()
-    rc = main(["paced", "--modes", "nospec", "--mode-scale", "suffix=300",
+    rc = main(["paced", "--modes", "nospec", "--mode-scale", "sufix=300",
                "--out", str(tmp_path)])
-    assert rc == 2  # a scale for a mode that does not run: refused before anything starts
+    assert rc == 2  # a misspelt mode: refused before anything starts
+    assert "--mode-scale: unknown mode 'sufix'" in capsys.readouterr().err
+    # a known mode outside --modes (a default scale table) is noted, not refused: here the
+    # refusal is --steps's
+    rc = main(["paced", "--modes", "nospec", "--mode-scale", "suffix=300", "--steps", "1",
+               "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--mode-scale for suffix: not in --modes" in err and "--steps" in err
 
 
 def test_cluster_groups_share_only_stateless_engines() -> None:
