@@ -30,6 +30,7 @@ measured per step (`report` prints it). Every simulated figure is MODELLED.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ from bubblespec.sim.model import (
     summarise,
 )
 from bubblespec.sim.policy import (
+    MAX_ACCEPTED,
     ModeSpec,
     solve_covered,
     with_head_rates,
@@ -163,13 +165,15 @@ def spec_of(name: str, c: Counts, pregen: bool, window: bool, unc: Counts | None
     unc = unc or c
     a_u, d_u = unc.accepted / unc.forwards, unc.drafted / unc.forwards
     y = c.coverage
-    if c.after_flip is not None:  # tokens after flips decode at their own measured rate
+    a_c = math.inf
+    if c.after_flip is not None and y > 0:  # tokens after flips at their own measured rate
         lost = min(c.lost, (1.0 - y) * c.tokens)
         f_u = lost / (1.0 + c.after_flip) + ((1.0 - y) * c.tokens - lost) / (1.0 + a_u)
         rest = c.forwards - f_u
-        a_c = (min(64.0, max(0.0, y * c.tokens / rest - 1.0)) if rest > 0 and y > 0
-               else solve_covered(a, y, a_u))
-    else:
+        a_c = max(0.0, y * c.tokens / rest - 1.0) if rest > 0 else math.inf
+    if a_c > MAX_ACCEPTED:  # the tails at that rate leave the covered tokens (almost) no
+        # forwards: the split does not fit the counts, so take the one without flips
+        # (else a covered forward would verify thousands of drafted tokens)
         a_c = solve_covered(a, y, a_u)
         f_u = (1.0 - y) * c.tokens / (1.0 + a_u)
     f_c = y * c.tokens / (1.0 + a_c)

@@ -231,15 +231,20 @@ def _drafted(d: dict, accepted: float, key: str = "drafted_per_forward") -> floa
     return accepted / DRAFT_ACCEPT_RATE
 
 
+MAX_ACCEPTED = 64.0
+"""The most draft tokens a forward verifies per request (the engine's largest
+`num_speculative_tokens`): no per-forward figure can exceed it."""
+
+
 def solve_covered(overall: float, coverage: float, uncovered: float) -> float:
     """Accepted per forward at covered positions such that harmonic mixing with `uncovered`
     at token share `coverage` gives `overall` (clamped to [0, 64])."""
     if coverage <= 0:
         return overall
     inv = (1.0 / (1.0 + overall) - (1.0 - coverage) / (1.0 + uncovered)) / coverage
-    if inv <= 1.0 / 65.0:
-        return 64.0
-    return float(min(64.0, max(0.0, 1.0 / inv - 1.0)))
+    if inv <= 1.0 / (1.0 + MAX_ACCEPTED):
+        return MAX_ACCEPTED
+    return float(min(MAX_ACCEPTED, max(0.0, 1.0 / inv - 1.0)))
 
 
 def load_accept_json(path: str | Path) -> tuple[list[ModeSpec], list[str]]:

@@ -154,3 +154,17 @@ def test_branches_move_the_flips_they_cover(tmp_path):
     got = whatif(run, {}, everyone)
     assert set(got) == {n for n, m in run.modes.items() if m.pregen}
     assert all(b > p for b, p, _ in got.values())  # no flip at all beats a flip at 0
+
+
+def test_a_split_that_leaves_the_covered_tokens_no_forwards_falls_back():
+    # the flipped tails at 0.02 accepted per forward would leave the 6,000 covered tokens
+    # 78 of the 4,000 measured forwards (76 accepted a forward, over the cap): the covered
+    # phase cannot be solved from them, so the split without flips holds
+    c = Counts(tokens=10_000, accepted=6_000, drafted=9_000, fetched=10_000, lost=4_000,
+               after_flip=0.02)
+    unc = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
+    s = spec_of("bubblespec", c, True, False, unc, "test")
+    plain = spec_of("bubblespec", Counts(10_000, 6_000, 9_000, 6_000), True, False, unc, "t")
+    assert (s.accepted_covered, s.drafted_covered) == pytest.approx(
+        (plain.accepted_covered, plain.drafted_covered))
+    assert s.drafted_covered < 64
