@@ -177,7 +177,7 @@ def spec_of(name: str, c: Counts, pregen: bool, window: bool, unc: Counts | None
         a_c = solve_covered(a, y, a_u)
         f_u = (1.0 - y) * c.tokens / (1.0 + a_u)
     f_c = y * c.tokens / (1.0 + a_c)
-    d_c = (c.drafted - f_u * d_u) / f_c if f_c > 0 else d_u
+    d_c = min(MAX_ACCEPTED, (c.drafted - f_u * d_u) / f_c) if f_c > 0 else d_u
     return ModeSpec(name, a_u, max(d_u, a_u), True, a_c, max(d_c, a_c), source=source,
                     pregen_window=window, accepted_after_flip=c.after_flip)
 

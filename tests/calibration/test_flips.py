@@ -168,3 +168,16 @@ def test_a_split_that_leaves_the_covered_tokens_no_forwards_falls_back():
     assert (s.accepted_covered, s.drafted_covered) == pytest.approx(
         (plain.accepted_covered, plain.drafted_covered))
     assert s.drafted_covered < 64
+
+
+def test_a_covered_forward_never_verifies_more_than_the_engine_can():
+    # 2% of the tokens covered before the flips and every split clamped: the drafted
+    # tokens left to the covered forwards would be about 1,000 a forward
+    from bubblespec.sim.policy import MAX_ACCEPTED
+
+    c = Counts(tokens=10_000, accepted=6_000, drafted=12_000, fetched=4_200, lost=4_000,
+               after_flip=0.5)
+    unc = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
+    s = spec_of("bubblespec", c, True, False, unc, "test")
+    assert c.coverage == pytest.approx(0.02)
+    assert s.accepted_covered == MAX_ACCEPTED and s.drafted_covered == MAX_ACCEPTED
