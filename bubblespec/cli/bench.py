@@ -327,11 +327,12 @@ def _run_paced(args: argparse.Namespace) -> int:
     try:
         model_dir = resolve_model(cfg.model, cfg.task)
         names = [m.name for m in mode_by_name([m for m in cfg.modes.split(",") if m])]
+        scales = cfg.scales()
         try:  # a misspelt mode is refused; a known one outside --modes is a default unused
-            mode_by_name(cfg.scales())
+            mode_by_name(scales)
         except ValueError as e:
             raise ValueError(f"--mode-scale: {e}") from e
-        if idle := [m for m in cfg.scales() if m not in names]:
+        if idle := [m for m in scales if m not in names]:
             print(f"bench paced: --mode-scale for {', '.join(idle)}: not in --modes",
                   file=sys.stderr)
         if not cfg.seed_list() or cfg.steps < 2 or cfg.ranks < 1 or cfg.pace_scale <= 0:

@@ -238,7 +238,7 @@ MAX_ACCEPTED = 64.0
 
 def solve_covered(overall: float, coverage: float, uncovered: float) -> float:
     """Accepted per forward at covered positions such that harmonic mixing with `uncovered`
-    at token share `coverage` gives `overall` (clamped to [0, 64])."""
+    at token share `coverage` gives `overall` (clamped to [0, MAX_ACCEPTED])."""
     if coverage <= 0:
         return overall
     inv = (1.0 / (1.0 + overall) - (1.0 - coverage) / (1.0 + uncovered)) / coverage

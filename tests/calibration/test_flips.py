@@ -18,6 +18,8 @@ from bubblespec.calibration.report import compare, load
 from bubblespec.sim.model import NO_FLIP
 
 FIXTURE = Path(__file__).parent / "data" / "paced_small.json"
+STEP0 = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
+"""Counts of a step without pre-generated drafts: the uncovered figures of the specs below."""
 
 
 def _with_divergences(tmp_path: Path, at: int | None) -> Path:
@@ -57,14 +59,13 @@ def test_the_solved_covered_rate_keeps_the_measured_forwards():
     # 10,000 tokens, 80% fetched, 1,000 of them after flips at 1.0 accepted per forward
     c = Counts(tokens=10_000, accepted=6_000, drafted=9_000, fetched=8_000, lost=1_000,
                after_flip=1.0)
-    unc = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
-    s = spec_of("bubblespec-keyed", c, True, False, unc, "test")
+    s = spec_of("bubblespec-keyed", c, True, False, STEP0, "test")
     assert c.coverage == pytest.approx(0.7)
     f = (0.7 * c.tokens / (1 + s.accepted_covered) + 1_000 / 2.0
          + 2_000 / (1 + s.accepted))  # the 30% not fetched, less the flipped tails
     assert f == pytest.approx(c.forwards)
     assert s.accepted_covered > spec_of("x", Counts(10_000, 6_000, 9_000, 8_000), True,
-                                        False, unc, "t").accepted_covered
+                                        False, STEP0, "t").accepted_covered
 
 
 def test_flips_slow_only_the_pre_generating_modes(tmp_path):
@@ -162,9 +163,8 @@ def test_a_split_that_leaves_the_covered_tokens_no_forwards_falls_back():
     # phase cannot be solved from them, so the split without flips holds
     c = Counts(tokens=10_000, accepted=6_000, drafted=9_000, fetched=10_000, lost=4_000,
                after_flip=0.02)
-    unc = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
-    s = spec_of("bubblespec", c, True, False, unc, "test")
-    plain = spec_of("bubblespec", Counts(10_000, 6_000, 9_000, 6_000), True, False, unc, "t")
+    s = spec_of("bubblespec", c, True, False, STEP0, "test")
+    plain = spec_of("bubblespec", Counts(10_000, 6_000, 9_000, 6_000), True, False, STEP0, "t")
     assert (s.accepted_covered, s.drafted_covered) == pytest.approx(
         (plain.accepted_covered, plain.drafted_covered))
     assert s.drafted_covered < 64
@@ -177,7 +177,6 @@ def test_a_covered_forward_never_verifies_more_than_the_engine_can():
 
     c = Counts(tokens=10_000, accepted=6_000, drafted=12_000, fetched=4_200, lost=4_000,
                after_flip=0.5)
-    unc = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
-    s = spec_of("bubblespec", c, True, False, unc, "test")
+    s = spec_of("bubblespec", c, True, False, STEP0, "test")
     assert c.coverage == pytest.approx(0.02)
     assert s.accepted_covered == MAX_ACCEPTED and s.drafted_covered == MAX_ACCEPTED
