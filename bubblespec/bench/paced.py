@@ -70,6 +70,7 @@ from bubblespec.bench.service import ServiceBenchConfig, plot_timeline, run_sche
 from bubblespec.bench.soak import descendants, read_rss_kib
 from bubblespec.engine.pace import merge_stats, stats_delta
 from bubblespec.protocol.sampling import PregenWindow, SeedMode
+from bubblespec.train.pacing import rank_pace
 
 HEADLINE_MODES = ("nospec,nospec-keyed,bubblespec,bubblespec-keyed,bubblespec-keyed-window,"
                   "suffix-keyed")
@@ -207,12 +208,6 @@ class MemoryWatch:
                 "peak_processes": self.peak_processes}
 
 
-def rank_pace(cluster: Any) -> dict[str, dict[str, Any]]:
-    """Every rank's GET /v1/pace (counters since its engine started)."""
-    return {rid: httpx.get(url + "/v1/pace", timeout=10.0).json()
-            for rid, url in cluster.rank_urls.items()}
-
-
 BRANCH_COUNTERS = {"bubblespec_pregen_branches_total": "made",
                    "bubblespec_pregen_branch_tokens_total": "tokens",
                    "bubblespec_pregen_branch_offers_streamed_total": "streamed"}
@@ -307,7 +302,7 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
             t1 = time.monotonic()
             window = cfg.train_window_s * scale if (
                 mode.pregen_window == PregenWindow.TRAINING) else 0.0
-            before, b_before = rank_pace(cluster), rank_branches(cluster)
+            before, b_before = rank_pace(cluster.rank_urls), rank_branches(cluster)
             try:
                 res = run_schedule(cluster.gateway_url, mode, args, model_dir, task,
                                    min_train_s=window, reset_weights=i > 0)
@@ -316,7 +311,7 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
                 out[mode.name] = {"skipped": f"failed: {type(e).__name__}: {e}"}
                 save()
                 continue
-            after, b_after = rank_pace(cluster), rank_branches(cluster)
+            after, b_after = rank_pace(cluster.rank_urls), rank_branches(cluster)
             per_rank = {r: stats_delta(after[r], before[r]) for r in after}
             res.update(rank_args=rank_args, sync_args=sync_args, cluster_start_s=start_s,
                        pace_scale=scale,

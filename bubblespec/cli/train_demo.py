@@ -2,6 +2,7 @@
 
     bubblespec train-demo [--steps 20] [--prompts 8] [--n 8] [--model DIR]
                           [--gateway URL] [--out DIR] [--rank-arg=--spec-mode=...]
+    bubblespec train-demo --compare A/grpo_log.json B/grpo_log.json [--out DIR]
 
 Starts a 2-rank `LocalCluster` (unless `--gateway` points at a running one), then per step:
 rolls out `--prompts` prompts x `--n` samples at temperature 1.0 with the next step's prompts
@@ -12,7 +13,14 @@ wall time, critical-path decode steps (slowest rank's forward passes), accepted 
 forward, pre-generated tokens, and `max_abs_logprob_gap` (trainer vs rollout log-probs of the
 same tokens under the same weights: the on-policy check). Writes `<out>/grpo_log.json` and
 `<out>/grpo_reward.png`. The loop is `bubblespec.train.schedule.run_grpo`, shared with
-`bubblespec bench service`, which runs the same schedule per mode.
+`bubblespec bench service`, which runs the same schedule per mode. With paced ranks
+(`--rank-arg=--pace=h100 --rank-arg=--pace-scale=S`) each step also prints its modelled
+rollout seconds and overrunning forwards.
+
+`--compare` runs nothing: it prints two saved runs' curves side by side (per epoch and pooled,
+the difference in standard errors; steps with identical ids; critical-path forwards) and,
+with `--out`, writes `grpo_compare.json` and `grpo_compare.png` there
+(`bubblespec.train.compare`).
 """
 
 from __future__ import annotations
@@ -54,7 +62,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rank-arg", action="append", default=[], metavar="ARG")
     p.add_argument("--gateway", default=None, metavar="URL", help="use a running gateway "
                    "(its ranks must be able to read --out)")
-    p.add_argument("--out", default="out/grpo", help="log, plot and weights directory")
+    p.add_argument("--out", default=None,
+                   help="log, plot and weights directory [out/grpo]; with --compare: where "
+                        "the comparison is written (none: printed only)")
+    p.add_argument("--compare", nargs=2, default=None, metavar="LOG",
+                   help="run nothing: compare two saved grpo_log.json files")
     p.add_argument("--log-dir", default=None, help="cluster logs")
     return p.parse_args(list(argv))
 
@@ -64,7 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bubblespec.client import BubbleSpecError
     from bubblespec.train.demo import DemoConfig, resolve_model, train_demo
 
-    cfg = DemoConfig(**vars(parse_args(sys.argv[1:] if argv is None else argv)))
+    ns = vars(parse_args(sys.argv[1:] if argv is None else argv))
+    if (logs := ns.pop("compare")) is not None:
+        return _compare(logs, ns["out"])
+    cfg = DemoConfig(**{**ns, "out": ns["out"] or "out/grpo"})
     try:
         model_dir = resolve_model(cfg.model, cfg.task)
     except FileNotFoundError as e:
@@ -78,4 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BubbleSpecError as e:
         print(f"train-demo: {e}", file=sys.stderr)
+        return 1
+
+
+def _compare(logs: Sequence[str], out: str | None) -> int:
+    from bubblespec.train.compare import run_compare
+
+    try:
+        run_compare(logs, out)
+        return 0
+    except (OSError, ValueError) as e:
+        print(f"train-demo --compare: {e}", file=sys.stderr)
         return 1

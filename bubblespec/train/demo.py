@@ -7,7 +7,10 @@ weights, the on-policy check), then the reward per epoch when the prompts repeat
 (`--epoch-steps`: the same problems each epoch, so the curve is not the luck of the draw
 of a step's problems), and, pooled over the steps, where responses left their
 pre-generated drafts by position class with the policy's entropy there (`positions.py`),
-and writes `<out>/grpo_log.json` and `<out>/grpo_reward.png`.
+and writes `<out>/grpo_log.json` and `<out>/grpo_reward.png`. On a local cluster whose ranks
+are paced (`--rank-arg=--pace=h100 --rank-arg=--pace-scale=S`), each step also carries its
+modelled rollout seconds and overrunning forwards (`pacing.py`), printed per step, in all,
+and plotted below the reward.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bubblespec.train.pacing import PaceProbe, format_run_pace, run_pace
 from bubblespec.train.positions import format_pooled, pooled
 from bubblespec.train.schedule import HEADER, run_grpo
 
@@ -92,7 +96,8 @@ def format_epochs(rows: Sequence[dict[str, Any]]) -> str:
 def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str,
                  epochs: Sequence[dict[str, Any]] = ()) -> bool:
     """Reward per step (and a 3-step moving average), and with `epochs` (`epoch_rewards`)
-    each epoch's mean with the standard error over its samples, spanning its steps; False if
+    each epoch's mean with the standard error over its samples, spanning its steps; below
+    it, when the ranks were paced, each step's modelled rollout seconds. False if
     matplotlib is missing."""
     try:
         import matplotlib
@@ -104,7 +109,16 @@ def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str
     xs = [r["step"] for r in records]
     ys = [r["mean_reward"] for r in records]
     ma = [sum(ys[max(0, i - 2): i + 1]) / len(ys[max(0, i - 2): i + 1]) for i in range(len(ys))]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    paced = [(r["step"], r["pace"]["modelled_s"]) for r in records if r.get("pace")]
+    if paced:
+        fig, (ax, ax_t) = plt.subplots(2, 1, figsize=(6, 5.5), sharex=True,
+                                       height_ratios=(3, 2))
+        ax_t.bar([s for s, _ in paced], [t for _, t in paced], color="tab:gray")
+        ax_t.set_ylabel("rollout, modelled s")
+        ax_t.set_xlabel("GRPO step")
+    else:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.set_xlabel("GRPO step")
     ax.plot(xs, ys, "o-", alpha=0.5, label="mean reward")
     ax.plot(xs, ma, "-", lw=2, label="3-step moving average")
     if epochs:
@@ -112,7 +126,6 @@ def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str
                     [e["mean"] for e in epochs], yerr=[e["se"] or 0.0 for e in epochs],
                     xerr=[(e["steps"][-1] - e["steps"][0]) / 2 for e in epochs], fmt="s",
                     color="black", capsize=3, label="epoch mean (same problems) +- s.e.")
-    ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward")
     ax.set_title(title)
     ax.legend()
@@ -122,8 +135,10 @@ def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str
     return True
 
 
-def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]:
-    """Run the schedule against the gateway at `url`; print, log and plot it."""
+def run_demo(args: DemoConfig, url: str, model_dir: str,
+             pace_probe: PaceProbe | None = None) -> list[dict[str, Any]]:
+    """Run the schedule against the gateway at `url`; print, log and plot it. `pace_probe`:
+    the ranks' paced counters (a local cluster's ranks), read around each rollout."""
     from bubblespec.client import BubbleSpecClient
     from bubblespec.tasks import make_task
 
@@ -138,14 +153,18 @@ def run_demo(args: DemoConfig, url: str, model_dir: str) -> list[dict[str, Any]]
         records = run_grpo(client, task, model_dir, args.steps, args.prompts, args.n, sampling,
                            seed=args.seed, lr=args.lr, work_dir=str(out / "weights"),
                            epoch_steps=args.epoch_steps, lookahead=args.lookahead,
-                           loss_agg=args.loss_agg, log=lambda s: print(s, flush=True))
-    doc = {"config": asdict(args), "model": model_dir, "steps": records}
+                           loss_agg=args.loss_agg, pace_probe=pace_probe,
+                           log=lambda s: print(s, flush=True))
+    paced = run_pace(records)
+    doc = {"config": asdict(args), "model": model_dir, "steps": records, "pace": paced}
     (out / "grpo_log.json").write_text(json.dumps(doc, indent=1))
     ys = [r["mean_reward"] for r in records]
     q = max(1, len(ys) // 4)
     print(f"\nreward: first {q} steps {sum(ys[:q]) / q:.3f} -> last {q} steps "
           f"{sum(ys[-q:]) / q:.3f}; max |logprob gap| "
           f"{max((r['max_abs_logprob_gap'] for r in records), default=0):.2e}")
+    if paced:
+        print(format_run_pace(paced))
     epochs = epoch_rewards(records, args.epoch_steps)
     if epochs:
         print(f"\nreward per epoch (the same {args.epoch_steps * args.prompts} problems "
@@ -172,4 +191,4 @@ def train_demo(cfg: DemoConfig, model_dir: str) -> list[dict[str, Any]]:
     with LocalCluster(ranks=cfg.ranks, model=model_dir, rank_args=cfg.rank_arg,
                       log_dir=cfg.log_dir) as cluster:
         print(f"cluster ready: gateway {cluster.gateway_url}", flush=True)
-        return run_demo(cfg, cluster.gateway_url, model_dir)
+        return run_demo(cfg, cluster.gateway_url, model_dir, PaceProbe(cluster.rank_urls))

@@ -22,6 +22,7 @@ from typing import Any
 from bubblespec.protocol.keys import derive_seeds
 from bubblespec.protocol.sampling import PregenWindow
 from bubblespec.train.grpo import Rollout, Trainer
+from bubblespec.train.pacing import step_pace
 from bubblespec.train.positions import survival_by_position
 
 
@@ -143,7 +144,9 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              train: bool = True, timeline_settle_s: float = 0.3,
              epoch_steps: int = 0, pregen_window: PregenWindow | None = None,
              min_train_s: float = 0.0, lookahead: int = 1,
-             loss_agg: str = "seq-mean") -> list[dict[str, Any]]:
+             loss_agg: str = "seq-mean",
+             pace_probe: Callable[[], Mapping[str, Any]] | None = None
+             ) -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
     `epoch_steps` steps, as epochs over a dataset do; history drafts need that).
@@ -151,7 +154,10 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     larger model's would (paced benchmarks; pre-generation may use the window).
     Every rollout carries the schedule's own seeds (`schedule_seeds`). `lookahead`: how
     many future steps' batches each rollout hands ahead (1: the next step's only).
-    `loss_agg`: the trainer's loss aggregation (`grpo.LOSS_AGGS`).
+    `loss_agg`: the trainer's loss aggregation (`grpo.LOSS_AGGS`). `pace_probe`: reads the
+    ranks' paced counters (`pacing.PaceProbe`) before and after each rollout, so that each
+    step carries `pace` (`pacing.step_pace`: modelled rollout seconds, overruns; None when
+    the ranks are not paced).
     Returns one dict per step (figures of `step_figures`, trainer stats, and `rewards`:
     each sample's reward, grouped by prompt like `output_lengths`)."""
     trainer = Trainer(model_dir, lr=lr, seed=seed, loss_agg=loss_agg) if train else None
@@ -169,11 +175,14 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
             nxt_seeds: Any = [seeds[j] for j in ahead] or None
             if nxt is not None and lookahead <= 1:  # the one-batch form
                 nxt, nxt_seeds = nxt[0], nxt_seeds[0]
+            pace0 = pace_probe() if pace_probe is not None else None
             t0 = time.monotonic()
             res = client.rollout(batches[k], n=n, sampling_params=sampling, seeds=seeds[k],
                                  next_prompts=nxt, next_seeds=nxt_seeds,
                                  pregen=pregen, pregen_window=pregen_window)
             wall = time.monotonic() - t0
+            pace = (step_pace(pace0, pace_probe(), wall)
+                    if pace_probe is not None and pace0 is not None else None)
             groups = []
             for p, pr in zip(batches[k], res.prompts):
                 outs = [s.output_ids for s in pr.samples]
@@ -215,7 +224,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                        output_ids_sha256=hashlib.sha256(json.dumps(
                            [[s.output_ids for s in pr.samples] for pr in res.prompts]
                        ).encode()).hexdigest(),
-                       warnings=list(res.warnings))
+                       warnings=list(res.warnings), pace=pace)
             records.append(fig)
             log(format_row(fig))
     finally:
@@ -225,12 +234,16 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
 
 
 HEADER = (f"{'step':>4} {'reward':>7} {'wall s':>7} {'crit dec':>8} {'tok/fwd':>7} "
-          f"{'pregen':>6} {'pg acc':>6} {'lp gap':>8}")
+          f"{'pregen':>6} {'pg acc':>6} {'lp gap':>8} {'model s':>8} {'overrun':>7}")
 
 
 def format_row(f: dict[str, Any]) -> str:
-    """One step of `run_grpo` as a line under `HEADER`."""
+    """One step of `run_grpo` as a line under `HEADER` (modelled rollout seconds and
+    overrunning forwards only with paced ranks, else '-')."""
+    pace = f.get("pace")
+    paced = (f"{pace['modelled_s']:>8.3f} {pace['overruns']:>7}" if pace
+             else f"{'-':>8} {'-':>7}")
     return (f"{f['step']:>4} {f['mean_reward']:>7.3f} {f['wall_s']:>7.2f} "
             f"{f['decode_steps_critical']:>8} {f['tokens_per_forward']:>7.2f} "
             f"{f['pregen_tokens']:>6} {f['accepted_pregen_tokens']:>6} "
-            f"{f['max_abs_logprob_gap']:>8.2e}")
+            f"{f['max_abs_logprob_gap']:>8.2e} {paced}")
