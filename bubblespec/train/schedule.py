@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bubblespec.protocol.keys import derive_seeds
 from bubblespec.protocol.sampling import PregenWindow
 from bubblespec.train.grpo import Rollout, Trainer
@@ -157,7 +159,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     `loss_agg`: the trainer's loss aggregation (`grpo.LOSS_AGGS`). `pace_probe`: reads the
     ranks' paced counters (`pacing.PaceProbe`) before and after each rollout, so that each
     step carries `pace` (`pacing.step_pace`: modelled rollout seconds, overruns; None when
-    the ranks are not paced).
+    the ranks are not paced or a rank did not answer).
     Returns one dict per step (figures of `step_figures`, trainer stats, and `rewards`:
     each sample's reward, grouped by prompt like `output_lengths`)."""
     trainer = Trainer(model_dir, lr=lr, seed=seed, loss_agg=loss_agg) if train else None
@@ -175,14 +177,14 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
             nxt_seeds: Any = [seeds[j] for j in ahead] or None
             if nxt is not None and lookahead <= 1:  # the one-batch form
                 nxt, nxt_seeds = nxt[0], nxt_seeds[0]
-            pace0 = pace_probe() if pace_probe is not None else None
+            pace0 = _read_pace(pace_probe, log, k)
             t0 = time.monotonic()
             res = client.rollout(batches[k], n=n, sampling_params=sampling, seeds=seeds[k],
                                  next_prompts=nxt, next_seeds=nxt_seeds,
                                  pregen=pregen, pregen_window=pregen_window)
             wall = time.monotonic() - t0
-            pace = (step_pace(pace0, pace_probe(), wall)
-                    if pace_probe is not None and pace0 is not None else None)
+            pace1 = _read_pace(pace_probe, log, k) if pace0 is not None else None
+            pace = step_pace(pace0, pace1, wall) if pace0 is not None and pace1 else None
             groups = []
             for p, pr in zip(batches[k], res.prompts):
                 outs = [s.output_ids for s in pr.samples]
@@ -231,6 +233,19 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
         if own_tmp:
             shutil.rmtree(wdir, ignore_errors=True)
     return records
+
+
+def _read_pace(probe: Callable[[], Mapping[str, Any]] | None, log: Callable[[str], None],
+               step: int) -> Mapping[str, Any] | None:
+    """The ranks' paced counters, or None without a probe or when a rank did not answer (a
+    rank restarting must not stop training; that step carries no paced figures)."""
+    if probe is None:
+        return None
+    try:
+        return probe()
+    except (httpx.HTTPError, ValueError) as e:
+        log(f"step {step}: no paced counters ({e})")
+        return None
 
 
 HEADER = (f"{'step':>4} {'reward':>7} {'wall s':>7} {'crit dec':>8} {'tok/fwd':>7} "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bubblespec.engine.pace import RATIO_EDGES
@@ -59,6 +60,21 @@ def test_step_rows_show_modelled_seconds_only_when_paced() -> None:
     paced = format_row({**row, "pace": {"modelled_s": 0.08, "overruns": 1}})
     assert len(unpaced) == len(paced) == len(HEADER)
     assert unpaced.split()[-2:] == ["-", "-"] and paced.split()[-2:] == ["0.080", "1"]
+
+
+def test_a_rank_that_does_not_answer_costs_the_step_its_paced_figures_not_the_run() -> None:
+    """Injected fault: the probe's GET fails (a rank restarting); the schedule logs it and
+    goes on, that step without paced figures."""
+    from bubblespec.train.schedule import _read_pace
+
+    def down() -> dict:
+        raise httpx.ConnectError("connection refused")
+
+    logs: list[str] = []
+    assert _read_pace(down, logs.append, 4) is None
+    assert logs == ["step 4: no paced counters (connection refused)"]
+    assert _read_pace(None, logs.append, 5) is None and len(logs) == 1
+    assert _read_pace(lambda: {"scale": 1.0}, logs.append, 6) == {"scale": 1.0}
 
 
 @pytest.mark.engine
