@@ -70,8 +70,10 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
                            "a": (ea["mean"], ea["se"]), "b": (eb["mean"], eb["se"]),
                            **difference((ea["mean"], ea["se"]), (eb["mean"], eb["se"]))})
     ra, rb = _rewards(sa), _rewards(sb)
-    pooled = ({"a": _mean_se(ra), "b": _mean_se(rb), **difference(_mean_se(ra), _mean_se(rb))}
-              if ra and rb else None)
+    pooled = None
+    if ra and rb:
+        ma, mb = _mean_se(ra), _mean_se(rb)
+        pooled = {"a": ma, "b": mb, **difference(ma, mb)}
     pairs = [statistics.fmean(gb) - statistics.fmean(ga) for x, y in zip(sa, sb)
              for ga, gb in zip(x.get("rewards", []), y.get("rewards", [])) if ga and gb]
     paired = None

@@ -184,7 +184,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                                  pregen=pregen, pregen_window=pregen_window)
             wall = time.monotonic() - t0
             pace1 = _read_pace(pace_probe, log, k) if pace0 is not None else None
-            pace = step_pace(pace0, pace1, wall) if pace0 is not None and pace1 else None
+            pace = step_pace(pace0, pace1, wall) if pace0 and pace1 else None
             groups = []
             for p, pr in zip(batches[k], res.prompts):
                 outs = [s.output_ids for s in pr.samples]
