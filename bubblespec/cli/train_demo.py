@@ -2,6 +2,7 @@
 
     bubblespec train-demo [--steps 20] [--prompts 8] [--n 8] [--model DIR]
                           [--gateway URL] [--out DIR] [--rank-arg=--spec-mode=...]
+    bubblespec train-demo ... --out DIR --resume [--steps N]
     bubblespec train-demo --compare A/grpo_log.json B/grpo_log.json [--out DIR]
 
 Starts a 2-rank `LocalCluster` (unless `--gateway` points at a running one), then per step:
@@ -16,6 +17,11 @@ same tokens under the same weights: the on-policy check). Writes `<out>/grpo_log
 `bubblespec bench service`, which runs the same schedule per mode. With paced ranks
 (`--rank-arg=--pace=h100 --rank-arg=--pace-scale=S`) each step also prints its modelled
 rollout seconds and overrunning forwards.
+
+The log is written and the trainer checkpointed (weights, optimiser and random state, the
+newest step's only) after every step, so a stopped run goes on with `--resume` (same
+`--out` and settings): under keyed sampling it samples the tokens the uninterrupted run
+would have.
 
 `--compare` runs nothing: it prints two saved runs' curves side by side (per epoch and pooled,
 the difference in standard errors; steps with identical ids; critical-path forwards) and,
@@ -67,6 +73,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "the comparison is written (none: printed only)")
     p.add_argument("--compare", nargs=2, default=None, metavar="LOG",
                    help="run nothing: compare two saved grpo_log.json files")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the stopped run in --out (its log is written and its "
+                        "trainer checkpointed after every step) with the same settings; "
+                        "--steps may grow")
     p.add_argument("--log-dir", default=None, help="cluster logs")
     return p.parse_args(list(argv))
 
@@ -91,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterError as e:
         print(f"train-demo: cluster failed: {e}", file=sys.stderr)
         return 1
-    except BubbleSpecError as e:
+    except (BubbleSpecError, ValueError) as e:
         print(f"train-demo: {e}", file=sys.stderr)
         return 1
 

@@ -8,7 +8,9 @@ difference of the runs' mean rewards against the standard error of that differen
 same pooled over every step, and paired by problem (both runs draw the same problems at the
 same step and position, so the difference of each problem's group mean cancels how hard the
 problem is: the sharper test of a shift). Alongside: each run's critical-path forwards and, for paced
-ranks, modelled rollout seconds.
+ranks, modelled rollout seconds per step and in all (a / b: b's speed-up over a), with the
+steps whose pacing overran marked. A log written while its run was still going
+(`"complete": false`) compares over the steps it has, and is named partial.
 """
 
 from __future__ import annotations
@@ -88,13 +90,33 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         return sum(ts) if ts and all(t is not None for t in ts) else None
 
     zs = [abs(e["z"]) for e in epochs if e["z"] is not None]
+    ma, mb = modelled(sa), modelled(sb)
     return {"steps": n, "epochs": epochs, "pooled": pooled, "paired": paired,
+            "complete": (a.get("complete", True) is not False, b.get("complete", True) is not False),
+            "paced_steps": _paced_steps(sa, sb),
+            "speedup": ma / mb if ma is not None and mb else None,
             "identical_steps": sum(same),
             "critical_forwards": (sum(s["decode_steps_critical"] for s in sa),
                                   sum(s["decode_steps_critical"] for s in sb)),
-            "modelled_s": (modelled(sa), modelled(sb)),
+            "modelled_s": (ma, mb),
             "max_abs_epoch_z": max(zs) if zs else None,
             "within_noise": _within(paired if paired is not None else pooled)}
+
+
+def _paced_steps(sa: Sequence[Mapping[str, Any]], sb: Sequence[Mapping[str, Any]]
+                 ) -> list[dict[str, Any]]:
+    """Per step, each run's modelled rollout seconds and whether its pacing was valid
+    (None for an unpaced run or a step without paced figures); [] when neither run was
+    paced."""
+    def one(s: Mapping[str, Any]) -> tuple[float | None, bool | None]:
+        p = s.get("pace") or {}
+        return p.get("modelled_s"), p.get("valid")
+
+    rows = []
+    for x, y in zip(sa, sb):
+        (ta, va), (tb, vb) = one(x), one(y)
+        rows.append({"step": x["step"], "a": ta, "b": tb, "a_valid": va, "b_valid": vb})
+    return rows if any(r["a"] is not None or r["b"] is not None for r in rows) else []
 
 
 def _within(d: Mapping[str, Any] | None) -> bool:
@@ -103,6 +125,10 @@ def _within(d: Mapping[str, Any] | None) -> bool:
     judged each at 2 s.e., two runs of one policy would be called different about a
     quarter of the time."""
     return d is None or d["z"] is None or abs(d["z"]) <= NOISE_Z
+
+
+def _secs(t: float | None, valid: bool | None) -> str:
+    return "-" if t is None else f"{t:.2f}" + ("*" if valid is False else "")
 
 
 def _ms(x: tuple[float, float | None]) -> str:
@@ -132,11 +158,23 @@ def format_compare(c: Mapping[str, Any], names: tuple[str, str]) -> str:
     fa, fb = c["critical_forwards"]
     lines.append(f"identical ids at {c['identical_steps']} of {c['steps']} steps; "
                  f"critical-path forwards a {fa:,} b {fb:,}")
+    if c["paced_steps"]:
+        lines.append("step  a modelled s  b modelled s  a / b   (*: over 1% of its forwards "
+                     "overran: not valid)")
+        for r in c["paced_steps"]:
+            ratio = f"{r['a'] / r['b']:.2f}x" if r["a"] is not None and r["b"] else "-"
+            lines.append(f"{r['step']:>4}  {_secs(r['a'], r['a_valid']):>12}  "
+                         f"{_secs(r['b'], r['b_valid']):>12}  {ratio:>6}")
     ma, mb = c["modelled_s"]
     if ma is not None or mb is not None:
         lines.append("modelled rollout seconds (paced): a "
                      + (f"{ma:.2f}" if ma is not None else "-") + " b "
-                     + (f"{mb:.2f}" if mb is not None else "-"))
+                     + (f"{mb:.2f}" if mb is not None else "-")
+                     + (f"; a / b {c['speedup']:.2f}x" if c["speedup"] else ""))
+    for name, done in zip(("a", "b"), c["complete"]):
+        if not done:
+            lines.append(f"note: {name} is a partial log (its run had not finished when "
+                         "it was written)")
     verdict = ("identical" if c["identical_steps"] == c["steps"] else
                f"within noise (paired |b - a| <= {NOISE_Z:g} s.e.)" if c["within_noise"] else
                f"NOT within noise (paired |b - a| > {NOISE_Z:g} s.e.)")

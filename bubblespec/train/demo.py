@@ -7,7 +7,8 @@ weights, the on-policy check), then the reward per epoch when the prompts repeat
 (`--epoch-steps`: the same problems each epoch, so the curve is not the luck of the draw
 of a step's problems), and, pooled over the steps, where responses left their
 pre-generated drafts by position class with the policy's entropy there (`positions.py`),
-and writes `<out>/grpo_log.json` and `<out>/grpo_reward.png`. On a local cluster whose ranks
+and writes `<out>/grpo_log.json` (after every step, so a long run that dies keeps its
+steps) and `<out>/grpo_reward.png`. On a local cluster whose ranks
 are paced (`--rank-arg=--pace=h100 --rank-arg=--pace-scale=S`), each step also carries its
 modelled rollout seconds and overrunning forwards (`pacing.py`), printed per step, in all,
 and plotted below the reward.
@@ -51,6 +52,43 @@ class DemoConfig:
     """Training batches handed ahead with each rollout (`run_grpo`)."""
     loss_agg: str = "seq-mean"
     """The trainer's loss aggregation (`bubblespec.train.grpo.LOSS_AGGS`)."""
+    resume: bool = False
+    """Go on with the stopped run whose log and checkpoint are in `out` (`resume_records`)."""
+
+
+RUN_FIELDS = ("task", "prompts", "n", "temperature", "seed_mode", "lr", "seed", "epoch_steps",
+              "lookahead", "loss_agg")
+"""The settings that decide a run's prompts, seeds and updates: a resumed run keeps them
+(the cluster's settings, `--rank-arg`, `--ranks`, and `--steps` may change)."""
+
+
+def resume_records(args: DemoConfig, model_dir: str) -> tuple[list[dict[str, Any]], list[int]]:
+    """The steps a stopped run in `args.out` completed and the steps it was resumed at
+    before, checked before any cluster starts: ValueError naming what does not fit (no log,
+    another run's settings or model, no step left to run, no checkpoint of the last step)."""
+    out = Path(args.out)
+    path = out / "grpo_log.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no log to resume (run without --resume first)")
+    doc = json.loads(path.read_text())
+    done = list(doc.get("steps") or [])
+    cfg = doc.get("config") or {}
+    diff = [f"--{f.replace('_', '-')} {cfg.get(f)!r} in the log, {getattr(args, f)!r} now"
+            for f in RUN_FIELDS if cfg.get(f) != getattr(args, f)]
+    if doc.get("model") != model_dir:
+        diff.append(f"model {doc.get('model')!r} in the log, {model_dir!r} now")
+    if diff:
+        raise ValueError(f"{path}: another run's settings: {'; '.join(diff)}")
+    if len(done) >= args.steps:
+        raise ValueError(f"{path}: the run has {len(done)} steps already; pass --steps "
+                         f"above {len(done)} to go on")
+    if done:
+        from bubblespec.train.grpo import TRAINER_STATE
+
+        ckpt = out / "weights" / f"v{len(done)}" / TRAINER_STATE
+        if not ckpt.is_file():
+            raise ValueError(f"{ckpt}: no checkpoint of step {len(done) - 1} to go on from")
+    return done, [*doc.get("resumed_at", []), len(done)]
 
 
 def resolve_model(model: str | None, task: str = "addchain") -> str:
@@ -135,10 +173,29 @@ def plot_rewards(records: Sequence[dict[str, Any]], path: str | Path, title: str
     return True
 
 
+def write_log(out: Path, args: DemoConfig, model_dir: str, records: Sequence[dict[str, Any]],
+              complete: bool, resumed_at: Sequence[int] = ()) -> dict[str, Any] | None:
+    """Write `<out>/grpo_log.json` (config, model, steps, the run's paced summary,
+    `complete`: False while the run goes on, so a run that dies at step 19 of 20 keeps its
+    19 steps and can be resumed, and `resumed_at`: the steps it was resumed at) by
+    replacing the file whole, so a reader never sees half of one. Returns the paced
+    summary (`pacing.run_pace`)."""
+    paced = run_pace(records)
+    doc = {"config": asdict(args), "model": model_dir, "complete": complete,
+           "resumed_at": list(resumed_at), "steps": list(records), "pace": paced}
+    tmp = out / "grpo_log.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out / "grpo_log.json")
+    return paced
+
+
 def run_demo(args: DemoConfig, url: str, model_dir: str,
-             pace_probe: PaceProbe | None = None) -> list[dict[str, Any]]:
+             pace_probe: PaceProbe | None = None,
+             done: Sequence[dict[str, Any]] = (), resumed_at: Sequence[int] = ()
+             ) -> list[dict[str, Any]]:
     """Run the schedule against the gateway at `url`; print, log and plot it. `pace_probe`:
-    the ranks' paced counters (a local cluster's ranks), read around each rollout."""
+    the ranks' paced counters (a local cluster's ranks), read around each rollout. `done`,
+    `resumed_at`: a resumed run's completed steps and resume points (`resume_records`)."""
     from bubblespec.client import BubbleSpecClient
     from bubblespec.tasks import make_task
 
@@ -154,10 +211,10 @@ def run_demo(args: DemoConfig, url: str, model_dir: str,
                            seed=args.seed, lr=args.lr, work_dir=str(out / "weights"),
                            epoch_steps=args.epoch_steps, lookahead=args.lookahead,
                            loss_agg=args.loss_agg, pace_probe=pace_probe,
-                           log=lambda s: print(s, flush=True))
-    paced = run_pace(records)
-    doc = {"config": asdict(args), "model": model_dir, "steps": records, "pace": paced}
-    (out / "grpo_log.json").write_text(json.dumps(doc, indent=1))
+                           log=lambda s: print(s, flush=True), checkpoint=True, done=done,
+                           on_step=lambda rs: write_log(out, args, model_dir, rs, False,
+                                                        resumed_at))
+    paced = write_log(out, args, model_dir, records, True, resumed_at)
     ys = [r["mean_reward"] for r in records]
     q = max(1, len(ys) // 4)
     print(f"\nreward: first {q} steps {sum(ys[:q]) / q:.3f} -> last {q} steps "
@@ -182,13 +239,18 @@ def run_demo(args: DemoConfig, url: str, model_dir: str,
 
 def train_demo(cfg: DemoConfig, model_dir: str) -> list[dict[str, Any]]:
     """`run_demo` against `cfg.gateway`, or against a fresh `LocalCluster` of `cfg.ranks`
-    ranks (ClusterError if it does not start)."""
+    ranks (ClusterError if it does not start); with `cfg.resume`, going on with the run in
+    `cfg.out` (ValueError, before anything starts, when it cannot)."""
     from bubblespec.cluster import LocalCluster
 
+    done, resumed_at = resume_records(cfg, model_dir) if cfg.resume else ([], [])
+    if cfg.resume:
+        print(f"resuming at step {len(done)} of {cfg.steps}", flush=True)
     if cfg.gateway:
-        return run_demo(cfg, cfg.gateway, model_dir)
+        return run_demo(cfg, cfg.gateway, model_dir, done=done, resumed_at=resumed_at)
     print(f"starting a local cluster with {cfg.ranks} rank(s)...", flush=True)
     with LocalCluster(ranks=cfg.ranks, model=model_dir, rank_args=cfg.rank_arg,
                       log_dir=cfg.log_dir) as cluster:
         print(f"cluster ready: gateway {cluster.gateway_url}", flush=True)
-        return run_demo(cfg, cluster.gateway_url, model_dir, PaceProbe(cluster.rank_urls))
+        return run_demo(cfg, cluster.gateway_url, model_dir, PaceProbe(cluster.rank_urls),
+                        done, resumed_at)

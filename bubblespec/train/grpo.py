@@ -29,6 +29,8 @@ from bubblespec.train.files import copy_tokenizer
 from bubblespec.train.positions import entropy_by_position
 
 LOSS_AGGS = ("seq-mean", "token-mean")
+TRAINER_STATE = "trainer_state.pt"
+"""The file `Trainer.save_state` writes beside a checkpoint's weights."""
 
 
 @dataclass
@@ -155,6 +157,34 @@ class Trainer:
         stats["loss"] = total
         stats["entropy"] = entropy_by_position(entropies, flips)
         return stats
+
+    def save_state(self, out_dir: str) -> str:
+        """Write what `load_state` needs beyond the saved weights to go on exactly where
+        this trainer stands: the optimiser's moments and step counts, and the random
+        state (`TRAINER_STATE` in `out_dir`, beside the weights of `save`)."""
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, TRAINER_STATE)
+        torch.save({"optimizer": self.opt.state_dict(), "rng": torch.get_rng_state()},
+                   path + ".tmp")
+        os.replace(path + ".tmp", path)  # never a half-written state under the name
+        return path
+
+    def load_state(self, model_dir: str) -> None:
+        """Continue from a checkpoint of `save` + `save_state` (`model_dir`): its weights
+        into this trainer's policy (in place, so the optimiser keeps its parameters), its
+        optimiser state and random state. FileNotFoundError naming the file when the
+        directory holds no trainer state."""
+        from transformers import AutoModelForCausalLM
+
+        path = os.path.join(model_dir, TRAINER_STATE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no trainer state (a checkpoint of save_state)")
+        state = torch.load(path, weights_only=True)
+        saved = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            self.model.load_state_dict(saved.state_dict())
+        self.opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
 
     def save(self, out_dir: str) -> str:
         """Write the policy as safetensors (what `POST /v1/weights` reloads), with the base

@@ -15,7 +15,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,9 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              epoch_steps: int = 0, pregen_window: PregenWindow | None = None,
              min_train_s: float = 0.0, lookahead: int = 1,
              loss_agg: str = "seq-mean",
-             pace_probe: Callable[[], Mapping[str, Any]] | None = None
+             pace_probe: Callable[[], Mapping[str, Any]] | None = None,
+             on_step: Callable[[list[dict[str, Any]]], None] | None = None,
+             checkpoint: bool = False, done: Sequence[dict[str, Any]] = ()
              ) -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
@@ -159,7 +161,15 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     `loss_agg`: the trainer's loss aggregation (`grpo.LOSS_AGGS`). `pace_probe`: reads the
     ranks' paced counters (`pacing.PaceProbe`) before and after each rollout, so that each
     step carries `pace` (`pacing.step_pace`: modelled rollout seconds, overruns; None when
-    the ranks are not paced or a rank did not answer).
+    the ranks are not paced or a rank did not answer). `on_step`: called with the records
+    so far after every step (`train-demo` writes its log there). `checkpoint`: save the
+    trainer's state (`Trainer.save_state`) beside each step's weights in `work_dir`, which
+    keeps the newest step's, so that a run can go on after it stopped. `done`: the records
+    of the steps a stopped run completed (resume): the schedule loads the trainer from
+    `work_dir/v<len(done)>`, pushes those weights to the ranks, and goes on from step
+    len(done) with the same prompts and seeds, so under keyed sampling it samples the tokens
+    the uninterrupted run would have (the first step after it has no pre-generated drafts:
+    those were made in the stopped run's bubbles).
     Returns one dict per step (figures of `step_figures`, trainer stats, and `rewards`:
     each sample's reward, grouped by prompt like `output_lengths`)."""
     trainer = Trainer(model_dir, lr=lr, seed=seed, loss_agg=loss_agg) if train else None
@@ -168,10 +178,17 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
     batches = [task.make_prompts(prompts_per_step, seed + (k % epoch_steps if epoch_steps else k))
                for k in range(steps + 1)]
     seeds = [schedule_seeds(seed, k, len(batches[k]), n) for k in range(steps + 1)]
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = list(done)
     prev_dir: Path | None = None
+    if records and trainer is not None:
+        prev_dir = wdir / f"v{len(records)}"
+        trainer.load_state(str(prev_dir))
+        client.update_weights(str(prev_dir), version=len(records))
+        for old in wdir.glob("v*"):  # what the stopped run had not removed yet
+            if old != prev_dir and old.name[1:].isdigit():
+                shutil.rmtree(old, ignore_errors=True)
     try:
-        for k in range(steps):
+        for k in range(len(records), steps):
             ahead = range(k + 1, min(steps, k + 1 + max(1, lookahead))) if pregen else ()
             nxt: Any = [batches[j] for j in ahead] or None
             nxt_seeds: Any = [seeds[j] for j in ahead] or None
@@ -201,11 +218,10 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                 stats = trainer.step(groups)
                 vdir = wdir / f"v{k + 1}"
                 trainer.save(str(vdir))
+                if checkpoint:
+                    trainer.save_state(str(vdir))
                 time.sleep(max(0.0, t1 + min_train_s - time.monotonic()))
                 client.update_weights(str(vdir), version=k + 1)
-                if prev_dir is not None:
-                    shutil.rmtree(prev_dir, ignore_errors=True)
-                prev_dir = vdir
             train_s = time.monotonic() - t1
             report = None
             try:
@@ -229,6 +245,12 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                        warnings=list(res.warnings), pace=pace)
             records.append(fig)
             log(format_row(fig))
+            if on_step is not None:
+                on_step(records)
+            if trainer is not None:  # after the log: a stop in between resumes from here
+                if prev_dir is not None:
+                    shutil.rmtree(prev_dir, ignore_errors=True)
+                prev_dir = wdir / f"v{k + 1}"
     finally:
         if own_tmp:
             shutil.rmtree(wdir, ignore_errors=True)

@@ -86,3 +86,26 @@ def test_cli_compare_prints_and_writes(tmp_path: Path,
     (tmp_path / "empty.json").write_text("{}")
     assert train_demo.main(["--compare", str(pa), str(tmp_path / "empty.json")]) == 1
     assert "not a train-demo log" in capsys.readouterr().err
+
+
+def test_paced_runs_compare_modelled_seconds_per_step_and_mark_overruns() -> None:
+    """Two paced runs: per step each one's modelled rollout seconds, the speed-up over the
+    whole run (a / b), and a step whose pacing overran marked as not valid; an unpaced run
+    beside a paced one shows '-' and no speed-up; a partial log is named."""
+    a, b = _run(1, sha=True), _run(1, sha=True)
+    for s in a["steps"]:
+        s["pace"] = {"modelled_s": 3.0, "valid": True}
+    for s in b["steps"]:
+        s["pace"] = {"modelled_s": 1.0, "valid": s["step"] != 5}
+    b["complete"] = False
+    c = compare(a, b)
+    assert len(c["paced_steps"]) == STEPS and c["speedup"] == pytest.approx(3.0)
+    assert c["paced_steps"][5] == {"step": 5, "a": 3.0, "b": 1.0, "a_valid": True,
+                                   "b_valid": False}
+    text = format_compare(c, ("a", "b"))
+    assert "   5          3.00         1.00*   3.00x" in text
+    assert "a / b 3.00x" in text and "note: b is a partial log" in text
+    plain = compare(_run(1), b)
+    assert plain["speedup"] is None and plain["paced_steps"][0]["a"] is None
+    assert "             -" in format_compare(plain, ("a", "b"))
+    assert compare(_run(1), _run(2))["paced_steps"] == []

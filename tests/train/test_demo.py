@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bubblespec.train.demo import epoch_rewards, format_epochs, plot_rewards
+from bubblespec.train.compare import compare, load_log
+from bubblespec.train.demo import DemoConfig, epoch_rewards, format_epochs, plot_rewards, write_log
 
 
 def _records(rewards_per_step: list[list[list[float]]]) -> list[dict]:
@@ -51,3 +52,25 @@ def test_plot_carries_the_epoch_means(tmp_path: Path) -> None:
     path = tmp_path / "curve.png"
     assert plot_rewards(recs, path, "t", epoch_rewards(recs, 2))
     assert path.stat().st_size > 1000
+
+
+def test_the_log_written_mid_run_is_whole_marked_partial_and_comparable(tmp_path: Path) -> None:
+    """A long run writes its log after every step: a run that dies keeps its steps, the
+    file is replaced whole (no temporary left behind), `complete` says whether the run
+    finished, and `--compare` reads a partial log over the steps it has."""
+    cfg = DemoConfig(steps=3, prompts=2, n=2, temperature=1.0, seed_mode="keyed", lr=1e-4,
+                     seed=0, epoch_steps=0, ranks=1, model=None, rank_arg=[], gateway=None,
+                     out=str(tmp_path), log_dir=None)
+    recs = _records([[[0, 1], [0, 0]], [[1, 1], [0, 1]], [[1, 1], [1, 1]]])
+    for r in recs:
+        r["decode_steps_critical"] = 10
+    assert write_log(tmp_path, cfg, "m", recs[:2], False) is None  # unpaced: no summary
+    doc = load_log(tmp_path / "grpo_log.json")
+    assert doc["complete"] is False and len(doc["steps"]) == 2
+    assert doc["config"]["steps"] == 3 and doc["model"] == "m"
+    assert [p.name for p in tmp_path.iterdir()] == ["grpo_log.json"]
+    full = dict(doc, steps=recs, complete=True)
+    c = compare(doc, full)
+    assert c["steps"] == 2 and c["complete"] == (False, True) and c["identical_steps"] == 0
+    write_log(tmp_path, cfg, "m", recs, True)
+    assert load_log(tmp_path / "grpo_log.json")["complete"] is True

@@ -95,3 +95,38 @@ def test_log_probs_and_entropy_equal_the_full_models_in_a_padded_batch(model_dir
             assert lp.shape == want.shape
             assert torch.allclose(lp.detach(), want, atol=1e-5)
             assert ent == pytest.approx((-(rows.exp() * rows).sum(-1)).tolist(), rel=1e-4)
+
+
+def _params(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def test_a_trainer_resumed_from_its_checkpoint_takes_the_same_next_step(
+        model_dir: str, tmp_path) -> None:
+    """Two updates in one trainer, and one update, a checkpoint (`save` + `save_state`),
+    then a fresh trainer that loads it and takes the second: bit-identical weights. The
+    control, a fresh trainer that loads the weights alone (Adam's moments start from zero),
+    lands elsewhere, so the test sees the optimiser state."""
+    prompt, outs, rewards = [1, 5, 9], [[4, 7, 2, 8], [3, 3], [6, 2, 9]], [1.0, 0.0, 0.5]
+
+    def update(t: Trainer) -> None:
+        t.step([on_policy(t, prompt, outs, rewards)])
+
+    whole = Trainer(model_dir, lr=1e-3, seed=3)
+    update(whole)
+    ckpt = str(tmp_path / "v1")
+    whole.save(ckpt)
+    whole.save_state(ckpt)
+    update(whole)
+    resumed = Trainer(model_dir, lr=1e-3, seed=3)
+    resumed.load_state(ckpt)
+    update(resumed)
+    assert all(torch.equal(a, b) for a, b in zip(_params(whole), _params(resumed)))
+    weights_only = Trainer(model_dir, lr=1e-3, seed=3)
+    with torch.no_grad():
+        for p, q in zip(weights_only.model.parameters(), Trainer(ckpt, lr=0.0).model.parameters()):
+            p.copy_(q)
+    update(weights_only)
+    assert not all(torch.equal(a, b) for a, b in zip(_params(whole), _params(weights_only)))
+    with pytest.raises(FileNotFoundError, match="no trainer state"):
+        resumed.load_state(str(tmp_path))

@@ -79,10 +79,12 @@ def test_a_rank_that_does_not_answer_costs_the_step_its_paced_figures_not_the_ru
 
 @pytest.mark.engine
 def test_train_demo_on_paced_ranks_logs_and_plots_modelled_seconds_per_step(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A real GRPO run on a paced 1-rank cluster of the tiny model: every step carries the
     rank's paced forwards and modelled seconds = wall / scale, the run's summary names the
-    overruns, and the plot is written."""
+    overruns, the log is written after every step and marked complete at the end, and the
+    plot is written."""
     from bubblespec.train.demo import DemoConfig, train_demo
     from tests.deploy.helpers import engine_model_dir
 
@@ -94,13 +96,25 @@ def test_train_demo_on_paced_ranks_logs_and_plots_modelled_seconds_per_step(
                      seed=0, epoch_steps=0, ranks=1, model=model,
                      rank_arg=["--pace=h100", f"--pace-scale={scale}", "--kv-cache-mib=64"],
                      gateway=None, out=str(tmp_path / "out"), log_dir=str(tmp_path / "logs"))
+    from bubblespec.train import demo
+
+    writes: list[tuple[int, bool]] = []
+    real_write = demo.write_log
+
+    def spy(out, args, model_dir, recs, complete, *rest):  # the real writer, calls recorded
+        writes.append((len(recs), complete))
+        return real_write(out, args, model_dir, recs, complete, *rest)
+
+    monkeypatch.setattr(demo, "write_log", spy)
     records = train_demo(cfg, model)
     assert len(records) == 2
+    assert writes == [(1, False), (2, False), (2, True)]  # the log after every step
     for r in records:
         p = r["pace"]
         assert p is not None and p["scale"] == scale and p["forwards"] > 0
         assert p["modelled_s"] == pytest.approx(r["wall_s"] / scale)
     doc = json.loads((tmp_path / "out" / "grpo_log.json").read_text())
+    assert doc["complete"] is True and not (tmp_path / "out" / "grpo_log.json.tmp").exists()
     assert doc["pace"]["steps"] == 2 and doc["pace"]["forwards"] == sum(
         r["pace"]["forwards"] for r in records)
     assert (tmp_path / "out" / "grpo_reward.png").stat().st_size > 0
