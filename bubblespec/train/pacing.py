@@ -23,7 +23,7 @@ PACE_TIMEOUT_S = 60.0
 """Deadline of one rank's GET /v1/pace. The rank answers between two engine steps (its
 counters live in the engine's worker), and a paced step lasts S x its modelled time: a
 prefill of tens of modelled milliseconds at x200-x500 holds the answer back for seconds,
-and at 10 s a 20-step paced run lost one step's figures."""
+and at 10 s a 20-step paced run lost two steps' figures."""
 
 
 def rank_pace(rank_urls: Mapping[str, str],
