@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from bubblespec.cli.signals import stop_on_sigterm
 from bubblespec.cluster import ClusterError
 from bubblespec.tls import Pki
-
-
-def _raise_interrupt(_sig: int, _frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -172,12 +167,12 @@ def _up(args: argparse.Namespace) -> int:
         grace_s=args.grace_s, tls=args.tls, pki=_pki(args),
         tls_issuer=(args.tls_ca, args.tls_ca_key) if args.tls_ca_key else None,
         tls_hosts=args.tls_host)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stop_on_sigterm()
     where = args.address or "a new local Ray instance"
     try:
         print(f"bubblespec ray up: starting {args.ranks} rank(s) on {where}", flush=True)
         cluster.start()
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init installed its own
+        stop_on_sigterm()  # ray.init installed its own
         print("bubblespec ray up: ready")
         for k, v in cluster.addresses().items():
             print(f"  {k:<13} {v}")

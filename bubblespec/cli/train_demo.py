@@ -21,7 +21,8 @@ rollout seconds and overrunning forwards.
 The log is written and the trainer checkpointed (weights, optimiser and random state, the
 newest step's only) after every step, so a stopped run goes on with `--resume` (same
 `--out` and settings): under keyed sampling it samples the tokens the uninterrupted run
-would have.
+would have. Ctrl-C or SIGTERM stops the run between any two of its instructions: the
+local cluster stops in order, the command names the steps its log kept and exits with 130.
 
 `--compare` runs nothing: it prints two saved runs' curves side by side (per epoch and pooled,
 the difference in standard errors; steps with identical ids; critical-path forwards) and,
@@ -32,9 +33,12 @@ with `--out`, writes `grpo_compare.json` and `grpo_compare.png` there
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from bubblespec.cli.signals import stop_on_sigterm
 from bubblespec.cluster import ClusterError
 from bubblespec.protocol.sampling import SeedMode
 from bubblespec.tasks import TASKS
@@ -95,15 +99,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"train-demo: {e}; pass --model DIR", file=sys.stderr)
         return 1
+    stop_on_sigterm()
     try:
         train_demo(cfg, model_dir)
         return 0
+    except KeyboardInterrupt:
+        print(f"train-demo: stopped; {_kept(cfg.out)}", file=sys.stderr, flush=True)
+        return 130
     except ClusterError as e:
         print(f"train-demo: cluster failed: {e}", file=sys.stderr)
         return 1
     except (BubbleSpecError, ValueError) as e:
         print(f"train-demo: {e}", file=sys.stderr)
         return 1
+
+
+def _kept(out: str) -> str:
+    """What a stopped run left in `out` for `--resume`."""
+    log = Path(out) / "grpo_log.json"
+    try:
+        steps = len(json.loads(log.read_text()).get("steps", []))
+    except (OSError, ValueError, AttributeError):
+        return f"no log in {out}: nothing to resume"
+    return f"{log} holds {steps} step(s); the same command with --resume goes on"
 
 
 def _compare(logs: Sequence[str], out: str | None) -> int:

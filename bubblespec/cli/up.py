@@ -17,17 +17,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
+from bubblespec.cli.signals import stop_on_sigterm
 from bubblespec.cluster import ClusterError, LocalCluster
-
-
-def _raise_interrupt(_sig: int, _frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -90,7 +85,7 @@ def main(argv: Sequence[str]) -> int:
         supervise=args.supervise, give_up_restarts=args.give_up_restarts,
         give_up_window_s=args.give_up_window_s, tls=args.tls)
     _report_children()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stop_on_sigterm()
     try:
         print(f"bubblespec up: starting {args.ranks} rank(s); logs in "
               f"{cluster.log_dir or '(temp dir)'}", flush=True)

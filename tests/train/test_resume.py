@@ -1,18 +1,25 @@
-"""`bubblespec train-demo --resume` (`train/demo.py`, `train/schedule.py`): a run stopped after
-a step goes on from its log and checkpoint, and under keyed sampling samples exactly the
-tokens of the uninterrupted run; what cannot be resumed is refused before any cluster
+"""`bubblespec train-demo --resume` (`train/demo.py`, `train/schedule.py`,
+`cli/train_demo.py`): a run stopped after a step (by SIGTERM, as a scheduler stops it) goes
+on from its log and checkpoint, and under keyed sampling samples exactly the tokens of the
+uninterrupted run; what cannot be resumed is refused before any cluster
 starts, naming why."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bubblespec.train import demo
 from bubblespec.train.demo import DemoConfig, resume_records, train_demo
+from tests.cluster.helpers import REPO_ROOT
 
 
 def _cfg(out: Path, steps: int = 3, **kw) -> DemoConfig:
@@ -49,16 +56,28 @@ def test_what_cannot_be_resumed_is_refused_naming_why(tmp_path: Path) -> None:
         resume_records(cfg, "m")
 
 
-class _Stop(Exception):
-    """The injected stop: the run dies right after a step's log was written."""
+def _cli(cfg: DemoConfig, model: str) -> list[str]:
+    return [sys.executable, "-m", "bubblespec.cli.main", "train-demo", "--steps", str(cfg.steps),
+            "--prompts", str(cfg.prompts), "--n", str(cfg.n), "--seed-mode", cfg.seed_mode,
+            "--lr", str(cfg.lr), "--ranks", str(cfg.ranks), "--model", model,
+            *[f"--rank-arg={a}" for a in cfg.rank_arg], "--out", cfg.out,
+            "--log-dir", str(cfg.log_dir)]
 
 
-def test_a_run_stopped_after_a_step_resumes_to_the_uninterrupted_runs_tokens(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the tiny model, keyed: a 3-step run, and the same run stopped after step 1 (its
-    log written, then the process "dies") and resumed. Every step's ids equal the
-    uninterrupted run's, the resumed log is complete and says where it was resumed, and
-    only the newest checkpoint is kept."""
+def _logged_steps(out: Path) -> int:
+    try:
+        return len(json.loads((out / "grpo_log.json").read_text())["steps"])
+    except (OSError, ValueError, KeyError):  # not written yet
+        return 0
+
+
+def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_tokens(
+        tmp_path: Path) -> None:
+    """On the tiny model, keyed: a 3-step run in process, and the same run as the command,
+    sent SIGTERM once its log holds step 0 (as a scheduler or `kill` stops it). The command
+    stops its cluster in order (no process of it is left), says what its log kept and exits
+    130; then `--resume` gives the uninterrupted run's ids at every step, its log is complete
+    and says where it was resumed, and only the newest checkpoint is kept."""
     from tests.deploy.helpers import engine_model_dir
 
     model = engine_model_dir()
@@ -66,24 +85,37 @@ def test_a_run_stopped_after_a_step_resumes_to_the_uninterrupted_runs_tokens(
         pytest.skip("no model: build bubblespec/assets/tiny-llama")
     whole = train_demo(_cfg(tmp_path / "whole"), model)
 
-    real_write = demo.write_log
-
-    def stop_after_step_1(out, args, model_dir, recs, complete, *rest):
-        real_write(out, args, model_dir, recs, complete, *rest)
-        if len(recs) == 2 and not complete:
-            raise _Stop
-
     out = tmp_path / "stopped"
-    monkeypatch.setattr(demo, "write_log", stop_after_step_1)
-    with pytest.raises(_Stop):
-        train_demo(_cfg(out), model)
-    monkeypatch.setattr(demo, "write_log", real_write)
+    out.mkdir()
+    with (tmp_path / "stdout").open("w") as o, (tmp_path / "stderr").open("w") as e:
+        run = subprocess.Popen(_cli(_cfg(out), model), cwd=REPO_ROOT, stdout=o, stderr=e)
+    try:
+        deadline = time.monotonic() + 240
+        while _logged_steps(out) < 1:
+            assert run.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no step logged in 240 s"
+            time.sleep(0.05)
+        family = psutil.Process(run.pid).children(recursive=True)
+        assert family  # the cluster's processes
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    err = (tmp_path / "stderr").read_text()
+    kept = _logged_steps(out)
+    assert run.returncode == 130, err
+    assert f"holds {kept} step(s); the same command with --resume goes on" in err
+    assert 1 <= kept < 3, err  # stopped between step 0 and the end
+    _, alive = psutil.wait_procs(family, timeout=5)
+    assert not alive, alive  # none of its processes is left
     assert json.loads((out / "grpo_log.json").read_text())["complete"] is False
+
     resumed = train_demo(_cfg(out, resume=True), model)
     doc = json.loads((out / "grpo_log.json").read_text())
-    assert doc["complete"] is True and doc["resumed_at"] == [2]
+    assert doc["complete"] is True and doc["resumed_at"] == [kept]
     assert [r["step"] for r in resumed] == [0, 1, 2]
     assert [r["output_ids_sha256"] for r in resumed] == [
         r["output_ids_sha256"] for r in whole]
-    assert resumed[2]["max_abs_logprob_gap"] < 1e-3  # the pushed weights are the trainer's
+    assert resumed[kept]["max_abs_logprob_gap"] < 1e-3  # the pushed weights are the trainer's
     assert sorted(p.name for p in (out / "weights").iterdir()) == ["v3"]
