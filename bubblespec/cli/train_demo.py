@@ -33,7 +33,6 @@ with `--out`, writes `grpo_compare.json` and `grpo_compare.png` there
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -116,10 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _kept(out: str) -> str:
     """What a stopped run left in `out` for `--resume`."""
+    from bubblespec.train.compare import load_log
+
     log = Path(out) / "grpo_log.json"
     try:
-        steps = len(json.loads(log.read_text()).get("steps", []))
-    except (OSError, ValueError, AttributeError):
+        steps = len(load_log(log)["steps"])
+    except (OSError, ValueError):  # none, or no step in it
         return f"no log in {out}: nothing to resume"
     return f"{log} holds {steps} step(s); the same command with --resume goes on"
 
