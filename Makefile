@@ -148,8 +148,9 @@ bench-real: real-model
 # loss), every forward = H100 engine-time model x REAL_PACE_SCALE. The keyed modes are valid
 # at x150 (the scale a probe gave for < 1% overruns) but three steps ahead (three steps'
 # prompts prefilled on every rank) overran there on 21.5% of its forwards, so it runs at
-# the x505 that run estimated (valid there: 3 of 2,587 forwards overran). The plain-sampling modes verify many more draft tokens a
-# forward and overran at x150 (7.1% for bubblespec, 1.6% for suffix), so
+# the x505 that run estimated (valid there: 3 of 2,587 forwards overran). The
+# plain-sampling modes verify many more draft tokens a forward and overran at x150
+# (7.1% for bubblespec, 1.6% for suffix), so
 # bench-paced-real-plain runs those two at x400 and x300 (both valid: under 0.2% and 0.4%)
 # and no speculation at x150: a figure is wall s / the scale its mode ran at, and the
 # baseline's wall time grows with its scale. Hours on 2 cores (docs/results.md, "Paced, the
