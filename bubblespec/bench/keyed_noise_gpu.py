@@ -10,7 +10,7 @@ Needs only torch (no vLLM, no bubblespec: copy this one file to a GPU host and r
   ``vllm.v1.sample.ops.topk_topp_sampler.random_sample``) with no per-request generator;
 - ``vllm_seeded``: the same with one ``torch.Generator`` per row (vLLM then draws each
   seeded row's noise on its own, in a Python loop: what seeded requests cost);
-- ``keyed_noise``: bubblespec's keyed argmax (``bubblespec.engine.keyed.keyed_argmax``,
+- ``keyed_noise``: bubblespec's keyed argmax (``bubblespec.engine.keyed_kernels.keyed_argmax_eager``,
   copied here op for op: SplitMix64 uniforms of one key per row over the vocabulary in int64,
   Gumbel in float64, argmax of logits + noise);
 - ``keyed_extra``: what the engine's keyed sampler adds to a step of all-keyed rows on top of
@@ -73,7 +73,7 @@ def uniforms_of_keys(keys: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def keyed_argmax(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """As `bubblespec.engine.keyed.keyed_argmax` (the tests check they agree)."""
+    """As `bubblespec.engine.keyed_kernels.keyed_argmax_eager` (the tests check they agree)."""
     g = -torch.log(-torch.log(uniforms_of_keys(keys, logits.shape[-1])))
     return torch.argmax(logits.double() + g, dim=-1)
 

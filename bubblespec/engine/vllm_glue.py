@@ -31,9 +31,11 @@ What it offers, by caller:
   in tests/engine/test_exactness.py guard this path.
 - Keyed sampling (`keyed.py`) wraps the runner's top-k/top-p sampler
   (`wrap_top_k_top_p_sampler`), its rejection sampler's `forward` (`on_spec_step`) and the
-  module-level `rejection_sample` function (`wrap_rejection_sample`), reads the batch and
-  each request's `SamplingParams.extra_args` from the runner (`batch_view`,
-  `request_extra_args`) and masks logits with vLLM's `apply_top_k_top_p`.
+  module-level `rejection_sample` function (`wrap_rejection_sample`, which it may skip),
+  reads the batch and each request's `SamplingParams` from the runner (`batch_view`,
+  `request_extra_args`, `request_temperature`), masks logits with vLLM's
+  `apply_top_k_top_p` and returns what the sampler returns beside its samples
+  (`processed_logits`).
 - Injected faults (`faults.py`) replace the verification kernel (`register_verifier`,
   through vLLM's kernel registry, keyed by the kernel's module path).
 """
@@ -57,9 +59,12 @@ _RANDOM_SAMPLE_KERNEL = "vllm.v1.sample.rejection_sampler.rejection_random_sampl
 
 SampleFn = Callable[[torch.Tensor, dict, Any, Any], Any]
 """The top-k/top-p sampler's forward: (logits, generators, k, p) -> (sampled, processed)."""
-VerifyFix = Callable[[torch.Tensor, torch.Tensor, list[int], torch.Tensor, torch.Tensor,
-                      Any], torch.Tensor]
-"""(output, draft ids, drafts per row, target logits, bonus ids, temperatures) -> output."""
+VerifyCall = Callable[[], torch.Tensor]
+"""vLLM's own verification of the current step (called only if its output is needed)."""
+VerifyFix = Callable[[VerifyCall, torch.Tensor, list[int], int, torch.Tensor, torch.Tensor,
+                      torch.Tensor], torch.Tensor]
+"""(vLLM's verification, draft ids [T], drafts per row (host), max drafts per row,
+cumulative drafts per row [R], target logits [T, V], bonus ids [R, 1]) -> output."""
 
 
 def vllm_version() -> tuple[int, int]:
@@ -177,6 +182,25 @@ def request_extra_args(runner: Any, req_id: str) -> dict | None:
     return getattr(st.sampling_params, "extra_args", None) if st else None
 
 
+def request_temperature(runner: Any, req_id: str) -> float:
+    """The sampling temperature of a request the runner holds (1.0 if unknown)."""
+    st = runner.requests.get(req_id)
+    sp = getattr(st, "sampling_params", None) if st else None
+    return float(sp.temperature) if sp is not None else 1.0
+
+
+def processed_logits(runner: Any, masked: torch.Tensor) -> torch.Tensor | None:
+    """What the runner's top-k/top-p sampler returns beside its samples for logits it has
+    masked (`forward_native` / `forward_cpu`): the masked logits or their log-softmax in the
+    processed log-prob modes, else None."""
+    mode = runner.sampler.topk_topp_sampler.logprobs_mode
+    if mode == "processed_logits":
+        return masked
+    if mode == "processed_logprobs":
+        return masked.log_softmax(dim=-1, dtype=torch.float32)
+    return None
+
+
 def max_model_len(vllm_config: Any) -> int:
     return int(vllm_config.model_config.max_model_len)
 
@@ -260,26 +284,22 @@ def wrap_top_k_top_p_sampler(runner: Any, wrap: Callable[[SampleFn], SampleFn]) 
     sampler.forward = wrap(sampler.forward)
 
 
-SpecStep = tuple[list[int], list[list[int]]]
-"""Of one verification step: drafted tokens per batch row, and the drafted token ids."""
+SpecStep = tuple[list[int], torch.Tensor]
+"""Of one verification step: drafted tokens per batch row (host list, vLLM's), and the
+drafted token ids, flat, row after row ([T], on the device)."""
 
 
 def on_spec_step(runner: Any, set_spec: Callable[[SpecStep | None], None]) -> None:
     """Around each verification step of the runner's rejection sampler, call
     `set_spec((drafted tokens per batch row, their ids))` before and `set_spec(None)` after
-    (nothing if the runner does not speculate)."""
+    (nothing if the runner does not speculate). Reads nothing back from the device."""
     rsampler = getattr(runner, "rejection_sampler", None)
     if rsampler is None:
         return
     orig_forward = rsampler.forward
 
     def forward(metadata: Any, *args: Any, **kwargs: Any) -> Any:
-        counts = list(metadata.num_draft_tokens)
-        flat, ids, at = metadata.draft_token_ids.tolist(), [], 0
-        for n in counts:
-            ids.append(flat[at:at + n])
-            at += n
-        set_spec((counts, ids))
+        set_spec((list(metadata.num_draft_tokens), metadata.draft_token_ids))
         try:
             return orig_forward(metadata, *args, **kwargs)
         finally:
@@ -289,9 +309,10 @@ def on_spec_step(runner: Any, set_spec: Callable[[SpecStep | None], None]) -> No
 
 
 def wrap_rejection_sample(fix: VerifyFix) -> None:
-    """Pass the output of vLLM's `rejection_sample` (accepted tokens per row, -1 padded)
-    through `fix` before the rejection sampler uses it; once per process (later calls,
-    e.g. from a second runner in the same process, keep the first `fix`)."""
+    """Route vLLM's `rejection_sample` (accepted tokens per row, -1 padded) through `fix`,
+    which gets vLLM's verification as a call it may skip (when it verifies every row
+    itself) or run and amend; once per process (later calls, e.g. from a second runner in
+    the same process, keep the first `fix`)."""
     import vllm.v1.sample.rejection_sampler as rs
 
     if getattr(rs.rejection_sample, "_bubblespec_keyed", False):
@@ -303,11 +324,13 @@ def wrap_rejection_sample(fix: VerifyFix) -> None:
                          draft_probs: Any, target_logits: torch.Tensor,
                          bonus_token_ids: torch.Tensor, sampling_metadata: Any,
                          *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = orig(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                   draft_probs, target_logits, bonus_token_ids, sampling_metadata,
-                   *args, **kwargs)
-        return fix(out, draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids,
-                   sampling_metadata.temperature)
+        def vllm_verify() -> torch.Tensor:
+            return orig(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                        draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                        *args, **kwargs)
+
+        return fix(vllm_verify, draft_token_ids, num_draft_tokens, max_spec_len,
+                   cu_num_draft_tokens, target_logits, bonus_token_ids)
 
     rejection_sample._bubblespec_keyed = True  # type: ignore[attr-defined]
     rs.rejection_sample = rejection_sample
