@@ -58,6 +58,7 @@ from bubblespec.bench.modes import (
 from bubblespec.bench.paced_figures import (
     accept_doc,
     divergence_lines,
+    format_cost_table,
     format_paced_table,
     mode_summary,
     paced_final_line,
@@ -460,6 +461,10 @@ def report(doc: PacedDoc, cfg: PacedBenchConfig, took_s: float) -> None:
         print("no plots (matplotlib missing)")
     print()
     print(format_paced_table(summaries, sp))
+    costs = format_cost_table(summaries)
+    if costs:
+        print("\nwhere the ranks' modelled seconds went (every cost charged; docs/results.md):")
+        print(costs)
     print()
     if div := divergence_lines(summaries):
         print("first divergence from the pre-generated response (steps after step 0):")

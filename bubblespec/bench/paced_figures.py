@@ -106,6 +106,7 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
         "valid": forwards > 0 and overruns < 0.01 * forwards,
         "drafting_share": drafting / ranks_modelled if ranks_modelled > 0 else None,
         "drafting_charged": any(p.get("charged_s", 0.0) > 0 for p in pace),
+        "cost_split": cost_split(pace),
         "worst_ratio": max((p.get("worst_ratio", 0.0) for p in pace), default=0.0),
         "scale_for_valid": max((p.get("scale_for_valid", 0.0) for p in pace), default=0.0),
         "peak_rss_mib": max((m.get("peak_total_mib", 0.0) for m in mem), default=0.0),
@@ -114,6 +115,49 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
                                     default=0.0),
         "divergence": divergence_summary(steps),
     }
+
+
+COST_PARTS = ("forward_s", "charged_s", "product_host_s", "keyed_device_s", "async_hidden_s")
+
+
+def cost_split(pace: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """The ranks' modelled seconds split (summed over the ranks): the forwards alone, what
+    the product added on top (drafting charged, the keyed sampler's and verifier's host
+    work, their modelled device kernels), what async scheduling hid, and the product's host
+    work left uncharged (drafting not charged), each also as a share of the modelled total.
+    None for records of ranks that predate the split (no `forward_s`)."""
+    if not pace or not any("forward_s" in p for p in pace):
+        return None
+    out = {k: sum(float(p.get(k, 0.0)) for p in pace) for k in COST_PARTS}
+    out["modelled_s"] = sum(float(p.get("modelled_s", 0.0)) for p in pace)
+    out["uncharged_host_s"] = sum(float(p.get("drafting_s", 0.0)) - float(p.get("charged_s", 0.0))
+                                  for p in pace)
+    total = out["modelled_s"]
+    for k in (*COST_PARTS, "uncharged_host_s"):
+        out[k.replace("_s", "_share")] = out[k] / total if total > 0 else 0.0
+    return out
+
+
+def format_cost_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per mode, where the ranks' modelled seconds went: the forward (engine-time model),
+    the product's charged costs, async scheduling's credit and the uncharged share."""
+    head = ["mode", "modelled s", "forward %", "drafting %", "keyed host %",
+            "keyed device % (MODELLED)", "async hidden %", "uncharged host %"]
+    rows = []
+    for name, s in summaries.items():
+        c = s.get("cost_split")
+        if not c:
+            continue
+        rows.append([name, f"{c['modelled_s']:.1f}"] + [
+            f"{100 * c[k]:.2f}" for k in ("forward_share", "charged_share",
+                                          "product_host_share", "keyed_device_share",
+                                          "async_hidden_share", "uncharged_host_share")])
+    if not rows:
+        return ""
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)])
 
 
 def divergence_summary(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

@@ -39,6 +39,17 @@ Default derivation (Llama-3.1-8B in bf16 on one GPU, vLLM):
 A step of 128 running sequences at ~2.5k context on an H100 then takes ~8 + 0.6 + 15.6 =
 ~24 ms (~5k tokens/s per GPU), in line with published vLLM decode figures for 8B models.
 Not modelled: KV-cache capacity (preemption), tensor parallelism, CPU stalls.
+
+The engine's host overhead (`t_host`, the 2 ms above, part of `t_fixed`) and what the
+product adds per step (`step`):
+- async scheduling (vLLM's default on a GPU for decoding without speculation; off for the
+  `custom_class` and `suffix` drafters) overlaps the host's work with the GPU's, so such a
+  step takes max(GPU time, host time) instead of their sum;
+- the product's host work in a step (drafting, the keyed sampler's metadata) is measured and
+  added to the host side; its device kernels (keyed noise, argmax and verification) are
+  modelled (`keyed_kernel_s`) and added to the GPU side.
+Keyed kernels are modelled at the modelled model's vocabulary (`MODEL_VOCAB`), whatever the
+vocabulary of the CPU model that stands in for it.
 """
 
 from __future__ import annotations
@@ -60,6 +71,21 @@ ENGINE_OVERHEAD_S = 2e-3
 """Per-step engine overhead: scheduling, sampling, launch gaps (stated assumption)."""
 PER_TOKEN_EXTRA_S = 5e-6
 """Per-token work not hidden under the weight read (stated assumption)."""
+FP64_FLOPS: dict[str, float] = {"h100": 34e12, "h200": 34e12}
+"""Peak fp64 vector FLOP/s (non-tensor; NVIDIA datasheets): the keyed noise is fp64."""
+MODEL_VOCAB = 128_256
+"""Vocabulary of the modelled model (Llama-3.1-8B): the keyed kernels' width."""
+KERNEL_LAUNCH_S = 5e-6
+"""Cost of one eager kernel launch on the step's stream (stated assumption)."""
+EAGER_KEYED_BYTES = 412.0
+"""Bytes read + written per (position x vocab) element by the eager keyed argmax: 25
+elementwise kernels over int64 / float64 intermediates (counted by dispatching the eager
+twin, tests/core/test_engine_time.py)."""
+FUSED_KEYED_BYTES = 4.0
+"""The same for the fused kernel: it reads the fp32 logits once and writes nothing wide."""
+FUSED_KEYED_FP64_OPS = 60.0
+"""fp64-class operations per element of the fused kernel (two SplitMix64 rounds in int64,
+two logs, an add and a compare; stated estimate): it is compute-bound, not memory-bound."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,13 @@ class EngineTime:
     """Seconds per context token whose KV is read in attention."""
     gpu: str = "custom"
     """Preset the figures came from."""
+    t_host: float = 0.0
+    """Of `t_fixed`, the engine's host overhead per step (scheduling, launches, output
+    processing), which async scheduling overlaps with the GPU's work (`step`)."""
+    fp64_flops: float = 34e12
+    """Peak fp64 vector FLOP/s of the GPU (the keyed kernels' compute bound)."""
+    hbm_bw: float = 3.35e12
+    """Peak HBM bytes/s of the GPU (the keyed kernels' memory bound)."""
 
     @classmethod
     def preset(cls, gpu: str = "h100", params_b: float = 8.03, bytes_per_param: float = 2.0,
@@ -90,7 +123,8 @@ class EngineTime:
         t_flop = 2 * params_b * 1e9 / (COMPUTE_EFFICIENCY * flops)
         return cls(t_fixed=t_weights + ENGINE_OVERHEAD_S, t_token=PER_TOKEN_EXTRA_S,
                    t_flop=t_flop, ridge=t_weights / t_flop,
-                   t_kv=kv_bytes_per_token / (HBM_EFFICIENCY * bw), gpu=gpu)
+                   t_kv=kv_bytes_per_token / (HBM_EFFICIENCY * bw), gpu=gpu,
+                   t_host=ENGINE_OVERHEAD_S, fp64_flops=FP64_FLOPS[gpu], hbm_bw=bw)
 
     def with_overrides(self, **kw: float | None) -> EngineTime:
         """A copy with the given fields replaced (None values are ignored)."""
@@ -113,6 +147,28 @@ class EngineTime:
         `bubblespec.engine.pace` sleep to this figure."""
         return float(self.per_forward(float(tokens)) + self.t_kv * context
                      + self.t_flop * prefill)
+
+    def keyed_kernel_s(self, elements: float, launches: int, fused: bool = True) -> float:
+        """MODELLED seconds of keyed kernels over `elements` (position x vocab) elements in
+        `launches` kernel launches: the fused kernel is bound by its fp64 work or its read of
+        the logits, the eager one by the bytes of its intermediates; each launch adds
+        `KERNEL_LAUNCH_S`."""
+        if fused:
+            body = max(elements * FUSED_KEYED_FP64_OPS / (COMPUTE_EFFICIENCY * self.fp64_flops),
+                       elements * FUSED_KEYED_BYTES / (HBM_EFFICIENCY * self.hbm_bw))
+        else:
+            body = elements * EAGER_KEYED_BYTES / (HBM_EFFICIENCY * self.hbm_bw)
+        return body + launches * KERNEL_LAUNCH_S
+
+    def step(self, tokens: float, context: float, prefill: float = 0.0, device_s: float = 0.0,
+             host_s: float = 0.0, overlap_host: bool = False) -> float:
+        """Seconds of one engine step: the forward (`forward`) with `device_s` of further
+        device kernels on the GPU side and `host_s` of further host work beside the engine's
+        own `t_host`; with `overlap_host` (async scheduling) the two sides overlap and the
+        step takes the longer, else their sum."""
+        gpu = self.forward(tokens, context, prefill) - self.t_host + device_s
+        host = self.t_host + host_s
+        return max(gpu, host) if overlap_host else gpu + host
 
     def segment(self, m: np.ndarray, tokens: np.ndarray, ctx0: np.ndarray,
                 growth: np.ndarray) -> np.ndarray:

@@ -84,6 +84,17 @@ class EngineConfig(BaseModel):
     """Charge the proposer's measured CPU time of each engine step on top of the paced
     forward (as modelled seconds, x pace_scale in wall time), as a GPU host pays it; off:
     it is absorbed in the forward's paced time (the paced runs before 2026-12-03)."""
+    draft_budget: Literal["auto", "off", "h100", "h200"] = "auto"
+    """Cap each engine step's drafts by batch size and measured acceptance, for the
+    engine-time model of this GPU (`core.draft_budget`; auto: the pace profile when paced,
+    else h100; off: every step may draft `num_speculative_tokens`)."""
+    pace_async_baseline: bool = True
+    """A paced engine without speculation overlaps its host work with the forward (vLLM's
+    async scheduling, its default on a GPU for decoding without speculation); off: every
+    mode pays its host overhead in series (the paced runs before 2026-12-06)."""
+    pace_keyed_kernel: Literal["fused", "eager"] = "fused"
+    """How a paced engine models the keyed kernels' device time: the fused (compiled) kernel
+    or the eager torch ops (`EngineTime.keyed_kernel_s`)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """GPU memory share for the engine (GPU only)."""
     enforce_eager: bool = True
@@ -98,3 +109,12 @@ class EngineConfig(BaseModel):
     prompt holds this token id (-1: off); the poison-request drills' engine-killing request."""
     seed: int = 0
     """Engine seed for requests without their own seed."""
+
+    @property
+    def draft_budget_profile(self) -> str:
+        """The GPU profile of the draft cap ("" when off)."""
+        if self.draft_budget == "off":
+            return ""
+        if self.draft_budget == "auto":
+            return self.pace if self.pace != "off" else "h100"
+        return self.draft_budget

@@ -122,8 +122,10 @@ class RolloutEngine:
         if cfg.fault_poison_token >= 0:
             await llm.collective_rpc("bubblespec_install_poison", args=(cfg.fault_poison_token,))
         if cfg.pace != "off":
+            overlap = cfg.pace_async_baseline and spec is None
             await llm.collective_rpc("bubblespec_install_pace",
-                                     args=(cfg.pace, cfg.pace_scale, cfg.pace_charge_drafting))
+                                     args=(cfg.pace, cfg.pace_scale, cfg.pace_charge_drafting,
+                                           overlap, cfg.pace_keyed_kernel))
         if spec is not None:
             await llm.collective_rpc("bubblespec_configure", args=(eng.proposer_options(),))
         log.info("engine started in %.1f s (model %s, spec %s)", time.monotonic() - t0,
@@ -141,7 +143,8 @@ class RolloutEngine:
                 "draft": {"max_spec_tokens": c.num_speculative_tokens,
                           "max_spec_factor": c.max_spec_factor,
                           "max_spec_offset": c.max_spec_offset,
-                          "min_token_prob": c.min_token_prob},
+                          "min_token_prob": c.min_token_prob,
+                          "budget_profile": c.draft_budget_profile},
                 "token_budget": c.index_token_budget,
                 "global_token_budget": c.global_token_budget,
                 "fault_biased_verifier": c.fault_biased_verifier}

@@ -28,6 +28,17 @@ forward it ends, unscaled in modelled time (this machine's CPU stands for the ho
 x scale in wall time; `drafting_s` sums it either way, so a run can say drafting's share
 of its modelled time.
 
+Everything else the product adds inside a step is charged too (`product`): the keyed
+sampler's and verifier's host work at its measured time (this CPU standing for the GPU
+host's, as for drafting), and their device kernels at the modelled time of
+`EngineTime.keyed_kernel_s` (fused, or eager: `keyed_kernel`) over their positions x the
+modelled model's vocabulary. The real CPU time those kernels take here is not charged: it
+stands for the device work the model charges instead. A paced engine without speculation
+overlaps its host side with the forward (`overlap_host`: vLLM's async scheduling, on by
+default on a GPU for decoding without speculation, off for the `custom_class` and `suffix`
+drafters), so its step takes max(GPU, host) rather than their sum
+(`EngineTime.step`); `async_hidden_s` sums what that overlap hid.
+
 This module is pure arithmetic and bookkeeping (no vLLM, no torch): `vllm_glue.install_pace`
 wraps the worker's forward with a `Pacer` and reads each forward's shape from vLLM's
 scheduler output.
@@ -40,7 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bubblespec.core.engine_time import GPUS, EngineTime
+from bubblespec.core.engine_time import GPUS, MODEL_VOCAB, EngineTime
 
 PACE_PROFILES = tuple(sorted(GPUS))
 """GPU profiles a rank can be paced to (`--pace`)."""
@@ -146,6 +157,18 @@ class PaceStats:
     """Proposer CPU seconds measured in paced forwards (modelled seconds: unscaled)."""
     charged_s: float = 0.0
     """Of those, the seconds charged on top of the forwards (x scale in `paced_s`)."""
+    forward_s: float = 0.0
+    """Modelled seconds of the forwards alone (`EngineTime.forward`, engine host included)."""
+    product_host_s: float = 0.0
+    """Measured host seconds of the keyed sampler and verifier (modelled seconds)."""
+    keyed_device_s: float = 0.0
+    """Modelled device seconds of the keyed kernels (`EngineTime.keyed_kernel_s`)."""
+    keyed_elements: int = 0
+    """Position x vocabulary elements of those kernels (the modelled model's vocabulary)."""
+    keyed_launches: int = 0
+    """Kernel launches of those kernels."""
+    async_hidden_s: float = 0.0
+    """Modelled seconds hidden by overlapping host and GPU (async scheduling)."""
     ratio_hist: list[int] = field(default_factory=lambda: [0] * (len(RATIO_EDGES) + 1))
     """Forwards per bucket of real / paced time (`RATIO_EDGES`)."""
 
@@ -166,7 +189,8 @@ class PaceStats:
 
 _COUNTERS = ("forwards", "overruns", "paced_s", "real_s", "overrun_s", "decode_tokens",
              "draft_tokens", "prefill_tokens", "context_tokens", "modelled_s", "drafting_s",
-             "charged_s")
+             "charged_s", "forward_s", "product_host_s", "keyed_device_s", "keyed_elements",
+             "keyed_launches", "async_hidden_s")
 
 
 def _shares(out: dict[str, Any]) -> dict[str, Any]:
@@ -221,18 +245,27 @@ class Pacer:
     model: EngineTime
     scale: float
     charge_drafting: bool = False
+    overlap_host: bool = False
+    """Host and GPU overlap (async scheduling): a step takes the longer, not the sum."""
+    keyed_kernel: str = "fused"
+    """How the keyed kernels are modelled: "fused" or "eager" (`EngineTime.keyed_kernel_s`)."""
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     stats: PaceStats = field(init=False)
     _start: float | None = field(default=None, init=False)
-    _paced: float = field(default=0.0, init=False)
+    _shape: ForwardShape | None = field(default=None, init=False)
     _last_end: float | None = field(default=None, init=False)
     _last_paced: float = field(default=0.0, init=False)
     _drafting: float = field(default=0.0, init=False)
+    _host: float = field(default=0.0, init=False)
+    _elements: int = field(default=0, init=False)
+    _launches: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not self.scale > 0:
             raise ValueError(f"pace scale must be > 0, got {self.scale}")
+        if self.keyed_kernel not in ("fused", "eager"):
+            raise ValueError(f"keyed_kernel must be fused or eager, got {self.keyed_kernel!r}")
         self.stats = PaceStats(profile=self.model.gpu, scale=self.scale)
 
     @property
@@ -241,46 +274,75 @@ class Pacer:
         return self._start is not None
 
     def paced_seconds(self, shape: ForwardShape) -> float:
-        return self.scale * self.model.forward(shape.tokens, shape.context, shape.prefill)
+        """Paced seconds of a forward of `shape` with nothing charged on top."""
+        return self.scale * self.model.step(shape.tokens, shape.context, shape.prefill,
+                                            overlap_host=self.overlap_host)
 
     def drafted(self, seconds: float) -> None:
         """The proposer ran for `seconds` within the current forward (ignored outside one)."""
         if self._start is not None and seconds > 0:
             self._drafting += seconds
 
+    def product(self, host_s: float, positions: int, launches: int) -> None:
+        """The keyed sampler or verifier ran within the current forward: `host_s` measured
+        host seconds, and kernels over `positions` rows of logits (each `MODEL_VOCAB` wide)
+        in `launches` launches (ignored outside a forward)."""
+        if self._start is not None:
+            self._host += max(0.0, host_s)
+            self._elements += int(positions) * MODEL_VOCAB
+            self._launches += int(launches)
+
     def begin(self, shape: ForwardShape) -> None:
         now = self.clock()
         gap = None if self._last_end is None else now - self._last_end
         # the engine's step overhead since the last forward counts inside this one's time
         self._start = self._last_end if gap is not None and gap <= self._last_paced else now
-        self._paced = self.paced_seconds(shape)
+        self._shape = shape
         s = self.stats
         s.decode_tokens += shape.tokens
         s.draft_tokens += shape.drafts
         s.prefill_tokens += shape.prefill
         s.context_tokens += shape.context
 
+    def _modelled(self, shape: ForwardShape) -> float:
+        """Modelled seconds of the step that just ended, with every charge; books them."""
+        s, m = self.stats, self.model
+        drafting = self._drafting if self.charge_drafting else 0.0
+        device = (m.keyed_kernel_s(self._elements, self._launches, self.keyed_kernel == "fused")
+                  if self._launches else 0.0)
+        host = drafting + self._host
+        step = m.step(shape.tokens, shape.context, shape.prefill, device_s=device,
+                      host_s=host, overlap_host=self.overlap_host)
+        forward = m.forward(shape.tokens, shape.context, shape.prefill)
+        s.drafting_s += self._drafting
+        s.charged_s += drafting
+        s.forward_s += forward
+        s.product_host_s += self._host
+        s.keyed_device_s += device
+        s.keyed_elements += self._elements
+        s.keyed_launches += self._launches
+        s.async_hidden_s += forward + device + host - step
+        self._drafting = self._host = 0.0
+        self._elements = self._launches = 0
+        return step
+
     def end(self) -> None:
-        if self._start is None:
+        if self._start is None or self._shape is None:
             return
         real = self.clock() - self._start
         s = self.stats
         s.forwards += 1
-        s.drafting_s += self._drafting
-        if self.charge_drafting:
-            s.charged_s += self._drafting
-            self._paced += self.scale * self._drafting
-        self._drafting = 0.0
-        s.paced_s += self._paced
+        paced = self.scale * self._modelled(self._shape)
+        s.paced_s += paced
         s.real_s += real
-        ratio = real / self._paced if self._paced > 0 else 0.0
+        ratio = real / paced if paced > 0 else 0.0
         s.worst_ratio = max(s.worst_ratio, ratio)
         s.ratio_hist[ratio_bucket(ratio)] += 1
-        if real > self._paced:
+        if real > paced:
             s.overruns += 1
-            s.overrun_s += real - self._paced
+            s.overrun_s += real - paced
         else:
-            self.sleep(self._paced - real)
+            self.sleep(paced - real)
         self._last_end = self.clock()
-        self._last_paced = self._paced
-        self._start = None
+        self._last_paced = paced
+        self._start = self._shape = None

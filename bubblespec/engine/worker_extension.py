@@ -65,16 +65,23 @@ class WorkerExtension:
         return self._drafter().index_stats()
 
     def bubblespec_install_pace(self, profile: str, scale: float,
-                                charge_drafting: bool = True) -> bool:
+                                charge_drafting: bool = True, overlap_host: bool = False,
+                                keyed_kernel: str = "fused") -> bool:
         """Pace this worker's forwards to `profile` x `scale` (once; `pace.py`), with the
-        proposer's CPU time charged on top when `charge_drafting`."""
+        proposer's CPU time charged on top when `charge_drafting`, the keyed sampler's and
+        verifier's costs charged always (their kernels modelled as `keyed_kernel`), and
+        host and GPU overlapped when `overlap_host` (async scheduling)."""
         from bubblespec.engine.pace import Pacer, engine_time, forward_shape
 
         if getattr(self, "_bubblespec_pacer", None) is None:
-            pacer = self._bubblespec_pacer = Pacer(engine_time(profile), scale,
-                                                   charge_drafting=charge_drafting)
+            pacer = self._bubblespec_pacer = Pacer(
+                engine_time(profile), scale, charge_drafting=charge_drafting,
+                overlap_host=overlap_host, keyed_kernel=keyed_kernel)
             vllm_glue.install_pace(self, lambda *seen: pacer.begin(forward_shape(*seen)),
                                    pacer.end, pacer.drafted)
+            keyed = getattr(self, "_bubblespec_keyed", None)
+            if keyed is not None:
+                keyed.charge_to(pacer.product, keyed_kernel)
         return True
 
     def bubblespec_install_poison(self, token: int) -> bool:

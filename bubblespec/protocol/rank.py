@@ -179,6 +179,11 @@ class DraftIndexBody(_Body):
     append_errors: int = Field(0, description="Deferred draft-index appends that failed "
                                               "(--src-defer-appends; since the last "
                                               "configuration).")
+    draft_cap_rows: int = Field(0, description="Decoding requests x engine steps whose draft "
+                                "cap the batch chose (`core.draft_budget`; since the last "
+                                "configuration).")
+    draft_cap_sum: int = Field(0, description="Sum of those caps (their mean: the sum over "
+                               "the rows).")
 
 
 class HeapBody(_Body):
@@ -232,3 +237,14 @@ class PaceBody(_Body):
                               "forwards (modelled seconds).")
     charged_s: float = Field(0.0, description="Of those, the seconds charged on top of the "
                              "forwards (included in paced_s x 1/scale, i.e. modelled_s).")
+    forward_s: float = Field(0.0, description="Modelled seconds of the forwards alone "
+                             "(engine-time model, engine host overhead included).")
+    product_host_s: float = Field(0.0, description="Measured host seconds of the keyed sampler "
+                                  "and verifier, charged (modelled seconds).")
+    keyed_device_s: float = Field(0.0, description="Modelled device seconds of the keyed "
+                                  "kernels, charged.")
+    keyed_elements: int = Field(0, description="Position x vocabulary elements of the keyed "
+                                "kernels (the modelled model's vocabulary).")
+    keyed_launches: int = Field(0, description="Kernel launches of the keyed kernels.")
+    async_hidden_s: float = Field(0.0, description="Modelled seconds hidden by overlapping "
+                                  "host and GPU work (async scheduling, no speculation).")

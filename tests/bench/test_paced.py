@@ -10,6 +10,7 @@ import pytest
 
 from bubblespec.bench.modes import ALL_MODES, baseline_of, mode_by_name
 from bubblespec.bench.paced_figures import (
+    format_cost_table,
     format_paced_table,
     mean_ci,
     mode_summary,
@@ -264,3 +265,21 @@ def test_position_lines_pool_the_pre_generating_modes_after_step_0() -> None:
     assert first[:4] == ["0-31", "60", "2", "0"]  # steps 1 and 2 only
     assert float(first[4]) == pytest.approx(1 - 2 / 60, abs=1e-4) and float(first[5]) == 0.5
     assert position_lines({"bubblespec-keyed": {"pregen": True, "steps": [{"step": 0}]}}) == []
+
+
+def test_cost_split_adds_up_to_the_modelled_seconds() -> None:
+    """forward + drafting charged + keyed host + keyed device - async hidden = modelled; the
+    uncharged share is the drafting a rank did not charge."""
+    run = _run("keyed", [1, 1])
+    assert mode_summary([run], 1.0)["cost_split"] is None  # an older record
+    run["cluster"]["pace"].update(modelled_s=100.0, forward_s=90.0, drafting_s=4.0,
+                                  charged_s=3.0, product_host_s=2.0, keyed_device_s=6.0,
+                                  async_hidden_s=1.0)
+    c = mode_summary([run, run], 1.0)["cost_split"]
+    assert c["modelled_s"] == pytest.approx(200.0)
+    assert c["forward_share"] + c["charged_share"] + c["product_host_share"] + \
+        c["keyed_device_share"] - c["async_hidden_share"] == pytest.approx(1.0)
+    assert c["uncharged_host_share"] == pytest.approx(0.01)
+    table = format_cost_table({"bubblespec-keyed": mode_summary([run], 1.0)})
+    assert "bubblespec-keyed" in table and "6.00" in table and "1.00" in table
+    assert format_cost_table({"old": mode_summary([_run("keyed", [1, 1])], 1.0)}) == ""

@@ -200,3 +200,60 @@ def test_rank_pace_body_carries_every_counter() -> None:
     body = PaceBody(**d).model_dump()
     assert set(d) <= set(body)
     assert body["forwards"] == 1 and body["profile"] == "h100" and body["valid"]
+
+
+def test_keyed_costs_are_charged_host_measured_device_modelled() -> None:
+    """The keyed sampler's and verifier's host seconds are charged as measured, their
+    kernels at `EngineTime.keyed_kernel_s` over positions x the modelled vocabulary; a call
+    outside a forward is ignored."""
+    from bubblespec.core.engine_time import MODEL_VOCAB
+
+    et = engine_time("h100")
+    shape = ForwardShape(tokens=64 * 5, context=64 * 900, prefill=0)
+    for kernel in ("fused", "eager"):
+        clk = FakeClock()
+        pacer = Pacer(et, 10.0, keyed_kernel=kernel, clock=clk, sleep=clk.sleep)
+        plain = pacer.paced_seconds(shape)
+        pacer.product(9.0, 10, 10)  # no forward: ignored
+        pacer.begin(shape)
+        pacer.product(0.0004, 64, 3)  # the sampler: 64 rows
+        pacer.product(0.0006, 256, 3)  # the verifier: 256 drafted positions
+        pacer.end()
+        s = pacer.stats.as_dict()
+        device = et.keyed_kernel_s(320 * MODEL_VOCAB, 6, fused=kernel == "fused")
+        assert s["product_host_s"] == pytest.approx(0.001)
+        assert s["keyed_device_s"] == pytest.approx(device)
+        assert s["keyed_elements"] == 320 * MODEL_VOCAB and s["keyed_launches"] == 6
+        assert s["modelled_s"] == pytest.approx(plain / 10.0 + 0.001 + device)
+        assert s["forward_s"] == pytest.approx(plain / 10.0)
+    # the eager kernels move ~100x the bytes of the fused one
+    assert et.keyed_kernel_s(1e8, 0, fused=False) > 20 * et.keyed_kernel_s(1e8, 0, fused=True)
+
+
+def test_async_scheduling_overlaps_host_and_gpu() -> None:
+    """Without speculation (overlap_host) a step takes max(GPU, host): the engine's host
+    overhead is hidden while the forward is longer; with speculation it adds up."""
+    et = engine_time("h100")
+    shape = ForwardShape(tokens=64, context=64 * 900, prefill=0)
+    serial = Pacer(et, 1.0).paced_seconds(shape)
+    overlapped = Pacer(et, 1.0, overlap_host=True).paced_seconds(shape)
+    assert serial == pytest.approx(et.forward(64, 64 * 900))
+    assert overlapped == pytest.approx(serial - et.t_host)
+    clk = FakeClock()
+    pacer = Pacer(et, 1.0, overlap_host=True, charge_drafting=True, clock=clk, sleep=clk.sleep)
+    pacer.begin(shape)
+    pacer.drafted(0.001)  # host work under the GPU's: hidden too
+    pacer.end()
+    s = pacer.stats.as_dict()
+    assert s["modelled_s"] == pytest.approx(overlapped)
+    assert s["async_hidden_s"] == pytest.approx(et.t_host + 0.001)
+    # host work longer than the GPU's: the step lasts the host's
+    pacer.begin(ForwardShape(tokens=1, context=0, prefill=0))
+    pacer.drafted(0.05)
+    pacer.end()
+    assert pacer.stats.as_dict()["modelled_s"] == pytest.approx(overlapped + et.t_host + 0.05)
+
+
+def test_unknown_keyed_kernel_is_refused() -> None:
+    with pytest.raises(ValueError, match="keyed_kernel"):
+        Pacer(engine_time("h100"), 1.0, keyed_kernel="triton")
