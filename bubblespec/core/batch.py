@@ -168,20 +168,25 @@ def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
          num_tokens: Sequence[int], k: int, max_model_len: int, params: DraftParams,
          calib: Calibration, src: SourceStats, *, extend_index: bool = True,
          keep_out: bool = False, drafts: Sequence[Sequence[int]] | None = None,
-         ) -> list[list[int]]:
+         caps: Sequence[int] | None = None) -> list[list[int]]:
     """Drafts for one engine step: ``reqs[i]`` emitted ``sampled[i]`` and holds
     ``num_tokens[i]`` tokens (before drafts); a draft has at most
     ``min(k, max_model_len - num_tokens[i] - 1)`` tokens.
 
     ``extend_index``: append the emitted tokens to each request's live sequence in `index`;
     ``keep_out``: keep them in ``out``; ``drafts``: send ``drafts[i]`` (cut to the budget)
-    instead of choosing among the sources (the wrapped vLLM proposers), counted the same way.
+    instead of choosing among the sources (the wrapped vLLM proposers), counted the same way;
+    ``caps``: a further cap per request (`core.draft_budget`), None for none.
     """
     if hasattr(num_tokens, "tolist"):
         num_tokens = num_tokens.tolist()
     n = len(sampled)
-    if len(reqs) < n or len(num_tokens) < n or (drafts is not None and len(drafts) < n):
-        raise ValueError("step: reqs, num_tokens and drafts need one entry per sampled list")
+    if hasattr(caps, "tolist"):
+        caps = caps.tolist()
+    if len(reqs) < n or len(num_tokens) < n or (drafts is not None and len(drafts) < n) or (
+            caps is not None and len(caps) < n):
+        raise ValueError("step: reqs, num_tokens, drafts and caps need one entry per sampled "
+                         "list")
     if len({id(r) for r in reqs[:n]}) < n:
         raise ValueError("step: a request appears twice in the batch")
     out: list[list[int]] = []
@@ -205,7 +210,8 @@ def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
                 src.accepted[st.last_src] += acc
         if extend_index:
             index.extend_sequence(st.seq_id, new)
-        budget = min(k, max_model_len - int(num_tokens[i]) - 1)
+        budget = min(k if caps is None else min(k, int(caps[i])),
+                     max_model_len - int(num_tokens[i]) - 1)
         aligned = follow_aligned(st, new, budget)
         if drafts is not None:
             tokens = list(drafts[i])[:max(budget, 0)]

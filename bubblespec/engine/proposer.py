@@ -29,10 +29,14 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import Request, SuffixIndex, extend_requests, step
 from bubblespec.core.batch import RESYNC, take_branch
 from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.core.draft_budget import DraftBudget
+from bubblespec.core.engine_time import EngineTime
 from bubblespec.engine.faults import install_biased_verifier
 from bubblespec.engine.vllm_glue import (
     VllmProposer,
@@ -84,6 +88,8 @@ class BubbleSpecProposer:
         self.history_seqs: dict[str, list[tuple]] = {}  # finished outputs kept per group
         self.calib = Calibration()
         self.src_stats = SourceStats()
+        self.budget: DraftBudget | None = None  # the per-step draft cap (`draft_budget`)
+        self.cap_steps = self.cap_sum = 0
         install_sampler_fixes()
 
     # ------------------------------------------------------------------ control (RPC)
@@ -113,6 +119,10 @@ class BubbleSpecProposer:
             max_spec_factor=float(dp.get("max_spec_factor", 1.0)),
             max_spec_offset=float(dp.get("max_spec_offset", 0.0)),
             min_token_prob=float(dp.get("min_token_prob", 0.1)))
+        profile = dp.get("budget_profile", "h100")
+        self.budget = (DraftBudget(EngineTime.preset(profile), self.params.max_spec_tokens)
+                       if profile and self.mode == "bubblespec" else None)
+        self.cap_steps = self.cap_sum = 0
         self.index = SuffixIndex(
             max_depth=int(options.get("max_depth", 64)),
             token_budget=int(options.get("token_budget", 4_000_000)),
@@ -207,7 +217,8 @@ class BubbleSpecProposer:
                 "global_token_budget": idx.global_token_budget or 0, "bytes": idx.nbytes(),
                 "aligned": len(self.aligned), "finished_stats": len(self.finished),
                 "drafts_dropped": self.drafts_dropped, "branches": len(self.branches),
-                "branches_taken": self.branches_taken, "append_errors": self.append_errors}
+                "branches_taken": self.branches_taken, "append_errors": self.append_errors,
+                "draft_cap_rows": self.cap_steps, "draft_cap_sum": self.cap_sum}
 
     def source_stats(self, reset: bool = False) -> dict[str, int]:
         """Per draft source: engine steps it won, its drafted and accepted tokens (and the
@@ -317,10 +328,12 @@ class BubbleSpecProposer:
                                        token_ids_cpu, self.runner)
         extend = self.siblings or self.self_context
         defer = extend and self.defer_appends
+        caps = None if inner is not None else self._caps(reqs, sampled_token_ids,
+                                                          num_tokens_no_spec)
         out = step(self.index, reqs, sampled_token_ids, num_tokens_no_spec, self.k,
                    self.max_model_len, self.params, self.calib, self.src_stats,
                    extend_index=extend and not defer,
-                   keep_out=self.history or self.global_pool, drafts=inner)
+                   keep_out=self.history or self.global_pool, drafts=inner, caps=caps)
         if fresh:
             live = set(ids)
             for rid in [r for r in self.reqs if r not in live]:
@@ -330,6 +343,27 @@ class BubbleSpecProposer:
             self._pending = self._appender.submit(extend_requests, self.index, reqs,
                                                   list(sampled_token_ids))
         return out
+
+    def _caps(self, reqs: list[Any], sampled: list[list[int]], num_tokens: Any
+              ) -> list[int] | None:
+        """This step's draft cap of each request (`DraftBudget`), after learning from what
+        the last step's drafts (each request's `last_draft`) gave; None without a budget."""
+        if self.budget is None:
+            return None
+        n = len(sampled)
+        emitted = np.fromiter((len(s) for s in sampled), dtype=np.int64, count=n)
+        drafted = np.fromiter((r.last_draft for r in reqs[:n]), dtype=np.int64, count=n)
+        self.budget.observe(drafted, emitted)
+        # per request: drafts, draft tokens, accepted tokens
+        stats = np.array([r.stats[1:4] for r in reqs[:n]], dtype=np.int64).reshape(n, 3)
+        live = emitted > 0
+        caps = np.zeros(n, dtype=np.int64)
+        caps[live] = self.budget.next_caps(self.budget.request_p(stats[live, 2],
+                                                                 stats[live, 0]),
+                                           float(np.asarray(num_tokens[:n]).sum()))
+        self.cap_steps += int(live.sum())
+        self.cap_sum += int(caps.sum())
+        return caps.tolist()
 
     def _take_branches(self, ids: list[str], reqs: list[Any], sampled: list[list[int]]) -> None:
         """Requests whose new tokens left their aligned response where a margin branch takes

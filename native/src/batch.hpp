@@ -88,11 +88,12 @@ inline double claim_of(const std::vector<double>& probs, int64_t budget) {
 // input is checked whole before either (the reference fails at the request instead).
 inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
                      int64_t k, int64_t max_model_len, nb::handle params, nb::handle calib,
-                     nb::handle src_stats, bool extend_index, bool keep_out, nb::handle drafts) {
+                     nb::handle src_stats, bool extend_index, bool keep_out, nb::handle drafts,
+                     nb::handle caps = nb::none()) {
   const Params& p = params_of(params);
   const bool given = !drafts.is_none();
   StepInput in;
-  read_input(idx, reqs, sampled, num_tokens, drafts, k, max_model_len, extend_index, in);
+  read_input(idx, reqs, sampled, num_tokens, drafts, k, max_model_len, extend_index, in, caps);
   Books bk(calib, src_stats);
   const size_t n = in.reqs.size();
   // drafts of phase 1, per batch position; the buffers are reused by the next step (a

@@ -295,12 +295,14 @@ NB_MODULE(bubblespec_native, mod) {
      "sequence, for each non-empty one in order (batch.extend_requests).");
   mod.def("step", [](Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
                      int64_t k, int64_t max_model_len, nb::handle params, nb::handle calib,
-                     nb::handle src, bool extend_index, bool keep_out, nb::handle drafts) {
+                     nb::handle src, bool extend_index, bool keep_out, nb::handle drafts,
+                     nb::handle caps) {
     return step(idx, reqs, sampled, num_tokens, k, max_model_len, params, calib, src,
-                extend_index, keep_out, drafts);
+                extend_index, keep_out, drafts, caps);
   }, nb::arg("index"), nb::arg("reqs"), nb::arg("sampled"), nb::arg("num_tokens"),
      nb::arg("k"), nb::arg("max_model_len"), nb::arg("params").none(), nb::arg("calib"),
      nb::arg("src"), nb::kw_only(), nb::arg("extend_index") = true,
      nb::arg("keep_out") = false, nb::arg("drafts").none() = nb::none(),
+     nb::arg("caps").none() = nb::none(),
      "One proposer engine step for a whole batch (bubblespec.core.batch.step).");
 }

@@ -32,9 +32,15 @@ inline int32_t live_slot(Index& idx, Request& r) {
 
 inline void read_input(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle num_tokens,
                        nb::handle drafts, int64_t k, int64_t max_model_len, bool extend_index,
-                       StepInput& in) {
+                       StepInput& in, nb::handle caps = nb::none()) {
   nb::object ntok = nb::hasattr(num_tokens, "tolist") ? num_tokens.attr("tolist")()
                                                        : nb::borrow(num_tokens);
+  nb::object cl;  // per-request caps (batch.py: step's `caps`), or none
+  if (!caps.is_none()) {
+    nb::object cv = nb::hasattr(caps, "tolist") ? caps.attr("tolist")() : nb::borrow(caps);
+    cl = nb::steal(PySequence_Fast(cv.ptr(), "caps must be a sequence"));
+    if (!cl.is_valid()) throw nb::python_error();
+  }
   nb::object rl = nb::steal(PySequence_Fast(reqs.ptr(), "reqs must be a sequence"));
   nb::object sl = nb::steal(PySequence_Fast(sampled.ptr(), "sampled must be a sequence"));
   nb::object nl = nb::steal(PySequence_Fast(ntok.ptr(), "num_tokens must be a sequence"));
@@ -47,8 +53,9 @@ inline void read_input(Index& idx, nb::handle reqs, nb::handle sampled, nb::hand
   const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(sl.ptr()));
   if (static_cast<size_t>(PySequence_Fast_GET_SIZE(rl.ptr())) < n ||
       static_cast<size_t>(PySequence_Fast_GET_SIZE(nl.ptr())) < n ||
-      (dl.is_valid() && static_cast<size_t>(PySequence_Fast_GET_SIZE(dl.ptr())) < n))
-    value_error("step: reqs, num_tokens and drafts need one entry per sampled list");
+      (dl.is_valid() && static_cast<size_t>(PySequence_Fast_GET_SIZE(dl.ptr())) < n) ||
+      (cl.is_valid() && static_cast<size_t>(PySequence_Fast_GET_SIZE(cl.ptr())) < n))
+    value_error("step: reqs, num_tokens, drafts and caps need one entry per sampled list");
   PyObject** ri = PySequence_Fast_ITEMS(rl.ptr());
   PyObject** si = PySequence_Fast_ITEMS(sl.ptr());
   PyObject** ni = PySequence_Fast_ITEMS(nl.ptr());
@@ -68,7 +75,13 @@ inline void read_input(Index& idx, nb::handle reqs, nb::handle sampled, nb::hand
     in.off.push_back(in.toks.size());
     const long long t = PyLong_AsLongLong(ni[i]);
     if (t == -1 && PyErr_Occurred()) throw nb::python_error();
-    in.budget[i] = std::min<int64_t>(k, max_model_len - t - 1);
+    int64_t cap = k;
+    if (cl.is_valid()) {
+      const long long c = PyLong_AsLongLong(PySequence_Fast_ITEMS(cl.ptr())[i]);
+      if (c == -1 && PyErr_Occurred()) throw nb::python_error();
+      cap = std::min<int64_t>(k, c);
+    }
+    in.budget[i] = std::min<int64_t>(cap, max_model_len - t - 1);
     if (in.ntoks(i) && dl.is_valid())
       tokens_into(nb::handle(PySequence_Fast_ITEMS(dl.ptr())[i]), in.given);
     in.goff.push_back(in.given.size());
