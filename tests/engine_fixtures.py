@@ -94,8 +94,10 @@ def spec_engine(loop_runner: LoopRunner) -> Iterator[Any]:
 @pytest.fixture(scope="package")
 def biased_engine(loop_runner: LoopRunner) -> Iterator[Any]:
     """A speculative engine whose verifier accepts drafts with probability 8p (fault injected
-    on purpose): the exactness tests' negative control, shared by them."""
+    on purpose): the exactness tests' negative control, shared by them. Its drafts are not
+    capped by the draft budget (`draft_budget="off"`): the budget would cut the adversarial
+    drafts it learns are rejected, and with them the control's power."""
     eng = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
-                       fault_biased_verifier=8.0)
+                       fault_biased_verifier=8.0, draft_budget="off")
     yield eng
     loop_runner.run(eng.shutdown())
