@@ -29,7 +29,9 @@ x scale in wall time; `drafting_s` sums it either way, so a run can say drafting
 of its modelled time.
 
 Everything else the product adds inside a step is charged too (`product`): the keyed
-sampler's and verifier's host work at its measured time (this CPU standing for the GPU
+sampler's and verifier's host work at its measured time, and the product's calls into the
+engine between steps (`between`: drafts added, groups released, counters read; charged to
+the next forward) (this CPU standing for the GPU
 host's, as for drafting), and their device kernels at the modelled time of
 `EngineTime.keyed_kernel_s` (fused, or eager: `keyed_kernel`) over their positions x the
 modelled model's vocabulary. The real CPU time those kernels take here is not charged: it
@@ -160,7 +162,8 @@ class PaceStats:
     forward_s: float = 0.0
     """Modelled seconds of the forwards alone (`EngineTime.forward`, engine host included)."""
     product_host_s: float = 0.0
-    """Measured host seconds of the keyed sampler and verifier (modelled seconds)."""
+    """Measured host seconds of the keyed sampler and verifier, and of the product's calls
+    into the engine between steps (modelled seconds)."""
     keyed_device_s: float = 0.0
     """Modelled device seconds of the keyed kernels (`EngineTime.keyed_kernel_s`)."""
     keyed_elements: int = 0
@@ -260,6 +263,7 @@ class Pacer:
     _host: float = field(default=0.0, init=False)
     _elements: int = field(default=0, init=False)
     _launches: int = field(default=0, init=False)
+    _pending: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if not self.scale > 0:
@@ -292,12 +296,19 @@ class Pacer:
             self._elements += int(positions) * MODEL_VOCAB
             self._launches += int(launches)
 
+    def between(self, host_s: float) -> None:
+        """The product's own call into the engine between two steps (drafts added, groups
+        released, counters read) took `host_s`: charged to the next forward's host side."""
+        self._pending += max(0.0, host_s)
+
     def begin(self, shape: ForwardShape) -> None:
         now = self.clock()
         gap = None if self._last_end is None else now - self._last_end
         # the engine's step overhead since the last forward counts inside this one's time
         self._start = self._last_end if gap is not None and gap <= self._last_paced else now
         self._shape = shape
+        self._host += self._pending
+        self._pending = 0.0
         s = self.stats
         s.decode_tokens += shape.tokens
         s.draft_tokens += shape.drafts

@@ -9,6 +9,8 @@ paced forwards (`pace.py`), the memory probe (`heap.py`) and injected faults
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from bubblespec.engine import vllm_glue
@@ -52,14 +54,24 @@ class WorkerExtension:
         trim()
         return True
 
+    def _charged(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`, its time charged to the next paced forward (`Pacer.between`)."""
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            pacer = getattr(self, "_bubblespec_pacer", None)
+            if pacer is not None:
+                pacer.between(time.perf_counter() - t0)
+
     def bubblespec_add_drafts(self, items: list[tuple]) -> int:
-        return self._drafter().add_drafts(items)
+        return self._charged(self._drafter().add_drafts, items)
 
     def bubblespec_release(self, groups: list[str]) -> int:
-        return self._drafter().release(groups)
+        return self._charged(self._drafter().release, groups)
 
     def bubblespec_pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, ...]]:
-        return self._drafter().pop_stats(req_ids)
+        return self._charged(self._drafter().pop_stats, req_ids)
 
     def bubblespec_index_stats(self) -> dict[str, int]:
         return self._drafter().index_stats()

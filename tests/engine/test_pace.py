@@ -257,3 +257,19 @@ def test_async_scheduling_overlaps_host_and_gpu() -> None:
 def test_unknown_keyed_kernel_is_refused() -> None:
     with pytest.raises(ValueError, match="keyed_kernel"):
         Pacer(engine_time("h100"), 1.0, keyed_kernel="triton")
+
+
+def test_calls_between_steps_are_charged_to_the_next_forward() -> None:
+    clk = FakeClock()
+    pacer = Pacer(engine_time("h100"), 1.0, clock=clk, sleep=clk.sleep)
+    shape = ForwardShape(tokens=16, context=0, prefill=0)
+    plain = pacer.paced_seconds(shape)
+    pacer.between(0.003)
+    pacer.between(0.001)
+    pacer.begin(shape)
+    pacer.end()
+    pacer.begin(shape)
+    pacer.end()
+    s = pacer.stats.as_dict()
+    assert s["product_host_s"] == pytest.approx(0.004)
+    assert s["modelled_s"] == pytest.approx(2 * plain + 0.004)
