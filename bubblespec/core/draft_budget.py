@@ -11,9 +11,12 @@ are accepted.
 batch's drafts (sample-and-match stops at the first mismatch, so accepted lengths are
 geometric: a draft of k tokens yields sum_{j=1..k} p^j accepted tokens on average;
 p is estimated as accepted / (accepted + rejections), with decay so it follows the run).
-Each request's own p_i is its accepted tokens over accepted tokens + drafts so far, shrunk
-towards the batch's p by `shrink` pseudo-drafts (`request_p`): an aligned pre-generated
-response accepted almost whole keeps its p_i near 1 in a batch whose other drafts fail.
+Each request's own p_i is its accepted draft tokens over accepted tokens + rejections (its
+drafts cut short; a draft accepted whole, as when its cap binds, has none), shrunk towards the
+batch's p by `shrink` pseudo-observations (`request_p`): an aligned pre-generated response
+accepted almost whole keeps its p_i near 1 in a batch whose other drafts fail. (Counting
+every draft as a rejection would make the estimate self-fulfilling: a cap of 3 accepted
+whole would read as p = 0.75 and keep the cap at 3.)
 Each step gives each request i its own cap k_i in [0, k_max], maximising expected tokens per
 modelled second of the forward:
 
@@ -81,11 +84,11 @@ class DraftBudget:
         self.accepted = self.decay * self.accepted + float(acc.sum())
         self.rejected = self.decay * self.rejected + float((acc < d[had]).sum())
 
-    def request_p(self, accepted: np.ndarray, drafts: np.ndarray) -> np.ndarray:
-        """Each request's acceptance probability from its accepted tokens and drafts so far
-        (each draft ends in at most one rejection), shrunk towards the batch's `p`."""
+    def request_p(self, accepted: np.ndarray, rejected: np.ndarray) -> np.ndarray:
+        """Each request's acceptance probability from its accepted draft tokens and its
+        rejections so far, shrunk towards the batch's `p` by `shrink` observations."""
         acc = np.asarray(accepted, dtype=float)
-        return (acc + self.shrink * self.p) / (acc + np.asarray(drafts, dtype=float)
+        return (acc + self.shrink * self.p) / (acc + np.asarray(rejected, dtype=float)
                                                + self.shrink)
 
     def caps(self, p: np.ndarray, context: float) -> np.ndarray:

@@ -89,6 +89,7 @@ class BubbleSpecProposer:
         self.calib = Calibration()
         self.src_stats = SourceStats()
         self.budget: DraftBudget | None = None  # the per-step draft cap (`draft_budget`)
+        self.acc_rej: dict[str, list[int]] = {}  # running request -> [accepted, rejections]
         self.cap_steps = self.cap_sum = 0
         install_sampler_fixes()
 
@@ -276,6 +277,7 @@ class BubbleSpecProposer:
 
     def _finish(self, req_id: str) -> None:
         st = self.reqs.pop(req_id)
+        self.acc_rej.pop(req_id, None)
         self.branching.pop(req_id, None)
         self._order = None
         gtok = parse_request_id(req_id)[0]
@@ -328,7 +330,7 @@ class BubbleSpecProposer:
                                        token_ids_cpu, self.runner)
         extend = self.siblings or self.self_context
         defer = extend and self.defer_appends
-        caps = None if inner is not None else self._caps(reqs, sampled_token_ids,
+        caps = None if inner is not None else self._caps(ids, reqs, sampled_token_ids,
                                                           num_tokens_no_spec)
         out = step(self.index, reqs, sampled_token_ids, num_tokens_no_spec, self.k,
                    self.max_model_len, self.params, self.calib, self.src_stats,
@@ -344,8 +346,8 @@ class BubbleSpecProposer:
                                                   list(sampled_token_ids))
         return out
 
-    def _caps(self, reqs: list[Any], sampled: list[list[int]], num_tokens: Any
-              ) -> list[int] | None:
+    def _caps(self, ids: list[str], reqs: list[Any], sampled: list[list[int]],
+              num_tokens: Any) -> list[int] | None:
         """This step's draft cap of each request (`DraftBudget`), after learning from what
         the last step's drafts (each request's `last_draft`) gave; None without a budget."""
         if self.budget is None:
@@ -354,12 +356,22 @@ class BubbleSpecProposer:
         emitted = np.fromiter((len(s) for s in sampled), dtype=np.int64, count=n)
         drafted = np.fromiter((r.last_draft for r in reqs[:n]), dtype=np.int64, count=n)
         self.budget.observe(drafted, emitted)
-        # per request: drafts, draft tokens, accepted tokens
-        stats = np.array([r.stats[1:4] for r in reqs[:n]], dtype=np.int64).reshape(n, 3)
+        # per request: accepted draft tokens and rejections (drafts cut short) so far; a
+        # draft accepted whole (a cap that binds) has no rejection
+        acc = np.minimum(np.maximum(emitted - 1, 0), drafted)
+        rej = (acc < drafted) & (emitted > 0)
+        seen = np.zeros((n, 2), dtype=np.int64)
+        for i in np.flatnonzero((drafted > 0) & (emitted > 0)).tolist():
+            tot = self.acc_rej.setdefault(ids[i], [0, 0])
+            tot[0] += int(acc[i])
+            tot[1] += int(rej[i])
+        for i, rid in enumerate(ids):
+            tot = self.acc_rej.get(rid)
+            if tot is not None:
+                seen[i] = tot
         live = emitted > 0
         caps = np.zeros(n, dtype=np.int64)
-        caps[live] = self.budget.next_caps(self.budget.request_p(stats[live, 2],
-                                                                 stats[live, 0]),
+        caps[live] = self.budget.next_caps(self.budget.request_p(seen[live, 0], seen[live, 1]),
                                            float(np.asarray(num_tokens[:n]).sum()))
         self.cap_steps += int(live.sum())
         self.cap_sum += int(caps.sum())

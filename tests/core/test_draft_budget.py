@@ -89,8 +89,8 @@ def test_request_p_keeps_aligned_drafts_long() -> None:
     drafts fail: they are the ones that pay for the tokens."""
     b = _budget(0.3)
     acc = np.array([400] * 8 + [2] * 120)
-    drafts = np.array([50] * 8 + [40] * 120)
-    p = b.request_p(acc, drafts)
+    rejections = np.array([5] * 8 + [40] * 120)
+    p = b.request_p(acc, rejections)
     assert p[0] > 0.85 and p[-1] < 0.1
     caps = b.caps(p, 128 * 600)
     assert caps[:8].min() >= 6 and caps[8:].max() == 0
@@ -119,3 +119,15 @@ def test_step_honours_caps(impl: str) -> None:
                     Calibration(), SourceStats(), caps=[0, 3, 12])
     assert [len(d) for d in out] == [0, 3, 8]
     assert [r.last_draft for r in reqs] == [0, 3, 8]
+
+
+def test_a_binding_cap_does_not_hold_the_estimate_down() -> None:
+    """Drafts capped at 3 and accepted whole are no evidence of rejection: p_i rises and the
+    cap with it (the estimate is not self-fulfilling)."""
+    b = _budget(0.8)
+    acc, rej = np.zeros(64), np.zeros(64)
+    caps = b.caps(b.request_p(acc, rej), 64 * 900)
+    for _ in range(40):
+        acc += caps  # every capped draft accepted whole: no rejection
+        caps = b.caps(b.request_p(acc, rej), 64 * 900)
+    assert caps.min() == 8
