@@ -356,6 +356,8 @@ class BubbleSpecProposer:
         emitted = np.fromiter((len(s) for s in sampled), dtype=np.int64, count=n)
         drafted = np.fromiter((r.last_draft for r in reqs[:n]), dtype=np.int64, count=n)
         self.budget.observe(drafted, emitted)
+        if self.budget.under_ridge(int((emitted > 0).sum())):
+            return None  # full drafts cost next to nothing: skip the per-request work
         # per request: accepted draft tokens and rejections (drafts cut short) so far; a
         # draft accepted whole (a cap that binds) has no rejection
         acc = np.minimum(np.maximum(emitted - 1, 0), drafted)

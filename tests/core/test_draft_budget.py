@@ -131,3 +131,9 @@ def test_a_binding_cap_does_not_hold_the_estimate_down() -> None:
         acc += caps  # every capped draft accepted whole: no rejection
         caps = b.caps(b.request_p(acc, rej), 64 * 900)
     assert caps.min() == 8
+
+
+def test_under_the_ridge_the_caps_may_be_skipped() -> None:
+    b = _budget(0.5)
+    assert b.under_ridge(16) and b.under_ridge(20)  # 20 x 9 = 180 <= 184.5
+    assert not b.under_ridge(21) and not b.under_ridge(64)

@@ -196,3 +196,20 @@ def test_context_keys_exact_where_the_model_repeats_itself(loop_runner, plain_en
     p_good, p_bad = _repeat_p_values(prompt, plain, ctx), _repeat_p_values(prompt, plain, bad)
     print(f"repeating context: p(context keys)={p_good:.3g} p(context only)={p_bad:.3g}")
     assert p_bad < 1e-6
+
+
+def test_draft_caps_at_a_large_batch_keep_keyed_ids(loop_runner, plain_engine,
+                                                    spec_engine) -> None:
+    """Above the roofline ridge (48 rows x 9 tokens > 184) the proposer caps each request's
+    drafts from its acceptance (`core/draft_budget.py`): the caps change only how many
+    tokens are verified, so the keyed ids equal keyed decoding without speculation."""
+    reqs = _keyed_reqs(model_task().make_prompts(24, seed=57), n=2, seed0=11, max_new=96)
+    base = loop_runner.run(plain_engine.generate(reqs))
+    before = loop_runner.run(spec_engine.index_stats())
+    spec = loop_runner.run(spec_engine.generate(reqs))
+    after = loop_runner.run(spec_engine.index_stats())
+    loop_runner.run(spec_engine.release_groups([r.group_key() for r in reqs]))
+    assert _ids(spec) == _ids(base)
+    capped = after["draft_cap_rows"] - before["draft_cap_rows"]
+    assert capped > 0, "no step of a 48-row batch went through the draft caps"
+    assert after["draft_cap_sum"] - before["draft_cap_sum"] <= 8 * capped
