@@ -53,6 +53,18 @@ class _Options:
     greedy: bool
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """The keyed rows of a batch as long as its requests and their order stay the same."""
+
+    key: tuple[str, ...]  # the batch's request ids, in order
+    rows: np.ndarray  # [K] batch rows that are keyed and sampled
+    opts: list[_Options]  # [K] their options
+    seeds: np.ndarray  # [K] int64 seed bits
+    starts: np.ndarray  # [K] output position of each one's first generated token
+    context: list[int]  # indices into `rows` of the context-keyed ones
+
+
 @dataclass
 class KeyedBatch:
     """Host metadata of the keyed rows of one engine step (rows sampled with temperature
@@ -96,7 +108,7 @@ class KeyedSampling:
         self.spec: tuple[list[int], torch.Tensor] | None = None
         self._opts: dict[str, _Options | None] = {}
         self._ctx: dict[str, ResponseKeys] = {}
-        self._layout: tuple[tuple[str, ...], np.ndarray, list[_Options]] | None = None
+        self._layout: _Layout | None = None
 
     def _options(self, rid: str) -> _Options | None:
         """A keyed request's options, None for other requests (cached)."""
@@ -111,41 +123,44 @@ class KeyedSampling:
                                            int(extra.get(START_ARG, 0)), temp < GREEDY_EPS)
         return self._opts[rid]
 
-    def _keyed_layout(self, req_ids: list[str]) -> tuple[np.ndarray, list[_Options]]:
-        """Batch rows of the keyed sampled requests and their options; recomputed only when
-        the batch's requests or their order change."""
+    def _keyed_layout(self, req_ids: list[str]) -> _Layout:
+        """Batch rows of the keyed sampled requests, their seeds, first output positions and
+        which of them are context-keyed; recomputed only when the batch's requests or their
+        order change (the per-step host work is then a few array operations)."""
         key = tuple(req_ids)
-        if self._layout is None or self._layout[0] != key:
+        if self._layout is None or self._layout.key != key:
             rows, opts = [], []
             for i, rid in enumerate(key):
                 o = self._options(rid)
                 if o is not None and not o.greedy:
                     rows.append(i)
                     opts.append(o)
-            self._layout = (key, np.asarray(rows, dtype=np.int64), opts)
+            self._layout = _Layout(
+                key, np.asarray(rows, dtype=np.int64), opts,
+                np.fromiter((o.seed for o in opts), dtype=np.int64, count=len(opts)),
+                np.fromiter((o.start for o in opts), dtype=np.int64, count=len(opts)),
+                [j for j, o in enumerate(opts) if o.by_context])
             if len(self._opts) > 4 * max(len(key), 64):
                 live = set(key)
                 self._opts = {k: v for k, v in self._opts.items() if k in live}
                 self._ctx = {k: v for k, v in self._ctx.items() if k in live}
-        return self._layout[1], self._layout[2]
+        return self._layout
 
     def batch(self) -> KeyedBatch:
         """The keyed rows of this step, their seeds and next output positions; context-keyed
         rows' key state brought up to date with their committed tokens."""
         view = vllm_glue.batch_view(self.runner)
-        rows, opts = self._keyed_layout(view.req_ids)
-        num_reqs = len(view.req_ids)
+        lay = self._keyed_layout(view.req_ids)
+        rows, num_reqs = lay.rows, len(view.req_ids)
         if not len(rows):
             return KeyedBatch(num_reqs, rows, rows, rows)
         n_tok = np.asarray(view.num_tokens_no_spec[:num_reqs], dtype=np.int64)[rows]
-        start = np.fromiter((o.start for o in opts), dtype=np.int64, count=len(opts))
-        n_prompt = np.asarray(view.num_prompt_tokens[:num_reqs], dtype=np.int64)[rows] - start
-        seeds = np.fromiter((o.seed for o in opts), dtype=np.int64, count=len(opts))
-        kb = KeyedBatch(num_reqs, rows, seeds, n_tok - n_prompt)
-        for j, o in enumerate(opts):
-            if o.by_context:  # slow path: keys from the row's tokens, in Python
-                kb.ctx[j] = self._context_state(view, int(rows[j]), o, int(n_tok[j]),
-                                                int(n_prompt[j]))
+        n_prompt = (np.asarray(view.num_prompt_tokens[:num_reqs], dtype=np.int64)[rows]
+                    - lay.starts)
+        kb = KeyedBatch(num_reqs, rows, lay.seeds, n_tok - n_prompt)
+        for j in lay.context:  # slow path: keys from the row's tokens, in Python
+            kb.ctx[j] = self._context_state(view, int(rows[j]), lay.opts[j], int(n_tok[j]),
+                                            int(n_prompt[j]))
         return kb
 
     def _context_state(self, view: vllm_glue.BatchView, row: int, o: _Options, n_tok: int,
