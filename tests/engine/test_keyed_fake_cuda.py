@@ -94,7 +94,7 @@ def test_sampler_on_fake_cuda(keyed: list[bool]) -> None:
         logits = torch.empty(len(keyed), VOCAB, device=CUDA)
         sampled, _ = sample(logits, {}, None, None)
         assert sampled.device == CUDA and sampled.shape == (len(keyed),)
-        counts, cu, drafts, _, _ = _spec_step(len(keyed))
+        counts, _, drafts, _, _ = _spec_step(len(keyed))
         ks.set_spec((counts, drafts))  # the bonus tokens of a speculative step
         sampled, _ = sample(logits, {}, None, None)
         assert sampled.device == CUDA
