@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bubblespec.gateway.ranks import RankCallError
+from bubblespec.gateway.errors import RankCallError
 from bubblespec.gateway.shard import WorkItem, lpt
 from bubblespec.protocol.rank import StepShardResult
 

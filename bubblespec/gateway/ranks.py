@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from bubblespec.gateway.config import GatewayConfig
+from bubblespec.gateway.errors import RankCallError
 from bubblespec.protocol.domain import RankState, SyncSnapshot
 from bubblespec.protocol.rank import ENGINE_DIED_HEADER
 from bubblespec.synchronizer.client import SyncClient
@@ -75,24 +76,6 @@ class Discovery:
     @property
     def ready(self) -> list[RankEndpoint]:
         return [r for r in self.ranks if r.ready]
-
-
-class RankCallError(Exception):
-    """A call to a rank failed. `bad_request`: the rank refused the body (400/422), which
-    re-running elsewhere would not fix; `engine_died`: the rank's engine died while it ran
-    the call (the rank says so with `ENGINE_DIED_HEADER`); anything else counts as a rank
-    failure."""
-
-    def __init__(self, rank_id: str, message: str, status: int | None = None,
-                 field_: str = "", bad_request: bool = False, engine_died: bool = False
-                 ) -> None:
-        super().__init__(f"rank {rank_id}: {message}")
-        self.rank_id = rank_id
-        self.message = message
-        self.status = status
-        self.field = field_
-        self.bad_request = bad_request
-        self.engine_died = engine_died
 
 
 def _error_text(response: httpx.Response) -> tuple[str, str]:

@@ -29,9 +29,10 @@ from bubblespec.gateway.dispatch import (
     Poisoned,
     dispatch,
 )
+from bubblespec.gateway.errors import RankCallError
 from bubblespec.gateway.prepare import Prepared, Preparer
 from bubblespec.gateway.quarantine import Quarantine, describe, fingerprint
-from bubblespec.gateway.ranks import Discovery, RankCallError, RankEndpoint, RankPool
+from bubblespec.gateway.ranks import Discovery, RankEndpoint, RankPool
 from bubblespec.gateway.seeds import lookahead_tasks, resolve_seed_mode, step_seeds
 from bubblespec.gateway.shard import (
     AssemblyError,
@@ -104,7 +105,9 @@ class Rollouts:
         d = self.last_discovery
         return (0, 0) if d is None else (len(d.ranks), len(d.ready))
 
-    def _next_step(self, d: Discovery) -> int:
+    def next_step(self, d: Discovery) -> int:
+        """The number of the next step when the caller gives none: one past the last step
+        this gateway ran, else one past the synchronizer's current step."""
         if self.last_step is not None:
             return self.last_step + 1
         cur = d.snapshot.current_step if d.snapshot is not None else None
@@ -260,7 +263,7 @@ class Rollouts:
             warnings.append(f"synchronizer unreachable: {d.sync_error}; ranks decode without "
                             "drafts, no pre-generation this step")
             self.metrics.sync_unavailable.inc()
-        step = req.step if req.step is not None else self._next_step(d)
+        step = req.step if req.step is not None else self.next_step(d)
         # close first: ranks pre-generating through the training window stop at the close
         await self._close_previous(d.sync_ok, close=step != self.last_step)
         await self._drain_pregen(d)

@@ -22,12 +22,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import ValidationError
 
-from bubblespec.gateway.quarantine import scoring_fingerprint
-from bubblespec.gateway.ranks import RankCallError
-from bubblespec.gateway.rollout import Rollouts
+from bubblespec.gateway.config import GatewayConfig
+from bubblespec.gateway.errors import RankCallError
+from bubblespec.gateway.quarantine import Quarantine, scoring_fingerprint
+from bubblespec.gateway.ranks import Discovery, RankPool
+from bubblespec.metrics.gateway import GatewayMetrics
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.rank import ScoreResult
 
@@ -44,10 +47,25 @@ class Scored:
     rank_id: str
 
 
+class ScoringRanks(Protocol):
+    """What scoring needs of the gateway's rollouts (`rollout.Rollouts` is one): the ranks,
+    their discovery, the quarantine and its counters, and the engine-death bookkeeping."""
+
+    config: GatewayConfig
+    pool: RankPool
+    quarantine: Quarantine
+    metrics: GatewayMetrics
+
+    async def discover(self) -> Discovery: ...
+
+    def engine_died(self, rank_id: str, reason: str,
+                    reqs: dict[int, tuple[str, str]]) -> tuple[int, str] | None: ...
+
+
 class Scorer:
     """Sends scoring calls to the ranks (see the module's docstring)."""
 
-    def __init__(self, rollouts: Rollouts) -> None:
+    def __init__(self, rollouts: ScoringRanks) -> None:
         self.rollouts = rollouts
         self._turn = 0
         self.calls = 0

@@ -33,11 +33,6 @@ def assign_keys(prompts: Sequence[Sequence[int]]) -> list[str]:
     return keys
 
 
-def base_key(key: str) -> str:
-    """The key without a repeat suffix (what response lengths are learned under)."""
-    return key.split("~", 1)[0]
-
-
 def step_seeds(run_seed: int, step: int, keys: Sequence[str], n: int,
                given: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
     """Seeds of every prompt of a step: the trainer's when given, else derived."""

@@ -1,6 +1,7 @@
 """The gateway: `bubblespec gateway [--port P] [--sync-address H:P] [--ranks ...] [--token T]`.
 
 FastAPI + uvicorn: the routes of `routes.py` answered by a `GatewayService` (`service.py`),
+the trainer APIs' fronts (`sglang/`, `openai/`) over the services they share (`fronts.py`),
 behind the shared HTTP edge (`bubblespec.http`: bearer auth, body limit, error shape), with
 request metrics by route and the status page at `/`.
 """
@@ -13,6 +14,7 @@ from fastapi import FastAPI
 
 from bubblespec.gateway import routes
 from bubblespec.gateway.config import ENV_PREFIX, GatewayConfig
+from bubblespec.gateway.fronts import FrontServices
 from bubblespec.gateway.openai import install_openai
 from bubblespec.gateway.prepare import Preparer
 from bubblespec.gateway.service import GatewayService
@@ -28,8 +30,9 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
     app = build_app("bubblespec gateway", service, [routes.protected, routes.public],
                     token=config.token.get_secret_value() if config.token else None,
                     max_body_bytes=config.max_body_bytes, on_request=service.observe_request)
-    install_sglang(app, service)  # SGLang's native API: /generate, /update_weights_from_disk, ...
-    install_openai(app, service)  # OpenAI's: /v1/completions, /v1/chat/completions, /v1/models
+    fronts = FrontServices(config, lambda: service.rollouts)  # one step batcher for both APIs
+    install_sglang(app, fronts)  # SGLang's native API: /generate, /update_weights_from_disk, ...
+    install_openai(app, fronts)  # OpenAI's: /v1/completions, /v1/chat/completions, /v1/models
     install_status_page(app)  # GET / : ranks and the last steps' timelines, from the routes
     return app
 

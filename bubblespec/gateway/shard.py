@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bubblespec.gateway.seeds import base_key
+from bubblespec.protocol.keys import base_key
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ def prompt_key(input_ids: Sequence[int]) -> str:
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
+def base_key(key: str) -> str:
+    """A prompt key without its repeat suffix (`<key>~<k>`: the k-th repeat of a prompt in
+    a batch); what response lengths are learned under."""
+    return key.split("~", 1)[0]
+
+
 def group_token(group: str) -> str:
     """Fixed-width token for a group key, safe inside request ids."""
     return hashlib.blake2b(group.encode(), digest_size=8).hexdigest()

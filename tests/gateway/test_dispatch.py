@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bubblespec.gateway.dispatch import DispatchError, dispatch
-from bubblespec.gateway.ranks import RankCallError
+from bubblespec.gateway.errors import RankCallError
 from bubblespec.gateway.shard import WorkItem, lpt
 
 

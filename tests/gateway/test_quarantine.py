@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from bubblespec.gateway.dispatch import DispatchError, Poisoned, dispatch
+from bubblespec.gateway.errors import RankCallError
 from bubblespec.gateway.quarantine import Quarantine, describe, fingerprint
-from bubblespec.gateway.ranks import RankCallError
 from bubblespec.gateway.shard import WorkItem, lpt
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.sampling import SamplingParams

@@ -1,11 +1,12 @@
-"""The SGLang API's side of step batching (`bubblespec/batching.py` batches the calls).
+"""The trainer-API fronts' side of step batching (`bubblespec/batching.py` batches the calls).
 
-Concurrent /generate requests (slime, AReaL: one per sample) are batched by
-`StepBatcher` with the `equal_counts` rule for `n` and the gateway's quiet and max-wait
-cut. What is SGLang's own: a planned step becomes a `RolloutRequest` (token ids or text,
-the callers' seeds when every call brought one, log-probs always returned, since SGLang
-clients read them), and a failure reaches each caller as an `ApiError` (400 for a body the
-rollout refuses, 502 for anything unexpected, an `ApiError` of the rollout as it is).
+Concurrent per-sample requests (SGLang's /generate from slime and AReaL, OpenAI's
+completions from agentic frameworks) are batched by one `StepBatcher` with the
+`equal_counts` rule for `n` and the gateway's quiet and max-wait cut. What is the fronts'
+own: a planned step becomes a `RolloutRequest` (token ids or text, the callers' seeds when
+every call brought one, log-probs always returned, since the clients read them), and a
+failure reaches each caller as an `ApiError` (400 for a body the rollout refuses, 502 for
+anything unexpected, an `ApiError` of the rollout as it is).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from bubblespec.batching import RunFn, Step, StepBatcher, equal_counts
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import PromptIn, RolloutRequest, RolloutResponse
 
-log = logging.getLogger("bubblespec.gateway.sglang")
+log = logging.getLogger("bubblespec.gateway.steps")
 
 RolloutFn = Callable[[RolloutRequest], Awaitable[RolloutResponse]]
 """What a rollout step is run with (`Rollouts.rollout`)."""
@@ -37,7 +38,7 @@ def step_request(step: Step) -> RolloutRequest:
         return_logprobs=True)
 
 
-def sglang_run(run: RolloutFn) -> RunFn:
+def run_steps(run: RolloutFn) -> RunFn:
     """`run` as the batcher's step function, its failures as the callers' `ApiError`."""
 
     async def run_step(step: Step) -> RolloutResponse:
@@ -50,14 +51,14 @@ def sglang_run(run: RolloutFn) -> RunFn:
         except ApiError:
             raise
         except Exception as e:  # each caller must hear of it, not the loop
-            log.exception("SGLang step failed")
+            log.exception("rollout step of the step batcher failed")
             raise ApiError(502, f"rollout failed: {type(e).__name__}: {e}") from e
 
     return run_step
 
 
-def sglang_batcher(run: RolloutFn, quiet_s: float = 0.05, max_wait_s: float = 1.0,
-                   max_n: int = 1024) -> StepBatcher:
-    """The step batcher of the SGLang API."""
-    return StepBatcher(sglang_run(run), equal_counts(max_n), quiet_s=quiet_s,
+def step_batcher(run: RolloutFn, quiet_s: float = 0.05, max_wait_s: float = 1.0,
+                 max_n: int = 1024) -> StepBatcher:
+    """The step batcher the trainer-API fronts share."""
+    return StepBatcher(run_steps(run), equal_counts(max_n), quiet_s=quiet_s,
                        max_wait_s=max_wait_s)

@@ -1,5 +1,5 @@
-"""The step batcher of the SGLang-compatible /generate (`bubblespec/batching.py` with the
-SGLang adapter `gateway/sglang_steps.py`): concurrent requests become one step, GRPO groups
+"""The step batcher the trainer-API fronts share (`bubblespec/batching.py` with the gateway's
+adapter `gateway/steps.py`): concurrent requests become one step, GRPO groups
 become n > 1, next prompts go to the next step once, aborts, pause and failures.
 
 The batcher is transport-free (it gets the rollout as a function, as `dispatch` does), so
@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from bubblespec.batching import ABORT_BEFORE_PREFILL, Ask, equal_counts, plan
-from bubblespec.gateway.sglang_steps import sglang_batcher, step_request
+from bubblespec.gateway.steps import step_batcher, step_request
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import (
     PromptResult,
@@ -58,7 +58,7 @@ def asks(prompts: list[list[int]], sp: SamplingParams = SP, seed: int | None = N
 
 async def test_a_grpo_group_becomes_one_step_with_n() -> None:
     run = Recorder()
-    b = sglang_batcher(run, quiet_s=0.02)
+    b = step_batcher(run, quiet_s=0.02)
     group = asks([[7, 1]] * 4 + [[8, 1]] * 4)
     b.add_next([[9, 1], [9, 1], [10, 1]])
     answers = await b.generate(group)
@@ -73,7 +73,7 @@ async def test_a_grpo_group_becomes_one_step_with_n() -> None:
 
 async def test_concurrent_requests_are_batched_and_next_prompts_used_once() -> None:
     run = Recorder()
-    b = sglang_batcher(run, quiet_s=0.05)
+    b = step_batcher(run, quiet_s=0.05)
     b.add_next([[9]])
 
     async def one(p: list[int], delay: float) -> list[int]:
@@ -90,7 +90,7 @@ async def test_concurrent_requests_are_batched_and_next_prompts_used_once() -> N
 
 async def test_uneven_counts_and_sampling_groups_and_seeds() -> None:
     run = Recorder()
-    b = sglang_batcher(run, quiet_s=0.02)
+    b = step_batcher(run, quiet_s=0.02)
     hot = SamplingParams(max_new_tokens=8, temperature=0.5)
     batch = asks([[1], [1], [2]], seed=5) + asks([[3]], sp=hot)
     answers = await b.generate(batch)
@@ -106,7 +106,7 @@ async def test_uneven_counts_and_sampling_groups_and_seeds() -> None:
 
 async def test_abort_pause_and_resume() -> None:
     run = Recorder()
-    b = sglang_batcher(run, quiet_s=0.02)
+    b = step_batcher(run, quiet_s=0.02)
     b.pause()
     waiting = asyncio.ensure_future(b.generate(asks([[1], [2]])))
     await asyncio.sleep(0.1)
@@ -125,11 +125,11 @@ async def test_abort_pause_and_resume() -> None:
 
 
 async def test_failures_reach_every_caller_and_the_loop_survives() -> None:
-    b = sglang_batcher(Recorder(fail=ApiError(503, "no rank is ready")), quiet_s=0.01)
+    b = step_batcher(Recorder(fail=ApiError(503, "no rank is ready")), quiet_s=0.01)
     with pytest.raises(ApiError) as e:
         await b.generate(asks([[1], [2]]))
     assert e.value.status == 503
-    b2 = sglang_batcher(Recorder(fail=RuntimeError("boom")), quiet_s=0.01)
+    b2 = step_batcher(Recorder(fail=RuntimeError("boom")), quiet_s=0.01)
     with pytest.raises(ApiError) as e:
         await b2.generate(asks([[1]]))
     assert e.value.status == 502 and "boom" in e.value.detail
@@ -137,7 +137,7 @@ async def test_failures_reach_every_caller_and_the_loop_survives() -> None:
 
 async def test_a_caller_that_goes_away_does_not_break_the_step() -> None:
     run = Recorder(delay_s=0.05)
-    b = sglang_batcher(run, quiet_s=0.01)
+    b = step_batcher(run, quiet_s=0.01)
     gone = asyncio.ensure_future(b.generate(asks([[1]])))
     stays = asyncio.ensure_future(b.generate(asks([[2]])))
     await asyncio.sleep(0.03)

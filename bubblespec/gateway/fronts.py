@@ -1,0 +1,238 @@
+"""What the trainer-API fronts share (`gateway/openai/`, `gateway/sglang/`).
+
+Both fronts answer from the same services, written once here:
+
+- one step batcher (`steps.py`): concurrent requests of both APIs share rollout steps, and a
+  next-prompts hint from either goes with the next step that starts; the step it runs is
+  numbered here, so that an abort can name it while it runs;
+- one prompt scorer (`scoring.py`), outside the steps;
+- the tokenizer: prompts as token ids, or a 400 naming the caller's field (`token_ids`,
+  `encode`), and text of ids (`decode`: a courtesy, never an error);
+- the model: its path as the ranks report it, its context length and chat template (read
+  beside the gateway's tokenizer), the weight version of the ready ranks;
+- the body parser (`parse`: a 400 naming the field, as both APIs answer) and the one rule
+  for errors of the rollout path: a 422 (a body the rollout refused) is the caller's 400
+  (`for_caller`), as vLLM's and SGLang's servers answer it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from bubblespec.batching import StepBatcher
+from bubblespec.gateway.chat_template import ChatTemplate
+from bubblespec.gateway.config import GatewayConfig
+from bubblespec.gateway.rollout import Rollouts
+from bubblespec.gateway.scoring import Scorer
+from bubblespec.gateway.steps import step_batcher
+from bubblespec.http.errors import error_field
+from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.gateway import RolloutRequest, RolloutResponse
+from bubblespec.protocol.sampling import SamplingParams
+
+M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("bubblespec.gateway.fronts")
+
+
+async def parse(request: Request, model: type[M], empty_ok: bool = False) -> M:
+    """The request body as `model`; ApiError 400 naming the field otherwise."""
+    raw = await request.body()
+    if not raw.strip() and empty_ok:
+        return model()
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise ApiError(400, f"body is not JSON: {e}", "body") from None
+    except RecursionError:
+        raise ApiError(400, "body is nested too deeply", "body") from None
+    try:
+        return model.model_validate(body)
+    except RecursionError:
+        raise ApiError(400, "body is nested too deeply", "body") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = error_field({**err, "loc": ("body", *err["loc"])}, body)
+        raise ApiError(400, f"{where}: {err['msg']}", where) from None
+
+
+def for_caller(e: ApiError, field: str | None = None) -> ApiError:
+    """An error of the rollout path as a front's caller gets it: a 422 (the rollout refused
+    the body) as 400, the field as the caller spells it (`field`, else the error's own)."""
+    return ApiError(400 if e.status == 422 else e.status, e.detail,
+                    e.field if field is None else field)
+
+
+class FrontServices:
+    """The services both trainer-API fronts answer from (see the module's docstring).
+
+    `rollouts` gives the gateway's `Rollouts` (set up in the app's lifespan; it raises a 503
+    while the gateway starts)."""
+
+    def __init__(self, config: GatewayConfig, rollouts: Callable[[], Rollouts]) -> None:
+        self.config = config
+        self._rollouts = rollouts
+        self.running_step: int | None = None
+        """The step the batcher runs now (None between steps)."""
+        self.batcher: StepBatcher = step_batcher(self._run, config.sglang_quiet_s,
+                                                 config.sglang_max_wait_s, config.max_n)
+        self._scorer: Scorer | None = None
+        self._template: ChatTemplate | None = None
+        self._template_loaded = False
+        self._context: int | None = None
+        self._context_loaded = False
+        self._model = ""
+
+    @property
+    def rollouts(self) -> Rollouts:
+        return self._rollouts()
+
+    async def _run(self, req: RolloutRequest) -> RolloutResponse:
+        """One rollout step of the batcher, numbered here so that an abort can name it."""
+        rollouts = self.rollouts
+        if rollouts.last_step is None:
+            step = rollouts.next_step(await rollouts.discover())  # the rule /v1/rollout uses
+        else:
+            step = rollouts.last_step + 1
+        self.running_step = step
+        try:
+            return await rollouts.rollout(req.model_copy(update={"step": step}))
+        finally:
+            self.running_step = None
+
+    async def abort_running(self) -> int:
+        """Abort the step now running on every rank (its unfinished samples answer with
+        finish reason abort and the tokens they have); how many asks it holds."""
+        step = self.running_step
+        if not self.batcher.running or step is None:
+            return 0
+        rollouts = self.rollouts
+        d = await rollouts.discover()
+        await asyncio.gather(*(rollouts.pool.post(r, "/v1/abort_step", {"step": step},
+                                                  self.config.probe_timeout_s)
+                               for r in d.ready), return_exceptions=True)
+        return len(self.batcher.running)
+
+    @property
+    def scorer(self) -> Scorer:
+        """The prompt scorer (one for both APIs: its turn and counters are shared)."""
+        if self._scorer is None:
+            self._scorer = Scorer(self.rollouts)
+        return self._scorer
+
+    # ------------------------------------------------------------------ the tokenizer
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        try:
+            return self.rollouts.preparer.tokenizer.decode(list(ids), skip_special_tokens)
+        except Exception:  # noqa: BLE001 (text is a courtesy; ids and logprobs are the data)
+            return ""
+
+    def encode(self, text: str, where: str, add_special_tokens: bool = True) -> list[int]:
+        """`text` as token ids; ApiError 400 naming `where` when the tokenizer fails on it."""
+        try:
+            return list(self.rollouts.preparer.tokenizer.encode(
+                text, add_special_tokens=add_special_tokens))
+        except Exception as e:  # noqa: BLE001 (a broken tokenizer must not be a 500)
+            raise ApiError(400, f"{where}: cannot tokenize: {e}", where) from None
+
+    def token_ids(self, prompts: Sequence[Sequence[int] | str],
+                  where: Callable[[int], str]) -> list[list[int]]:
+        """Each prompt as token ids (text tokenized as a rollout step does); a prompt the
+        tokenizer fails on is a 400 naming `where(i)`."""
+        return [self.encode(p, where(i)) if isinstance(p, str) else list(p)
+                for i, p in enumerate(prompts)]
+
+    def check_quarantine(self, prompts: Sequence[Sequence[int] | str],
+                         sampling: SamplingParams, where: Callable[[int], str]) -> None:
+        """Refuse a quarantined request before it is queued (a 400 for this caller only, not
+        for the others batched into the same step). A prompt the tokenizer fails on is
+        left to the step's own tokenization, which names it."""
+        ids = []
+        for i, p in enumerate(prompts):
+            try:
+                ids.append(self.encode(p, where(i)) if isinstance(p, str) else list(p))
+            except ApiError:
+                continue
+        try:
+            self.rollouts.check_quarantine(ids, sampling, where)
+        except ApiError as e:
+            raise for_caller(e) from None
+
+    # ------------------------------------------------------------------ the model
+    async def weight_version(self) -> int:
+        """The newest weight version among the ready ranks (0 before any update)."""
+        d = await self.rollouts.discover()
+        return max((r.weight_version or 0 for r in d.ready), default=0)
+
+    async def model_path(self) -> str:
+        """The model path the first answering ready rank reports ("" when none answers)."""
+        rollouts = self.rollouts
+        d = await rollouts.discover()
+        for r in d.ready:
+            try:
+                cfg = (await rollouts.pool.http.get(
+                    f"{r.url}/config", timeout=self.config.probe_timeout_s)).json()
+            except (httpx.HTTPError, ValueError):  # informational: try the next rank
+                log.debug("GET %s/config failed", r.url)
+                continue
+            engine = cfg.get("engine") if isinstance(cfg.get("engine"), dict) else {}
+            return str(cfg.get("model") or engine.get("model") or "")
+        return ""
+
+    async def model_id(self) -> str:
+        """The served model's name: the ranks' model path (as vLLM names a model by its
+        path), else the tokenizer's, else "bubblespec"."""
+        if not self._model:
+            self._model = await self.model_path()
+        return self._model or self.config.tokenizer or "bubblespec"
+
+    def _folder(self) -> Path | None:
+        spec = self.config.tokenizer
+        if not spec:
+            return None
+        path = Path(spec)
+        return path if path.is_dir() else path.parent
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The model's chat template (loaded once; None: the model has none)."""
+        if not self._template_loaded:
+            try:
+                self._template = ChatTemplate.load(self.config.tokenizer)
+            except (OSError, ValueError) as e:  # a broken file: chat is unavailable, said so
+                log.error("cannot load the chat template of %s: %s", self.config.tokenizer, e)
+                self._template = None
+            except Exception as e:  # noqa: BLE001 (a template Jinja cannot compile)
+                log.error("cannot compile the chat template of %s: %s",
+                          self.config.tokenizer, e)
+                self._template = None
+            self._template_loaded = True
+        return self._template
+
+    def context_len(self) -> int | None:
+        """The model's context length (`max_position_embeddings` of the config.json beside
+        the gateway's tokenizer; None: unknown)."""
+        if not self._context_loaded:
+            folder = self._folder()
+            if folder is None:
+                from bubblespec.tasks import default_model_dir
+
+                try:
+                    folder = Path(default_model_dir())
+                except FileNotFoundError:
+                    folder = None
+            try:
+                cfg = json.loads((folder / "config.json").read_text()) if folder else {}
+                value = cfg.get("max_position_embeddings")
+                self._context = int(value) if isinstance(value, int) and value > 0 else None
+            except (OSError, ValueError):
+                self._context = None
+            self._context_loaded = True
+        return self._context

@@ -1,0 +1,82 @@
+"""OpenAI's HTTP routes on the gateway (the package's docstring says what they answer)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from bubblespec.gateway.fronts import for_caller, parse
+from bubblespec.gateway.openai.answers import chat_stream, completion_stream
+from bubblespec.gateway.openai.serving import OpenAiServing
+from bubblespec.http.edge import protected_router
+from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.openai import (
+    ChatCompletionIn,
+    CompletionIn,
+    ErrorDetail,
+    ErrorOut,
+    ModelCard,
+    ModelList,
+)
+
+public = APIRouter()
+protected = protected_router()
+
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                409: "ConflictError", 413: "RequestTooLargeError", 503: "ServiceUnavailableError"}
+
+
+def oai_error(status: int, message: str, param: str = "") -> JSONResponse:
+    """OpenAI's error body, with the gateway's `detail`/`field` beside it."""
+    kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    body = ErrorOut(error=ErrorDetail(message=message, type=kind, param=param or None,
+                                      code=status)).model_dump()
+    return JSONResponse({**body, "detail": message, "field": param}, status_code=status)
+
+
+def serving(request: Request) -> OpenAiServing:
+    return request.app.state.openai
+
+
+async def _answer(request: Request, model: type[Any],
+                  run: Callable[[OpenAiServing, Any], Awaitable[Any]],
+                  stream: Callable[[Any, Any], Response]) -> Response:
+    """One route's shape: parse the body as `model`, run it, answer the errors in OpenAI's
+    form (a 422 as 400, as vLLM does), stream it or answer it whole with `logprobs: null`
+    kept on every choice (the openai client reads the key)."""
+    try:
+        body = await parse(request, model)
+        out = await run(serving(request), body)
+    except ApiError as e:
+        e = for_caller(e)
+        return oai_error(e.status, e.detail, e.field)
+    if body.stream:
+        return stream(out, body)
+    return JSONResponse(out.model_dump(exclude_none=True) | {
+        "choices": [c.model_dump(exclude_none=True) | {"logprobs": None if c.logprobs is None
+                                                       else c.logprobs.model_dump()}
+                    for c in out.choices]})
+
+
+@protected.post("/v1/completions")
+async def post_completions(request: Request) -> Response:
+    return await _answer(request, CompletionIn, OpenAiServing.completions, completion_stream)
+
+
+@protected.post("/v1/chat/completions")
+async def post_chat_completions(request: Request) -> Response:
+    return await _answer(request, ChatCompletionIn, OpenAiServing.chat_completions,
+                         chat_stream)
+
+
+@public.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    f = serving(request).fronts
+    name = await f.model_id()
+    card = ModelCard(id=name, created=int(time.time()), root=name,
+                     max_model_len=f.context_len())
+    return JSONResponse(ModelList(data=[card]).model_dump())

@@ -1,0 +1,228 @@
+"""What the OpenAI routes do: completions and chat completions sampled through the shared step
+batcher (one ask per choice), stop strings cut after sampling, and echo scoring."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+
+from bubblespec.batching import Answer, Ask
+from bubblespec.gateway.chat_template import ChatTemplateError
+from bubblespec.gateway.fronts import FrontServices, for_caller
+from bubblespec.gateway.openai.answers import chat_choice, completion_choice, echo_logprobs
+from bubblespec.gateway.openai.choice import Choice, Names, Sampled
+from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.gateway import PromptIn, RolloutRequest
+from bubblespec.protocol.openai import (
+    ChatCompletionIn,
+    ChatCompletionOut,
+    CompletionChoice,
+    CompletionIn,
+    CompletionOut,
+    SamplingFields,
+    Usage,
+)
+from bubblespec.protocol.sampling import SamplingParams
+
+log = logging.getLogger("bubblespec.gateway.openai")
+
+
+def _prompt_in(p: list[int] | str) -> PromptIn:
+    return PromptIn(text=p) if isinstance(p, str) else PromptIn(input_ids=p)
+
+
+class OpenAiServing:
+    """The OpenAI routes' logic over the fronts' shared services (one step batcher, so that
+    OpenAI and SGLang requests share steps)."""
+
+    def __init__(self, fronts: FrontServices) -> None:
+        self.fronts = fronts
+
+    # ------------------------------------------------------------------ sampling
+    def _budget(self, given: int | None, prompts: list[list[int]], names: Names) -> int:
+        """max_new_tokens: the one given, else what the context leaves the longest prompt
+        (vLLM's default)."""
+        f = self.fronts
+        c = f.config
+        if given is not None:
+            if given > c.max_new_tokens:
+                raise ApiError(400, f"at most {c.max_new_tokens}", names.budget)
+            return given
+        ctx = f.context_len()
+        if ctx is None:
+            raise ApiError(400, "the gateway does not know the model's context length: give "
+                                f"{names.budget}", names.budget)
+        longest = max(len(p) for p in prompts)
+        if longest >= ctx:
+            raise ApiError(400, f"a prompt of {longest} tokens leaves no room in the model's "
+                                f"context of {ctx} tokens", names.prompt)
+        return min(ctx - longest, c.max_new_tokens)
+
+    async def sample(self, prompts: list[list[int] | str], body: SamplingFields,
+                     budget: int | None, names: Names) -> Sampled:
+        """Check and tokenize the prompts, queue one ask per choice, wait for the step(s),
+        and cut each choice at its stop string."""
+        f = self.fronts
+        rollouts = f.rollouts
+        try:
+            probe = RolloutRequest(
+                prompts=[_prompt_in(p) for p in prompts], n=body.n,
+                sampling_params=body.to_sampling(1),
+                next_prompts=[_prompt_in(p) for p in body.next_prompts]
+                if body.next_prompts else None)
+        except ValidationError as e:
+            raise ApiError(400, str(e.errors()[0].get("msg")), names.prompt) from None
+        try:
+            prep = rollouts.preparer.prepare(probe)  # limits and vocabulary, text tokenized
+        except ApiError as e:
+            raise for_caller(e, names.of(e.field)) from None
+        sampling = body.to_sampling(self._budget(budget, prep.prompts, names))
+        f.check_quarantine(prep.prompts, sampling,
+                           lambda i: names.of(f"prompts[{i}]") if names.batched
+                           else names.prompt)
+        for j, batch in enumerate(prep.next_batches):
+            f.batcher.add_next(batch, ahead=j)
+        rid = uuid.uuid4().hex
+        asks = [Ask(ids, sampling, None if body.seed is None else body.seed + k,
+                    f"{rid}-{i * body.n + k}")
+                for i, ids in enumerate(prep.prompts) for k in range(body.n)]
+        try:
+            answers = await f.batcher.generate(asks)
+        except ApiError as e:
+            raise for_caller(e, names.of(e.field)) from None
+        except Exception as e:
+            log.exception("OpenAI request failed")
+            raise ApiError(502, f"rollout failed: {type(e).__name__}: {e}") from e
+        out = Sampled(prompts=prep.prompts)
+        for j, (ask, ans) in enumerate(zip(asks, answers)):
+            out.choices.append(self.choice(j, body, sampling, ask, ans))
+        return out
+
+    def choice(self, index: int, body: SamplingFields, sampling: SamplingParams, ask: Ask,
+               ans: Answer) -> Choice:
+        """One answer as a choice: its text without the stop token, cut at a stop string."""
+        s = ans.sample
+        ids = [] if s is None else list(s.output_ids)
+        lps = [] if s is None else list(s.output_logprobs or [])
+        reason = "abort" if s is None else s.finish_reason or "stop"
+        reason = reason if reason in ("stop", "length") else "abort"
+        stop_reason: int | str | None = None
+        text_ids = ids
+        if reason == "stop" and ids:
+            if ids[-1] in sampling.stop_token_ids:
+                stop_reason = ids[-1]
+            text_ids = ids[:-1]  # the stop token's text is not returned (vLLM)
+        prompt_ids = list(ans.input_ids) or (list(ask.prompt)
+                                             if not isinstance(ask.prompt, str) else [])
+        meta: dict[str, Any] = {"step": ans.step}
+        if s is not None:
+            meta.update(weight_version=s.weight_version, decode_steps=s.decode_steps,
+                        num_accepted_tokens=s.num_accepted_tokens,
+                        num_accepted_pregen_tokens=s.num_accepted_pregen_tokens)
+        cut = self.cut_at_stop(text_ids, body.stops(), body.skip_special_tokens,
+                               body.include_stop_str_in_output)
+        if cut is not None:
+            last, text, stop = cut
+            return Choice(index, prompt_ids, ids[:last + 1], lps[:last + 1], text, "stop", stop,
+                          ans.step, meta)
+        return Choice(index, prompt_ids, ids, lps,
+                      self.fronts.decode(text_ids, body.skip_special_tokens), reason,
+                      stop_reason, ans.step, meta)
+
+    def cut_at_stop(self, ids: list[int], stops: list[str], skip_special_tokens: bool,
+                    include: bool) -> tuple[int, str, str] | None:
+        """(index of the token that completed the first stop string, the text up to that
+        string (through it when `include`), the string); None when no stop string occurs.
+
+        The text is decoded token by token, as vLLM's detokenizer sees it, from the first
+        token on; this is only done when the whole text holds a stop string."""
+        decode = self.fronts.decode
+        if not stops or not ids:
+            return None
+        if not any(s in decode(ids, skip_special_tokens) for s in stops):
+            return None
+        for last in range(len(ids)):
+            text = decode(ids[:last + 1], skip_special_tokens)
+            hits = [(text.find(s), s) for s in stops if s in text]
+            if hits:
+                pos, stop = min(hits)
+                return last, text[:pos + (len(stop) if include else 0)], stop
+        return None
+
+    # ------------------------------------------------------------------ the routes' work
+    async def completions(self, body: CompletionIn) -> CompletionOut:
+        f = self.fronts
+        prompts = body.prompts()
+        names = Names("prompt", "max_tokens", batched=len(prompts) > 1 or (
+            isinstance(body.prompt, list) and bool(body.prompt)
+            and not isinstance(body.prompt[0], int)))
+        if body.max_tokens == 0:
+            if not body.echo:
+                raise ApiError(400, "max_tokens 0 is served with echo (prompt scoring)",
+                               "max_tokens")
+            return await self.scored_completion(body, prompts, names)
+        got = await self.sample(prompts, body, body.max_tokens, names)
+        return CompletionOut(
+            id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()),
+            model=body.model or await f.model_id(),
+            choices=[completion_choice(f, body, ch) for ch in got.choices], usage=got.usage())
+
+    async def scored_completion(self, body: CompletionIn, prompts: list[list[int] | str],
+                                names: Names) -> CompletionOut:
+        """`echo` + `max_tokens: 0`: each choice is its prompt's text, nothing generated
+        (finish reason length), and with `logprobs: 0` the prompt tokens' log-probs in
+        OpenAI's shape, as vLLM answers it (`answers.echo_logprobs`). The prompts are scored
+        on a rank without a rollout step (`scoring.py`); `n` copies per prompt."""
+        f = self.fronts
+        ids = f.token_ids(prompts, lambda i: names.of(f"prompts[{i}]"))
+        scored = None
+        if body.logprobs is not None:
+            def field_of(rank_field: str) -> str:  # input_ids[i][j] -> prompt[i][j] / prompt[j]
+                m = re.match(r"input_ids(\[\d+\])(.*)", rank_field)
+                return (names.of(f"prompts{m.group(1)}.input_ids{m.group(2)}") if m
+                        else names.prompt)
+            scored = await f.scorer.score(ids, field_of)
+            meta: dict[str, Any] = {"step": None, "weight_version": scored.weight_version}
+        else:
+            meta = {"step": None, "weight_version": await f.weight_version()}
+        choices = []
+        for i, (p, pids) in enumerate(zip(prompts, ids)):
+            text = p if isinstance(p, str) else f.decode(pids, body.skip_special_tokens)
+            lps = None if scored is None else echo_logprobs(f, pids, scored.logprobs[i])
+            for k in range(body.n):
+                choices.append(CompletionChoice(
+                    index=i * body.n + k, text=text, logprobs=lps, finish_reason="length",
+                    token_ids=[] if body.return_token_ids else None,
+                    prompt_token_ids=pids if body.return_token_ids else None, bubblespec=meta))
+        p_tokens = sum(len(x) for x in ids)  # once per prompt, as Sampled.usage counts them
+        return CompletionOut(
+            id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()),
+            model=body.model or await f.model_id(), choices=choices,
+            usage=Usage(prompt_tokens=p_tokens, completion_tokens=0, total_tokens=p_tokens))
+
+    async def chat_completions(self, body: ChatCompletionIn) -> ChatCompletionOut:
+        f = self.fronts
+        template = f.chat_template()
+        if template is None:
+            raise ApiError(400, "the model has no chat template (its tokenizer_config.json "
+                                "has no chat_template): use /v1/completions", "messages")
+        try:
+            text = template.render([m.template_dict() for m in body.messages],
+                                   body.add_generation_prompt, body.chat_template_kwargs)
+        except ChatTemplateError as e:
+            raise ApiError(400, str(e), "messages") from None
+        ids = f.encode(text, "messages", add_special_tokens=False)
+        if not ids:
+            raise ApiError(400, "the rendered conversation is empty", "messages")
+        got = await self.sample([ids], body, body.budget,
+                                Names("messages", body.max_tokens_field))
+        return ChatCompletionOut(
+            id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
+            model=body.model or await f.model_id(),
+            choices=[chat_choice(f, body, ch) for ch in got.choices], usage=got.usage(),
+            prompt_token_ids=got.prompts[0] if body.return_token_ids else None)

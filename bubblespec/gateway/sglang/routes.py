@@ -1,0 +1,189 @@
+"""SGLang's native HTTP routes on the gateway (the package's docstring lists them)."""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from bubblespec.gateway.fronts import FrontServices, for_caller, parse
+from bubblespec.gateway.sglang.serving import SglangServing
+from bubblespec.http.edge import protected_router
+from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.rank import WeightUpdate
+from bubblespec.protocol.sglang import (
+    AbortIn,
+    GenerateIn,
+    NextPromptsIn,
+    PauseIn,
+    WeightsFromDiskIn,
+)
+
+public = APIRouter()
+protected = protected_router()
+
+
+def sgl_error(status: int, message: str, field: str = "") -> JSONResponse:
+    """SGLang's error body, with the gateway's `detail`/`field` beside it."""
+    return JSONResponse({"error": {"message": message, "code": status, "field": field},
+                         "detail": message, "field": field}, status_code=status)
+
+
+def _sgl_field(field: str) -> str:
+    """A field of the internal rollout body as the SGLang request spells it."""
+    if field.startswith("next_prompts"):
+        return "next_input_ids"
+    if field.startswith("prompts") or field == "n":
+        return "input_ids"
+    return field
+
+
+def api_error(e: ApiError) -> JSONResponse:
+    e = for_caller(e)
+    return sgl_error(e.status, e.detail, _sgl_field(e.field))
+
+
+def _version() -> str:
+    try:
+        return metadata.version("bubblespec")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+def front(request: Request) -> SglangServing:
+    return request.app.state.sglang
+
+
+def fronts(request: Request) -> FrontServices:
+    return request.app.state.sglang.fronts
+
+
+@protected.post("/generate")
+async def generate(request: Request) -> JSONResponse:
+    try:
+        body = await parse(request, GenerateIn)
+        return JSONResponse(await front(request).generate(body))
+    except ApiError as e:
+        return api_error(e)
+
+
+@protected.post("/v1/next_prompts")
+async def next_prompts(request: Request) -> JSONResponse:
+    try:
+        body = await parse(request, NextPromptsIn)
+    except ApiError as e:
+        return api_error(e)
+    batcher = fronts(request).batcher
+    for j, batch in enumerate(body.batches()):
+        batcher.add_next(batch, ahead=j)
+    return JSONResponse({"success": True, "next_prompts": len(batcher.next_prompts),
+                         "next_batches": [len(b) for b in batcher.next_batches]})
+
+
+@protected.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request) -> JSONResponse:
+    f = fronts(request)
+    try:
+        body = await parse(request, WeightsFromDiskIn)
+        if body.abort_all_requests:
+            f.batcher.abort()
+        res = await f.rollouts.update_weights(WeightUpdate(path=body.model_path,
+                                                           version=body.version()))
+    except ApiError as e:
+        e = for_caller(e)
+        return JSONResponse({"success": False, "message": e.detail,
+                             "field": "weight_version" if e.field == "version" else
+                             "model_path" if e.field == "path" else e.field,
+                             "detail": e.detail}, status_code=e.status)
+    return JSONResponse({"success": True, "message": "Succeeded to update model weights.",
+                         "weight_version": str(res["weight_version"]),
+                         "num_paused_requests": 0})
+
+
+@protected.post("/abort_request")
+async def abort_request(request: Request) -> JSONResponse:
+    try:
+        body = await parse(request, AbortIn)
+    except ApiError as e:
+        return api_error(e)
+    f = fronts(request)
+    n = f.batcher.abort(None if body.abort_all else body.rid)
+    running = await f.abort_running() if body.abort_all else 0
+    return JSONResponse({"success": True, "aborted_queued": n, "aborted_running": running})
+
+
+@protected.post("/pause_generation")
+async def pause_generation(request: Request) -> JSONResponse:
+    try:
+        body = await parse(request, PauseIn, empty_ok=True)
+    except ApiError as e:
+        return api_error(e)
+    f = fronts(request)
+    f.batcher.pause()
+    queued = f.batcher.abort() if body.mode == "abort" else 0
+    running = await f.abort_running() if body.mode == "abort" else 0
+    return JSONResponse({"success": True, "message": "Generation paused.",
+                         "aborted_queued": queued, "aborted_running": running})
+
+
+@protected.post("/continue_generation")
+async def continue_generation(request: Request) -> JSONResponse:
+    fronts(request).batcher.resume()
+    return JSONResponse({"success": True, "message": "Generation continued."})
+
+
+@protected.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache() -> PlainTextResponse:
+    return PlainTextResponse("Cache flushed.")
+
+
+@public.get("/get_weight_version")
+async def get_weight_version(request: Request) -> JSONResponse:
+    return JSONResponse({"weight_version": str(await fronts(request).weight_version())})
+
+
+@public.get("/get_model_info")
+async def get_model_info(request: Request) -> JSONResponse:
+    f = fronts(request)
+    path = await f.model_path()
+    return JSONResponse({
+        "model_path": path, "tokenizer_path": f.config.tokenizer or path,
+        "is_generation": True, "preferred_sampling_params": None,
+        "weight_version": str(await f.weight_version()), "has_image_understanding": False,
+        "has_audio_understanding": False, "model_type": None, "architectures": None})
+
+
+@public.get("/get_server_info")
+@public.get("/server_info")
+async def get_server_info(request: Request) -> JSONResponse:
+    f = fronts(request)
+    d = await f.rollouts.discover()
+    c = f.config
+    return JSONResponse({
+        "version": f"bubblespec-{_version()}", "server": "bubblespec gateway",
+        "weight_version": str(max((r.weight_version or 0 for r in d.ready), default=0)),
+        "dp_size": len(d.ready), "ranks": [r.as_dict() for r in d.ranks],
+        "max_new_tokens": c.max_new_tokens, "max_prompt_tokens": c.max_prompt_tokens,
+        "sglang_quiet_s": c.sglang_quiet_s, "sglang_max_wait_s": c.sglang_max_wait_s,
+        "steps_run": f.batcher.steps_run, "last_step": f.rollouts.last_step,
+        "internal_states": [{"num_running_reqs": len(f.batcher.running),
+                             "num_waiting_reqs": len(f.batcher.queue),
+                             "paused": f.batcher.paused}]})
+
+
+@public.get("/workers")
+async def workers(request: Request) -> JSONResponse:
+    """SGLang router's worker list: the gateway itself (slime aborts through each worker)."""
+    return JSONResponse({"workers": [{"id": "bubblespec-gateway",
+                                      "url": str(request.base_url).rstrip("/")}]})
+
+
+@public.get("/v1/loads")
+async def loads(request: Request) -> JSONResponse:
+    b = fronts(request).batcher
+    return JSONResponse({"timestamp": time.time(), "paused": b.paused,
+                         "next_prompts": len(b.next_prompts),
+                         "loads": [{"dp_rank": 0, "num_running_reqs": len(b.running),
+                                    "num_waiting_reqs": len(b.queue)}]})
