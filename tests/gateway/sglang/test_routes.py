@@ -20,9 +20,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
 from bubblespec.protocol.sglang import GenerateIn, WeightsFromDiskIn
+from tests.gateway.helpers import gateway
 from tests.hostile.bodies import dumps, mutated, schema_paths
-
-from .helpers import gateway
 
 TOKEN = "sgl-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -22,9 +22,8 @@ from hypothesis import HealthCheck, given, settings
 
 from bubblespec.protocol.openai import ChatCompletionIn, CompletionIn
 from bubblespec.protocol.sampling import SamplingParams
+from tests.gateway.helpers import gateway
 from tests.hostile.bodies import dumps, mutated, schema_paths
-
-from .helpers import gateway
 
 openai = pytest.importorskip("openai")
 
