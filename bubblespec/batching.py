@@ -76,6 +76,9 @@ class Ask:
     rid: str = ""
     order: int = -1
     """Where it goes among its prompt's samples (ascending; -1: as it arrived)."""
+    top_logprobs: int = 0
+    """Top alternatives per generated token the caller reads (its step asks the ranks for
+    the most any of its calls wants)."""
     future: asyncio.Future[Answer] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -107,6 +110,11 @@ class Step:
     @property
     def size(self) -> int:
         return self.n * len(self.prompts)
+
+    @property
+    def top_logprobs(self) -> int:
+        """The most top alternatives any call of the step wants."""
+        return max((a.top_logprobs for asks in self.asks for a in asks), default=0)
 
     @property
     def seeds(self) -> list[list[int]] | None:

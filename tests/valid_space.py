@@ -34,8 +34,14 @@ def sampling(draw: st.DrawFn, vocab: int, eos: int, max_new: int = 40, exclude: 
              ) -> dict[str, Any]:
     """One legal `sampling_params` body (the protocol's names); no stop id `exclude`."""
     temperature = draw(st.sampled_from([0.0, 0.0, 0.3, 0.7, 1.0, 1.0, 1.3, L.MAX_TEMPERATURE]))
+    budget = draw(st.integers(1, max_new))
     out: dict[str, Any] = {
-        "max_new_tokens": draw(st.integers(1, max_new)),
+        "max_new_tokens": budget,
+        "min_tokens": draw(st.sampled_from([0, 0, 0, 1, budget // 2, budget])),
+        "presence_penalty": draw(st.sampled_from([0.0, 0.0, 0.5, -L.MAX_ADDITIVE_PENALTY,
+                                                  L.MAX_ADDITIVE_PENALTY])),
+        "frequency_penalty": draw(st.sampled_from([0.0, 0.0, 0.7, -1.0,
+                                                   L.MAX_ADDITIVE_PENALTY])),
         "temperature": temperature,
         "top_p": draw(st.sampled_from([1.0, 1.0, 0.95, 0.8, 0.5, 0.1, 1e-6])),
         "top_k": draw(top_ks(vocab)),

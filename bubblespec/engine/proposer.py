@@ -44,6 +44,7 @@ from bubblespec.engine.vllm_glue import (
     install_sampler_fixes,
     max_model_len,
     num_speculative_tokens,
+    request_min_tokens,
     vocab_size,
 )
 from bubblespec.protocol.keys import parse_request_id
@@ -91,6 +92,7 @@ class BubbleSpecProposer:
         self.budget: DraftBudget | None = None  # the per-step draft cap (`draft_budget`)
         self.acc_rej: dict[str, list[int]] = {}  # running request -> [accepted, rejections]
         self.cap_steps = self.cap_sum = 0
+        self.min_tokens: dict[str, int] = {}  # running request -> its min_tokens (when > 0)
         install_sampler_fixes()
 
     # ------------------------------------------------------------------ control (RPC)
@@ -259,6 +261,9 @@ class BubbleSpecProposer:
                 except ValueError:  # evicted under the token budget
                     continue
                 self.index.add_sequence(("copy", group, sid), group, toks)
+        least = request_min_tokens(self.runner, req_id)
+        if least > 0:
+            self.min_tokens[req_id] = least
         seq_id = ("out", base, n_tokens)
         done = token_ids_cpu[row, n_prompt:n_tokens].tolist()
         if self.siblings or self.self_context:
@@ -278,6 +283,7 @@ class BubbleSpecProposer:
     def _finish(self, req_id: str) -> None:
         st = self.reqs.pop(req_id)
         self.acc_rej.pop(req_id, None)
+        self.min_tokens.pop(req_id, None)
         self.branching.pop(req_id, None)
         self._order = None
         gtok = parse_request_id(req_id)[0]
@@ -341,6 +347,8 @@ class BubbleSpecProposer:
             for rid in [r for r in self.reqs if r not in live]:
                 self._finish(rid)
             self._order, self._order_reqs = ids, reqs
+        if self.min_tokens:
+            self._hold_to_min_tokens(ids, out, num_tokens_no_spec, batch.num_prompt_tokens)
         if defer and self._appender is not None:  # requests that left emitted nothing
             self._pending = self._appender.submit(extend_requests, self.index, reqs,
                                                   list(sampled_token_ids))
@@ -378,6 +386,25 @@ class BubbleSpecProposer:
         self.cap_steps += int(live.sum())
         self.cap_sum += int(caps.sum())
         return caps.tolist()
+
+    def _hold_to_min_tokens(self, ids: list[str], drafts: list[list[int]], num_tokens: Any,
+                            n_prompt: Any) -> None:
+        """Cut the drafts of requests short of their `min_tokens` so that no verification
+        step crosses it. vLLM masks the stop tokens of drafted positions before `min_tokens`
+        exactly, but the bonus token of a step is masked by the output length before the
+        step: a step from n < min_tokens output tokens whose bonus lies at or past
+        min_tokens would mask the stop tokens there, where decoding without drafts would
+        not. So such a request drafts at most min_tokens - n - 1 tokens (lossless; a
+        request at or past its min_tokens drafts as any other)."""
+        for i, rid in enumerate(ids):
+            least = self.min_tokens.get(rid)
+            if least is None or i >= len(drafts):
+                continue
+            n_out = int(num_tokens[i]) - int(n_prompt[i])
+            if n_out >= least:
+                del self.min_tokens[rid]
+            elif len(drafts[i]) > least - n_out - 1:
+                drafts[i] = drafts[i][:max(least - n_out - 1, 0)]
 
     def _take_branches(self, ids: list[str], reqs: list[Any], sampled: list[list[int]]) -> None:
         """Requests whose new tokens left their aligned response where a margin branch takes

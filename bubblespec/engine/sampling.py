@@ -33,7 +33,8 @@ def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
         raise InvalidRequest("seeds", "keyed sampling needs one seed per sample")
     return VllmSamplingParams(
         n=1, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
-        repetition_penalty=sp.repetition_penalty,
+        repetition_penalty=sp.repetition_penalty, presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty, min_tokens=sp.min_tokens,
         max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
         ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=top_logprobs,
         detokenize=False, output_kind=RequestOutputKind.DELTA,

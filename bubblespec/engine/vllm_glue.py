@@ -33,7 +33,7 @@ What it offers, by caller:
   (`wrap_top_k_top_p_sampler`), its rejection sampler's `forward` (`on_spec_step`) and the
   module-level `rejection_sample` function (`wrap_rejection_sample`, which it may skip),
   reads the batch and each request's `SamplingParams` from the runner (`batch_view`,
-  `request_extra_args`, `request_temperature`), masks logits with vLLM's
+  `request_extra_args`, `request_temperature`, `request_min_tokens`), masks logits with vLLM's
   `apply_top_k_top_p` and returns what the sampler returns beside its samples
   (`processed_logits`).
 - Injected faults (`faults.py`) replace the verification kernel (`register_verifier`,
@@ -187,6 +187,13 @@ def request_temperature(runner: Any, req_id: str) -> float:
     st = runner.requests.get(req_id)
     sp = getattr(st, "sampling_params", None) if st else None
     return float(sp.temperature) if sp is not None else 1.0
+
+
+def request_min_tokens(runner: Any, req_id: str) -> int:
+    """The `min_tokens` of a request the runner holds (0 if unknown)."""
+    st = runner.requests.get(req_id)
+    sp = getattr(st, "sampling_params", None) if st else None
+    return int(getattr(sp, "min_tokens", 0) or 0) if sp is not None else 0
 
 
 def processed_logits(runner: Any, masked: torch.Tensor) -> torch.Tensor | None:

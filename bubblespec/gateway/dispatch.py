@@ -112,6 +112,10 @@ def check_reply(rank_id: str, items: Sequence[WorkItem], body: Mapping[str, Any]
                 raise ValueError(f"prompt {prompt.index} sample {s.sample_index}: "
                                  f"{len(s.output_logprobs)} logprobs for "
                                  f"{len(s.output_ids)} tokens")
+            top = s.output_top_logprobs
+            if top is not None and len(top) != len(s.output_ids):
+                raise ValueError(f"prompt {prompt.index} sample {s.sample_index}: "
+                                 f"{len(top)} top log-probs for {len(s.output_ids)} tokens")
             d = dict(s)  # meta_info stays the rank's typed record (`SampleMeta`)
             d["rank_id"] = rank_id
             d["prompt_key"] = prompt.prompt_key

@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from bubblespec.batching import StepBatcher
@@ -37,6 +39,7 @@ from bubblespec.gateway.steps import step_batcher
 from bubblespec.http.errors import error_field
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import RolloutRequest, RolloutResponse
+from bubblespec.protocol.openai import ErrorDetail, ErrorOut
 from bubblespec.protocol.sampling import SamplingParams
 
 M = TypeVar("M", bound=BaseModel)
@@ -64,11 +67,55 @@ async def parse(request: Request, model: type[M], empty_ok: bool = False) -> M:
         raise ApiError(400, f"{where}: {err['msg']}", where) from None
 
 
+async def answer_json(request: Request, model: type[M],
+                      run: Callable[[M], Awaitable[Any]],
+                      error: Callable[[ApiError], JSONResponse]) -> JSONResponse:
+    """A route's answer: the body parsed as `model`, `run(body)` answered as JSON, an
+    `ApiError` on the way answered by `error` (the front's error shape)."""
+    try:
+        return JSONResponse(await run(await parse(request, model)))
+    except ApiError as e:
+        return error(e)
+
+
 def for_caller(e: ApiError, field: str | None = None) -> ApiError:
     """An error of the rollout path as a front's caller gets it: a 422 (the rollout refused
     the body) as 400, the field as the caller spells it (`field`, else the error's own)."""
     return ApiError(400 if e.status == 422 else e.status, e.detail,
                     e.field if field is None else field)
+
+
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                409: "ConflictError", 413: "RequestTooLargeError", 503: "ServiceUnavailableError"}
+
+
+def oai_error(status: int, message: str, param: str = "") -> JSONResponse:
+    """The error body of OpenAI's API and of every vLLM route (`{"error": {"message", "type",
+    "param", "code"}}`), with the gateway's `detail`/`field` beside it."""
+    kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    body = ErrorOut(error=ErrorDetail(message=message, type=kind, param=param or None,
+                                      code=status)).model_dump()
+    return JSONResponse({**body, "detail": message, "field": param}, status_code=status)
+
+
+MIN_LOGPROB = -9999.0
+"""Log-probs below this (-inf) and NaN are sent as this, as vLLM and OpenAI do (JSON has no
+inf)."""
+
+
+def clamp_logprob(x: float) -> float:
+    return MIN_LOGPROB if math.isnan(x) else max(float(x), MIN_LOGPROB)
+
+
+def sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    """`chunks` as Server-Sent Events ending with `data: [DONE]` (OpenAI's and vLLM's)."""
+    async def events() -> AsyncIterator[bytes]:
+        for c in chunks:
+            yield f"data: {json.dumps(c)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
 
 class FrontServices:
@@ -88,7 +135,9 @@ class FrontServices:
         self._template: ChatTemplate | None = None
         self._template_loaded = False
         self._context: int | None = None
-        self._context_loaded = False
+        """The ranks' served context length, once one reported it."""
+        self._model_ctx: int | None = None
+        self._model_context_loaded = False
         self._model = ""
 
     @property
@@ -166,14 +215,39 @@ class FrontServices:
         except ApiError as e:
             raise for_caller(e) from None
 
+    async def budgets(self, given: int | None, prompts: Sequence[Sequence[int]],
+                      budget_field: str, prompt_field: Callable[[int], str]) -> list[int]:
+        """max_new_tokens of each prompt, as vLLM's server sets it: the one given (at most
+        the gateway's `max_new_tokens`), else the gateway's; either cut to what the context
+        leaves the prompt. A prompt that fills the context is a 400 in vLLM's words."""
+        c = self.config
+        if given is not None and given > c.max_new_tokens:
+            raise ApiError(400, f"at most {c.max_new_tokens}", budget_field)
+        ctx = await self.context_len()
+        if ctx is None:
+            if given is None:
+                raise ApiError(400, "the gateway does not know the model's context length: "
+                                    f"give {budget_field}", budget_field)
+            return [given] * len(prompts)
+        out = []
+        for i, p in enumerate(prompts):
+            if len(p) >= ctx:
+                raise ApiError(400, f"This model's maximum context length is {ctx} tokens. "
+                                    f"However, your prompt contains {len(p)} input tokens, "
+                                    "which exceeds this limit even without any output "
+                                    "tokens. Please reduce the length of the input prompt.",
+                               prompt_field(i))
+            out.append(min(ctx - len(p), c.max_new_tokens if given is None else given))
+        return out
+
     # ------------------------------------------------------------------ the model
     async def weight_version(self) -> int:
         """The newest weight version among the ready ranks (0 before any update)."""
         d = await self.rollouts.discover()
         return max((r.weight_version or 0 for r in d.ready), default=0)
 
-    async def model_path(self) -> str:
-        """The model path the first answering ready rank reports ("" when none answers)."""
+    async def _rank_config(self) -> dict[str, Any] | None:
+        """The configuration the first answering ready rank reports (None: none answers)."""
         rollouts = self.rollouts
         d = await rollouts.discover()
         for r in d.ready:
@@ -183,9 +257,17 @@ class FrontServices:
             except (httpx.HTTPError, ValueError):  # informational: try the next rank
                 log.debug("GET %s/config failed", r.url)
                 continue
-            engine = cfg.get("engine") if isinstance(cfg.get("engine"), dict) else {}
-            return str(cfg.get("model") or engine.get("model") or "")
-        return ""
+            if isinstance(cfg, dict):
+                return cfg
+        return None
+
+    async def model_path(self) -> str:
+        """The model path the first answering ready rank reports ("" when none answers)."""
+        cfg = await self._rank_config()
+        if cfg is None:
+            return ""
+        engine = cfg.get("engine") if isinstance(cfg.get("engine"), dict) else {}
+        return str(cfg.get("model") or engine.get("model") or "")
 
     async def model_id(self) -> str:
         """The served model's name: the ranks' model path (as vLLM names a model by its
@@ -216,10 +298,21 @@ class FrontServices:
             self._template_loaded = True
         return self._template
 
-    def context_len(self) -> int | None:
-        """The model's context length (`max_position_embeddings` of the config.json beside
-        the gateway's tokenizer; None: unknown)."""
-        if not self._context_loaded:
+    async def context_len(self) -> int | None:
+        """The context length the ranks serve (their engine's `max_model_len`, read once a
+        rank answers), else the model's (`max_position_embeddings` of the config.json beside
+        the gateway's tokenizer); None: unknown."""
+        if self._context is None:
+            cfg = await self._rank_config()
+            served = cfg.get("served") if cfg is not None else None
+            value = served.get("max_model_len") if isinstance(served, dict) else None
+            if isinstance(value, int) and value > 0:
+                self._context = value
+        return self._context if self._context is not None else self._model_context()
+
+    def _model_context(self) -> int | None:
+        """`max_position_embeddings` of the model's config.json (read once; None: unknown)."""
+        if not self._model_context_loaded:
             folder = self._folder()
             if folder is None:
                 from bubblespec.tasks import default_model_dir
@@ -231,8 +324,8 @@ class FrontServices:
             try:
                 cfg = json.loads((folder / "config.json").read_text()) if folder else {}
                 value = cfg.get("max_position_embeddings")
-                self._context = int(value) if isinstance(value, int) and value > 0 else None
+                self._model_ctx = int(value) if isinstance(value, int) and value > 0 else None
             except (OSError, ValueError):
-                self._context = None
-            self._context_loaded = True
-        return self._context
+                self._model_ctx = None
+            self._model_context_loaded = True
+        return self._model_ctx

@@ -68,10 +68,11 @@ def trainer_field(rank_field: str) -> str:
     return re.sub(r"^requests\[\d+\]\.", "", rank_field)
 
 
-def _sample(d: dict[str, Any], with_logprobs: bool) -> RolloutSample:
+def _sample(d: dict[str, Any], with_logprobs: bool, top: bool) -> RolloutSample:
     """An accepted sample of a rank's reply (`dispatch.check_reply`) with the rank's record."""
     return RolloutSample.of(d["meta_info"], d["sample_index"], d["output_ids"],
-                            d["output_logprobs"] if with_logprobs else None)
+                            d["output_logprobs"] if with_logprobs else None,
+                            d.get("output_top_logprobs") if top else None)
 
 
 class Rollouts:
@@ -314,7 +315,8 @@ class Rollouts:
                 ShardRequest(index=it.index, input_ids=list(it.input_ids), n=it.n,
                              sample_offset=it.sample_offset, prompt_key=it.key,
                              seeds=None if it.seeds is None else list(it.seeds),
-                             sampling_params=sp) for it in its])
+                             sampling_params=sp, top_logprobs=req.top_logprobs)
+                for it in its])
             return await self.pool.post(by_id[rank_id], "/v1/step_shard",
                                         body.model_dump(mode="json"), timeout_s)
 
@@ -355,7 +357,7 @@ class Rollouts:
         prompts: list[PromptResult] = []
         per_rank: dict[str, RankShard] = {r: RankShard(rank_id=r) for r in sorted(ranks)}
         for index, samples in enumerate(ordered):
-            out = [_sample(s, req.return_logprobs) for s in samples]
+            out = [_sample(s, req.return_logprobs, req.top_logprobs > 0) for s in samples]
             rank_ids = sorted({s["rank_id"] for s in samples})
             prompts.append(PromptResult(index=index, prompt_key=prep.keys[index],
                                         rank_id=",".join(rank_ids),

@@ -1,7 +1,7 @@
 """The gateway: `bubblespec gateway [--port P] [--sync-address H:P] [--ranks ...] [--token T]`.
 
 FastAPI + uvicorn: the routes of `routes.py` answered by a `GatewayService` (`service.py`),
-the trainer APIs' fronts (`sglang/`, `openai/`) over the services they share (`fronts.py`),
+the trainer APIs' fronts (`sglang/`, `openai/`, `tokens/`) over the services they share (`fronts.py`),
 behind the shared HTTP edge (`bubblespec.http`: bearer auth, body limit, error shape), with
 request metrics by route and the status page at `/`.
 """
@@ -20,6 +20,7 @@ from bubblespec.gateway.prepare import Preparer
 from bubblespec.gateway.service import GatewayService
 from bubblespec.gateway.sglang import install_sglang
 from bubblespec.gateway.status_page import install_status_page
+from bubblespec.gateway.tokens import install_tokens
 from bubblespec.http.edge import build_app
 from bubblespec.http.serve import http_main
 
@@ -33,6 +34,7 @@ def create_app(config: GatewayConfig, preparer: Preparer | None = None) -> FastA
     fronts = FrontServices(config, lambda: service.rollouts)  # one step batcher for both APIs
     install_sglang(app, fronts)  # SGLang's native API: /generate, /update_weights_from_disk, ...
     install_openai(app, fronts)  # OpenAI's: /v1/completions, /v1/chat/completions, /v1/models
+    install_tokens(app, fronts)  # vLLM's: /inference/v1/generate, /tokenize, /detokenize
     install_status_page(app)  # GET / : ranks and the last steps' timelines, from the routes
     return app
 

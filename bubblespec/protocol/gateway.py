@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bubblespec.protocol import limits as L
-from bubblespec.protocol.limits import Seeds, Step, TokenIds
+from bubblespec.protocol.limits import Seeds, Step, TokenIds, TopLogprobs
 from bubblespec.protocol.sample import SampleMeta, SampleTotals
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams, SeedMode
 from bubblespec.protocol.shapes import is_batch_list
@@ -71,6 +71,9 @@ class RolloutRequest(_Body):
         None, description="Seeds the next step(s) will use, shaped like next_prompts "
         "(default: derived from run seed).")
     return_logprobs: bool = Field(True, description="Include output_logprobs.")
+    top_logprobs: int = Field(0, ge=0, le=L.MAX_TOP_LOGPROBS, description=(
+        "Also return, per generated token, the log-probs of this many most likely tokens "
+        "(`output_top_logprobs`; vLLM's `logprobs`)."))
     pregen: bool = Field(True, description="Let ranks that finish early pre-generate.")
     pregen_window: PregenWindow | None = Field(
         None, description="Pre-generate until the slowest rank is done ('bubble') or on "
@@ -101,13 +104,18 @@ class RolloutSample(SampleMeta):
     sample_index: int
     output_ids: list[int]
     output_logprobs: list[float] | None = None
+    output_top_logprobs: TopLogprobs | None = Field(None, description=(
+        "With `top_logprobs`: per output token, [token id, log-prob] of the most likely "
+        "tokens and the sampled one (vLLM's order: the sampled token first)."))
 
     @classmethod
     def of(cls, meta: SampleMeta, sample_index: int, output_ids: list[int],
-           output_logprobs: list[float] | None) -> RolloutSample:
+           output_logprobs: list[float] | None,
+           output_top_logprobs: TopLogprobs | None = None) -> RolloutSample:
         """The sample with the engine's record `meta`."""
         return cls(sample_index=sample_index, output_ids=output_ids,
-                   output_logprobs=output_logprobs, **dict(meta))
+                   output_logprobs=output_logprobs, output_top_logprobs=output_top_logprobs,
+                   **dict(meta))
 
     @property
     def meta(self) -> SampleMeta:

@@ -52,9 +52,13 @@ MAX_TEMPERATURE = 2.0
 """vLLM 0.32 refuses a temperature above 2."""
 MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
+MAX_ADDITIVE_PENALTY = 2.0
+"""presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's and vLLM's range)."""
 """Repetition penalties divide or multiply logits: outside [0.01, 100] they only push
 logits towards inf/0 (NaN probabilities), so they are refused."""
 MAX_STOP_TOKEN_IDS = 1024
+MAX_TOP_LOGPROBS = 20
+"""Most top alternatives per generated token (vLLM's default `max_logprobs`)."""
 """Most stop token ids of one request."""
 MAX_PROMPT_TOKENS = 2**24
 """Most token ids of one prompt on the wire (config limits are tighter)."""
@@ -75,3 +79,7 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_TOKENS)]
 Seeds = Annotated[list[Seed], Field(max_length=MAX_N)]
 PromptKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
+TopLogprobs = list[list[tuple[int, float]]]
+"""Per generated token, [token id, log-prob] of the most likely tokens, as the engine gives
+them (vLLM's order: the sampled token first, then the top tokens by rank; the sampled token
+once)."""

@@ -3,32 +3,36 @@
 Agentic RL frameworks (SkyRL, ART, rLLM, prime-rl) drive vLLM through its OpenAI API:
 `POST /v1/completions` and `POST /v1/chat/completions`, reading token ids and log-probs back
 (vLLM's `return_token_ids`). These models spell the request fields as OpenAI and vLLM do
-(vLLM's extensions: `top_k`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`,
-`return_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`,
-`add_generation_prompt`, `chat_template_kwargs`), so that a client switches by address.
+(vLLM's extensions: `top_k`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
+`ignore_eos`, `return_token_ids`, `return_tokens_as_token_ids`, `skip_special_tokens`,
+`include_stop_str_in_output`, `add_special_tokens`, `add_generation_prompt`,
+`chat_template_kwargs`, `reasoning_effort`), so that a client switches by address. Top
+log-probs (`logprobs: N`, `top_logprobs: N`) are the engine's, in vLLM's order; the
+penalties and `min_tokens` reach the engine, which applies them in verification too.
 
 What bubblespec cannot serve exactly is refused by name (a 400 whose `param` is the field),
 never ignored:
 
-- `presence_penalty` / `frequency_penalty` other than 0, `min_p` other than 0, `logit_bias`,
-  `min_tokens`: the sampling parameters bubblespec carries to its ranks have none of them
-  (see `protocol/sglang.py` for why min_p is not applied under speculation);
+- `min_p` other than 0, `logit_bias`: vLLM does not apply them in an engine that
+  speculates (it loads neither logits processor when a drafter is configured, and warns), so
+  bubblespec's ranks would ignore them; refused until the ranks apply them on a path
+  without drafts;
 - `best_of` other than n, `use_beam_search`, `suffix`: other sampling procedures;
 - `echo` with `max_tokens` other than 0, `max_tokens: 0` without `echo`, and
   `prompt_logprobs` (vLLM's extension): prompt scoring is served as `echo` + `max_tokens: 0`
   (+ `logprobs: 0` for the prompt's log-probs, `gateway/scoring.py`);
-- `logprobs` > 0 (completions) / `top_logprobs` > 0 (chat): the ranks return the sampled
-  token's log-prob only, not the top alternatives (`logprobs: 0` / `logprobs: true` are
-  served);
+- `logprobs` > 0 with `echo` (the prompt's top alternatives are not built; `logprobs: 0`
+  with `echo` is served);
 - tools, tool choice other than "none", response formats other than text, non-text message
   content: not built;
 - any other unknown key (a typo must not silently sample differently).
 
 Accepted and without effect on sampling: `model` (echoed back; the gateway serves one
-model), `user`, `stream_options`. `seed` gives choice k of a prompt the seed `seed + k`
-(as the SGLang API's `sampling_seed`). The bubblespec extensions: `seed_mode` (keyed sampling, `protocol/sampling.py`) and `next_prompts` (the next
-step's prompts, token ids or text, pre-generated in the bubble of the step this request
-joins).
+model), `user`, `stream_options`, `spaces_between_special_tokens`, `cache_salt`. `seed`
+gives choice k of a prompt the seed `seed + k`, keyed (a seeded request repeats bit for
+bit, speculation on or off, unless it names its `seed_mode`). The bubblespec extensions:
+`seed_mode` (keyed sampling, `protocol/sampling.py`) and `next_prompts` (the next step's
+prompts, token ids or text, pre-generated in the bubble of the step this request joins).
 """
 
 from __future__ import annotations
@@ -47,8 +51,6 @@ MAX_STOP_CHARS = 1024
 """Longest stop string."""
 MAX_TEXT = 16 * L.MAX_PROMPT_TOKENS
 """Longest prompt text or message content, characters (the config's token limit is tighter)."""
-TOP_LOGPROBS_REFUSED = ("{name} > 0 is not supported: the ranks return the sampled token's "
-                        "log-prob, not the top alternatives; send 0")
 DEFAULT_COMPLETION_TOKENS = 16
 """OpenAI's default `max_tokens` of /v1/completions."""
 
@@ -65,6 +67,25 @@ class _Body(BaseModel):
 
 class _Reply(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+NOT_BUILT = {
+    "allowed_token_ids": "token masks are not built",
+    "bad_words": "token masks are not built",
+    "logprob_token_ids": "log-probs of chosen tokens are not built (top_logprobs is)",
+    "structured_outputs": "constrained decoding is not built",
+    "repetition_detection": "not built",
+    "thinking_token_budget": "reasoning budgets are not built",
+    "watermarking": "not built",
+    "vllm_xargs": "the ranks take no custom sampling arguments",
+    "kv_transfer_params": "disaggregated prefill is not served",
+    "ec_transfer_params": "disaggregated encoders are not served",
+    "mm_payload": "the ranks serve text models",
+    "return_mm_kwargs": "the ranks serve text models",
+    "return_token_offsets": "not built",
+    "routed_experts_prompt_start": "expert routing is not returned",
+}
+"""vLLM's request fields the gateway refuses when set, and why."""
 
 
 def _zero(value: float | None, name: str, why: str) -> float | None:
@@ -98,10 +119,12 @@ class SamplingFields(_Body):
     min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     repetition_penalty: float | None = Field(
         None, ge=L.MIN_REPETITION_PENALTY, le=L.MAX_REPETITION_PENALTY, allow_inf_nan=False)
-    presence_penalty: float | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-L.MAX_ADDITIVE_PENALTY,
+                                           le=L.MAX_ADDITIVE_PENALTY, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-L.MAX_ADDITIVE_PENALTY,
+                                            le=L.MAX_ADDITIVE_PENALTY, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=L.MAX_NEW_TOKENS)
     stop: StopString | StopStrings | None = Field(
         None, description="Strings that end a choice (cut after sampling, as vLLM does).")
     stop_token_ids: list[L.TokenId] | None = Field(None, max_length=L.MAX_STOP_TOKEN_IDS)
@@ -114,7 +137,65 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     return_token_ids: bool = Field(False, description="vLLM: choices carry token_ids and "
                                                       "the prompt's token ids.")
+    return_tokens_as_token_ids: bool = Field(
+        False, description="vLLM: tokens in log-probs spelled `token_id:<id>`, not as text.")
     user: str | None = Field(None, max_length=4096)
+    add_special_tokens: bool | None = Field(
+        None, description="vLLM: add the tokenizer's special tokens (BOS) to a text prompt; "
+                          "default true on completions, false on chat (the template writes "
+                          "them).")
+    spaces_between_special_tokens: bool = Field(
+        True, description="vLLM: accepted; a fast tokenizer's decoding (vLLM's and the "
+                          "gateway's) does not read it.")
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="vLLM: salts the prefix cache; accepted, not forwarded: it does not "
+                    "change what is sampled (see docs/api.md).")
+    request_id: str | None = Field(None, max_length=4096,
+                                   description="vLLM: the answer's id (`cmpl-<id>`).")
+    priority: int = Field(0, ge=0, le=0, description="vLLM: only 0 (the ranks schedule "
+                                                     "first come, first served).")
+    session_id: str | None = Field(None, max_length=4096,
+                                   description="vLLM: a routing hint; accepted, no effect.")
+    stream_interval: int | None = Field(
+        None, ge=1, description="vLLM: tokens per streamed chunk; accepted (a choice is sent "
+                                "in one chunk when its step ends).")
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, le=L.MAX_PROMPT_TOKENS,
+        description="vLLM: keep only this many prompt tokens (-1: the context length).")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="vLLM: which end truncate_prompt_tokens cuts (default left).")
+    length_penalty: float = Field(1.0, description="vLLM: beam search only; only 1.")
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    logprob_token_ids: list[int] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    repetition_detection: dict[str, Any] | None = None
+    thinking_token_budget: int | None = None
+    watermarking: bool | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    mm_payload: Any = None
+    return_mm_kwargs: bool | None = None
+    return_token_offsets: bool | None = None
+    routed_experts_prompt_start: int | None = None
+
+    @field_validator("allowed_token_ids", "bad_words", "logprob_token_ids",
+                     "structured_outputs", "repetition_detection", "thinking_token_budget",
+                     "watermarking", "vllm_xargs", "kv_transfer_params", "ec_transfer_params",
+                     "mm_payload", "return_mm_kwargs", "return_token_offsets",
+                     "routed_experts_prompt_start")
+    @classmethod
+    def _vllm_not_built(cls, v: Any, info: ValidationInfo) -> Any:
+        return _unset(v, str(info.field_name), NOT_BUILT.get(str(info.field_name), "not built"))
+
+    @field_validator("length_penalty")
+    @classmethod
+    def _beam_only(cls, v: float) -> float:
+        if v != 1.0:
+            raise ValueError("length_penalty applies to beam search, which is not served")
+        return v
     next_prompts: NextPrompts | None = Field(
         None, description="bubblespec: the next step's prompts (token ids or text), "
                           "pre-generated in the bubble of the step this request joins.")
@@ -124,22 +205,10 @@ class SamplingFields(_Body):
     def _min_p(cls, v: float | None) -> float | None:
         return _zero(v, "min_p", "vLLM does not apply it when verifying speculative drafts")
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _penalties(cls, v: float | None, info: ValidationInfo) -> float | None:
-        return _zero(v, str(info.field_name), "bubblespec carries only repetition_penalty")
-
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         return _unset(v, "logit_bias", "its ranks do not bias logits")
-
-    @field_validator("min_tokens")
-    @classmethod
-    def _min_tokens(cls, v: int) -> int:
-        if v:
-            raise ValueError("min_tokens is not supported by bubblespec; send 0")
-        return v
 
     @field_validator("seed")
     @classmethod
@@ -163,8 +232,10 @@ class SamplingFields(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def to_sampling(self, max_new_tokens: int) -> SamplingParams:
-        """bubblespec's sampling parameters of every choice of this request (`seed_mode` only
-        when given, so the gateway's hand-off default applies otherwise)."""
+        """bubblespec's sampling parameters of every choice of this request. `seed_mode` only
+        when given, so the gateway's hand-off default applies otherwise; a request with a
+        `seed` and no `seed_mode` samples keyed by its seed, so that it repeats bit for bit
+        (alone or batched, speculation on or off), as vLLM promises of a seeded request."""
         kw: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "temperature": 1.0 if self.temperature is None else self.temperature,
@@ -172,10 +243,20 @@ class SamplingFields(_Body):
             "top_k": -1 if self.top_k is None else self.top_k,
             "repetition_penalty": 1.0 if self.repetition_penalty is None
             else self.repetition_penalty,
+            "presence_penalty": self.presence_penalty or 0.0,
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "min_tokens": self.min_tokens,
             "stop_token_ids": tuple(self.stop_token_ids or ()), "ignore_eos": self.ignore_eos}
         if self.seed_mode is not None:
             kw["seed_mode"] = self.seed_mode
+        elif self.seed is not None:  # a seeded request repeats, speculation on or off
+            kw["seed_mode"] = SeedMode.KEYED
         return SamplingParams(**kw)
+
+    @property
+    def num_top_logprobs(self) -> int:
+        """Top alternatives per generated token the choices carry (the routes' fields)."""
+        return 0
 
     @property
     def include_usage(self) -> bool:
@@ -190,10 +271,12 @@ class CompletionIn(SamplingFields):
     max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=0, le=L.MAX_NEW_TOKENS,
                                    description="null: what the context leaves; 0 (with "
                                    "echo): score the prompt, generate nothing.")
-    logprobs: int | None = Field(None, ge=0, description="0: the sampled token's log-prob "
-                                 "(top alternatives are not returned: > 0 is refused).")
+    logprobs: int | None = Field(None, ge=0, le=L.MAX_TOP_LOGPROBS, description=(
+        "The sampled token's log-prob and the N most likely tokens' (vLLM's meaning)."))
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=L.MAX_N)
+    prompt_embeds: Any = None
+    response_format: dict[str, Any] | None = None
     suffix: str | None = None
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
@@ -209,20 +292,21 @@ class CompletionIn(SamplingFields):
             raise ValueError("a text prompt is blank")
         return v
 
-    @field_validator("logprobs")
-    @classmethod
-    def _sampled_only(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError(TOP_LOGPROBS_REFUSED.format(name="logprobs"))
-        return v
-
     @field_validator("echo")
     @classmethod
     def _echo_scores(cls, v: bool, info: ValidationInfo) -> bool:
         if v and info.data.get("max_tokens", DEFAULT_COMPLETION_TOKENS) != 0:
             raise ValueError("echo is served with max_tokens 0 (prompt scoring); echo with "
                              "generated tokens is not supported")
+        if v and info.data.get("logprobs"):
+            raise ValueError("echo with logprobs > 0 is not supported (the prompt's top "
+                             "alternatives are not built): send logprobs 0")
         return v
+
+    @property
+    def num_top_logprobs(self) -> int:
+        """Top alternatives per generated token the choices carry."""
+        return self.logprobs or 0
 
     @field_validator("prompt_logprobs")
     @classmethod
@@ -230,6 +314,19 @@ class CompletionIn(SamplingFields):
         if v is not None:  # 0 too: vLLM answers prompt_logprobs 0 with the prompt's
             raise ValueError("prompt_logprobs is not supported: send echo, logprobs 0 and "
                              "max_tokens 0 for the prompt's log-probs")
+        return v
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _no_embeds(cls, v: Any) -> Any:
+        return _unset(v, "prompt_embeds", "the ranks take token ids")
+
+    @field_validator("response_format")
+    @classmethod
+    def _completion_text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type") != "text":
+            raise ValueError("only response_format {'type': 'text'} is supported "
+                             "(constrained decoding is not built)")
         return v
 
     @field_validator("best_of")
@@ -304,12 +401,27 @@ class ChatCompletionIn(SamplingFields):
         None, ge=1, le=L.MAX_NEW_TOKENS, description="Wins over max_tokens; neither: what "
                                                      "the context leaves.")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, description="Only 0 or null: the ranks "
-                                     "return the sampled token's log-prob only.")
+    top_logprobs: int | None = Field(None, ge=0, le=L.MAX_TOP_LOGPROBS, description=(
+        "With logprobs: the N most likely tokens of each position (vLLM's meaning)."))
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Extra variables of the chat template (e.g. enable_thinking).")
+    include_reasoning: bool = Field(
+        True, description="vLLM: with a reasoning parser; accepted (no parser: the reply is "
+                          "the content).")
+    documents: list[dict[str, str]] | None = Field(
+        None, max_length=L.MAX_LIST, description="vLLM: passed to the chat template.")
+    chat_template: str | None = None
+    echo: bool = False
+    prompt_logprobs: int | None = None
+    use_beam_search: bool = False
+    return_prompt_text: bool | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | \
+        None = Field(None, description="vLLM: passed to the chat template (with "
+                                       "enable_thinking unless the kwargs set it).")
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -317,15 +429,35 @@ class ChatCompletionIn(SamplingFields):
 
     @field_validator("top_logprobs")
     @classmethod
-    def _sampled_only(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError(TOP_LOGPROBS_REFUSED.format(name="top_logprobs"))
+    def _with_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("when using top_logprobs, logprobs must be set to true")
         return v
+
+    @property
+    def num_top_logprobs(self) -> int:
+        """Top alternatives per generated token the choices carry."""
+        return (self.top_logprobs or 0) if self.logprobs else 0
 
     @field_validator("continue_final_message")
     @classmethod
     def _no_continue(cls, v: bool) -> bool:
         return _unset(v, "continue_final_message", "not built yet")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, v: str | None) -> str | None:
+        return _unset(v, "chat_template", "the model's chat template is used (vLLM refuses a "
+                                          "request's template too unless its server is run "
+                                          "with --trust-request-chat-template)")
+
+    @field_validator("echo", "prompt_logprobs", "use_beam_search", "return_prompt_text",
+                     "media_io_kwargs", "mm_processor_kwargs")
+    @classmethod
+    def _chat_not_built(cls, v: Any, info: ValidationInfo) -> Any:
+        if info.field_name == "prompt_logprobs" and v is None:
+            return v
+        return _unset(v, str(info.field_name), "not built on chat")
 
     @field_validator("tools")
     @classmethod
@@ -346,6 +478,18 @@ class ChatCompletionIn(SamplingFields):
             raise ValueError("only response_format {'type': 'text'} is supported "
                              "(constrained decoding is not built)")
         return v
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's extra variables, as vLLM builds them: `reasoning_effort`
+        (and `enable_thinking` from it unless the caller's kwargs set it), then the caller's
+        `chat_template_kwargs`."""
+        extra: dict[str, Any] = {} if self.documents is None else {"documents": self.documents}
+        user = self.chat_template_kwargs or {}
+        if self.reasoning_effort is not None:
+            extra["reasoning_effort"] = self.reasoning_effort
+            if "enable_thinking" not in user:
+                extra["enable_thinking"] = self.reasoning_effort != "none"
+        return {**extra, **user}
 
     @property
     def max_tokens_field(self) -> str:
@@ -368,7 +512,8 @@ class Usage(_Reply):
 
 
 class CompletionLogprobs(_Reply):
-    """OpenAI's completion log-probs; `top_logprobs` holds the sampled token only."""
+    """OpenAI's completion log-probs: per token its text, log-prob, offset, and the sampled
+    token with the N most likely ones (`top_logprobs`)."""
 
     text_offset: list[int] = Field(default_factory=list)
     token_logprobs: list[float | None] = Field(default_factory=list)

@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bubblespec.protocol import limits as L
-from bubblespec.protocol.limits import PromptKey, Seeds, Step, TokenIds
+from bubblespec.protocol.limits import PromptKey, Seeds, Step, TokenIds, TopLogprobs
 from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import SamplingParams
 
@@ -39,6 +39,9 @@ class ShardRequest(_Body):
     prompt_key: PromptKey | None = Field(
         None, description="Prompt-group key (default: hash of ids).")
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    top_logprobs: int = Field(0, ge=0, le=L.MAX_TOP_LOGPROBS, description=(
+        "Also return, per generated token, the log-probs of this many most likely tokens "
+        "(vLLM's `logprobs`: the engine's own, as it computes the sampled token's)."))
 
     @model_validator(mode="after")
     def _last_sample_index(self) -> ShardRequest:
@@ -64,6 +67,9 @@ class SampleOut(_Body):
     output_ids: list[int] = Field(..., description="Output token ids.")
     output_logprobs: list[float] = Field(..., description=(
         "The target model's log-probability of each output token."))
+    output_top_logprobs: TopLogprobs | None = Field(None, description=(
+        "When the request asked for `top_logprobs`: per output token, [token id, log-prob] "
+        "of the most likely tokens and the sampled one (vLLM's order)."))
     meta_info: SampleMeta = Field(default_factory=SampleMeta, description=(
         "The engine's record of the sample, as the engine filled it: finish_reason, "
         "weight_version, completion_tokens, the speculation counters (decode_steps, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bubblespec.protocol import limits as L
 
@@ -57,6 +57,17 @@ class SamplingParams(BaseModel):
         1.0, ge=L.MIN_REPETITION_PENALTY, le=L.MAX_REPETITION_PENALTY, allow_inf_nan=False,
         description="Divides positive logits (multiplies negative ones) of tokens already in "
                     "the prompt or the output, as vLLM does; 1 = off, > 1 discourages repeats.")
+    presence_penalty: float = Field(
+        0.0, ge=-L.MAX_ADDITIVE_PENALTY, le=L.MAX_ADDITIVE_PENALTY, allow_inf_nan=False,
+        description="Subtracted from the logit of every token already in the output, as vLLM "
+                    "does; 0 = off.")
+    frequency_penalty: float = Field(
+        0.0, ge=-L.MAX_ADDITIVE_PENALTY, le=L.MAX_ADDITIVE_PENALTY, allow_inf_nan=False,
+        description="Times a token's count in the output, subtracted from its logit, as vLLM "
+                    "does; 0 = off.")
+    min_tokens: int = Field(0, ge=0, le=L.MAX_NEW_TOKENS, description=(
+        "EOS and the stop token ids cannot end a response before this many tokens (vLLM's "
+        "min_tokens); at most max_new_tokens."))
     stop_token_ids: tuple[L.TokenId, ...] = Field(
         (), max_length=L.MAX_STOP_TOKEN_IDS, description="Token ids that end a response.")
     ignore_eos: bool = False
@@ -70,6 +81,13 @@ class SamplingParams(BaseModel):
     @classmethod
     def _top_k_off(cls, v: int) -> int:
         return -1 if v == 0 else v
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> SamplingParams:
+        if self.min_tokens > self.max_new_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_new_tokens "
+                             f"({self.max_new_tokens})")
+        return self
 
     @property
     def keyed(self) -> bool:

@@ -8,11 +8,13 @@ cannot honour exactly is refused by name (a 400 naming the field) instead of bei
 - `min_p`: vLLM applies it in its sampler but not in speculative verification (vLLM 0.32
   warns "min_p and logit_bias parameters won't work with speculative decoding"), so under
   speculation it would silently not be applied; refused unless 0;
-- `frequency_penalty` / `presence_penalty`: vLLM's verification applies them, but the
-  sampling parameters bubblespec carries to its ranks have only `repetition_penalty`
-  (tested for exactness there); refused unless 0;
-- string stops (`stop`), streaming, top log-probs, images, LoRA adapters, constrained
-  decoding: refused when set (`stop_token_ids` is the token-level stop).
+- string stops (`stop`), streaming, images, LoRA adapters, constrained decoding: refused
+  when set (`stop_token_ids` is the token-level stop).
+
+`frequency_penalty`, `presence_penalty` and `min_new_tokens` are carried to the ranks (vLLM
+applies them in speculative verification as in its sampler: exact with drafts, tested in
+`tests/engine/test_penalties.py`); `top_logprobs_num` with `return_logprob` answers
+`meta_info.output_top_logprobs`.
 
 Fields clients send that change nothing here are accepted: `skip_special_tokens`,
 `spaces_between_special_tokens`, `no_stop_trim` (they shape the returned `text`),
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
@@ -60,11 +62,15 @@ class SglSamplingParams(_Body):
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(-1, ge=-1, le=L.MAX_TOP_K, description="-1 or 0: off.")
     min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-L.MAX_ADDITIVE_PENALTY,
+                                     le=L.MAX_ADDITIVE_PENALTY, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-L.MAX_ADDITIVE_PENALTY,
+                                    le=L.MAX_ADDITIVE_PENALTY, allow_inf_nan=False)
     repetition_penalty: float = Field(1.0, ge=L.MIN_REPETITION_PENALTY,
                                       le=L.MAX_REPETITION_PENALTY, allow_inf_nan=False)
-    min_new_tokens: int = Field(0, ge=0, le=0, description="Only 0 is supported.")
+    min_new_tokens: int = Field(0, ge=0, le=L.MAX_NEW_TOKENS, description=(
+        "Stop tokens cannot end the sample before this many tokens (at most "
+        "max_new_tokens)."))
     stop: str | list[str] | None = Field(None, description="Only empty: use stop_token_ids.")
     stop_token_ids: list[L.TokenId] | None = Field(None, max_length=L.MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
@@ -81,10 +87,12 @@ class SglSamplingParams(_Body):
     def _min_p(cls, v: float) -> float:
         return _zero(v, "min_p", "vLLM does not apply it when verifying speculative drafts")
 
-    @field_validator("frequency_penalty", "presence_penalty")
+    @field_validator("min_new_tokens")
     @classmethod
-    def _penalties(cls, v: float, info: Any) -> float:
-        return _zero(v, info.field_name, "bubblespec carries only repetition_penalty")
+    def _min_within_max(cls, v: int, info: ValidationInfo) -> int:
+        if v > info.data.get("max_new_tokens", v):
+            raise ValueError("min_new_tokens must be at most max_new_tokens")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -98,6 +106,8 @@ class SglSamplingParams(_Body):
         return SamplingParams(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k, repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            min_tokens=self.min_new_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             seed_mode=self.seed_mode)
 
@@ -119,7 +129,9 @@ class GenerateIn(_Body):
         "With max_new_tokens 0 and return_logprob: the prompt position from which "
         "input_token_logprobs are returned (below the prompt's length; -1 or null: none). "
         "Generating requests return only the output's log-probs."))
-    top_logprobs_num: int | None = Field(None, ge=0, le=0, description="Only 0 or null.")
+    top_logprobs_num: int | None = Field(None, ge=0, le=L.MAX_TOP_LOGPROBS, description=(
+        "With return_logprob: the most likely tokens of each output position "
+        "(`output_top_logprobs`)."))
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = Field(None, description="Request id(s), for /abort_request.")
@@ -285,6 +297,9 @@ class SglMetaInfo(BaseModel):
     weight_version: str = "0"
     e2e_latency: float = 0.0
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    output_top_logprobs: list[list[tuple[float, int, str | None]]] | None = None
+    """With `top_logprobs_num`: per output position, [log-prob, token id, text or null] of
+    the most likely tokens, most likely first."""
     input_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
     """Prompt scoring (max_new_tokens 0): [log-prob, token id, text or null] of each prompt
     token from logprob_start_len on; the first prompt token's log-prob is null."""

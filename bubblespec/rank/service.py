@@ -361,4 +361,10 @@ class RankService:
         return render(self.metrics.registry)
 
     def config_dict(self) -> dict[str, Any]:
-        return {"rank_id": self.rank_id, **effective_config_dict(self.cfg)}
+        """The effective configuration, and what the running engine serves (`served`: its
+        context length and vocabulary; absent until the engine is up)."""
+        out: dict[str, Any] = {"rank_id": self.rank_id, **effective_config_dict(self.cfg)}
+        if self.engine is not None:
+            out["served"] = {"max_model_len": self.engine.max_model_len,
+                             "vocab_size": self.engine.vocab_size}
+        return out

@@ -31,13 +31,16 @@ log = logging.getLogger(__name__)
 def to_gen_request(r: ShardRequest) -> GenRequest:
     return GenRequest(input_ids=list(r.input_ids), n=r.n, seeds=r.seeds,
                       sample_offset=r.sample_offset,
-                      group=r.prompt_key or prompt_key(r.input_ids), sampling=r.sampling_params)
+                      group=r.prompt_key or prompt_key(r.input_ids), sampling=r.sampling_params,
+                      top_logprobs=r.top_logprobs)
 
 
 def to_sample_out(s: SampleResult) -> SampleOut:
     """A sample as the rank answers it, with the engine's record as its `meta_info`."""
+    top = None if s.top_logprobs is None else [list(d.items()) for d in s.top_logprobs]
     return SampleOut(sample_index=s.sample_index, output_ids=s.output_ids,
-                     output_logprobs=s.output_logprobs, meta_info=s.meta)
+                     output_logprobs=s.output_logprobs, output_top_logprobs=top,
+                     meta_info=s.meta)
 
 
 def to_prompt_out(index: int, res: GenResult) -> PromptOut:

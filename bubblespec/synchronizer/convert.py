@@ -72,7 +72,8 @@ def _opt(msg, name: str):
 
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed_mode", "ignore_eos",
-                    "repetition_penalty")
+                    "repetition_penalty", "presence_penalty", "frequency_penalty",
+                    "min_tokens")
 """Fields of `SamplingParams` carried as `optional` scalars of `pb.SamplingParams` (the
 response budget, `max_new_tokens`, travels on the task or prompt message)."""
 

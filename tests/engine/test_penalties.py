@@ -1,10 +1,14 @@
-"""Repetition penalty under speculation, on real engines.
+"""Penalties and min_tokens under speculation, on real engines.
 
-vLLM 0.32 applies penalties to the logits that verification uses (each drafted position sees
-the output so far plus the drafts before it, `RejectionSampler.apply_logits_processors`) and
-to the bonus token's (`Sampler`, outputs plus every draft); the keyed sampler draws from those
-same processed logits. So a penalised request is as exact with speculation as without: greedy
-ids and keyed samples are identical with speculation on and off, drafts right or wrong.
+vLLM 0.32 applies the repetition, presence and frequency penalties to the logits that
+verification uses (each drafted position sees the output so far plus the drafts before it,
+`RejectionSampler.apply_logits_processors`) and to the bonus token's (`Sampler`, outputs plus
+every draft), and masks the stop tokens of a response short of `min_tokens` at each drafted
+position (`MinTokensLogitsProcessor.apply_with_spec_decode`); the keyed sampler draws from
+those same processed logits. So such a request is as exact with speculation as without:
+greedy ids and keyed samples are identical with speculation on and off, drafts right or
+wrong. Each case has its negative control: the same requests without the parameter sample
+differently (else the test would not exercise it).
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from bubblespec.tasks import default_task
 pytestmark = pytest.mark.engine
 
 PENALTY = 1.3
+CASES = {"repetition_penalty": {"repetition_penalty": PENALTY},
+         "presence_penalty": {"presence_penalty": 1.5},
+         "frequency_penalty": {"frequency_penalty": 1.0},
+         "min_tokens": {"min_tokens": 60}}
+"""Each parameter at a value that changes the embedded model's outputs."""
+OFF = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+       "min_tokens": 0}
 
 
 def _ids(results: list) -> list[list[list[int]]]:
@@ -49,26 +60,32 @@ def _spec_run(runner, spec_engine, reqs: list[GenRequest], base: list) -> list:
     return out
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_greedy_penalised_identical_with_speculation(loop_runner, plain_engine,
-                                                     spec_engine) -> None:
+                                                     spec_engine, case: str) -> None:
     eos = default_task().eos_id
     sp = SamplingParams(max_new_tokens=160, temperature=0.0, stop_token_ids=[eos],
-                        repetition_penalty=PENALTY)
+                        **CASES[case])
     reqs = _reqs(sp, n=2)
     base = loop_runner.run(plain_engine.generate(reqs))
     assert _ids(_spec_run(loop_runner, spec_engine, reqs, base)) == _ids(base)
-    unpenalised = _reqs(sp.model_copy(update={"repetition_penalty": 1.0}), n=2)
-    assert _ids(loop_runner.run(plain_engine.generate(unpenalised))) != _ids(base), \
-        "the penalty changed nothing: the test would not exercise it"
+    if case in ("repetition_penalty", "min_tokens"):  # the others move greedy ids of the
+        # embedded model too little to flip them (the keyed test has their controls)
+        unpenalised = _reqs(sp.model_copy(update={case: OFF[case]}), n=2)
+        assert _ids(loop_runner.run(plain_engine.generate(unpenalised))) != _ids(base), \
+            f"{case} changed nothing: the test would not exercise it"
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_keyed_penalised_identical_with_speculation(loop_runner, plain_engine,
-                                                    spec_engine) -> None:
+                                                    spec_engine, case: str) -> None:
     sp = SamplingParams(max_new_tokens=160, temperature=1.0,
                         stop_token_ids=[default_task().eos_id], seed_mode="keyed",
-                        repetition_penalty=PENALTY)
+                        **CASES[case])
     reqs = _reqs(sp, n=2, seeded=True)
     base = loop_runner.run(plain_engine.generate(reqs))
     assert _ids(_spec_run(loop_runner, spec_engine, reqs, base)) == _ids(base)
-    unpenalised = _reqs(sp.model_copy(update={"repetition_penalty": 1.0}), n=2, seeded=True)
+    if case == "min_tokens":
+        assert all(len(s.output_ids) >= 60 for r in base for s in r.samples)
+    unpenalised = _reqs(sp.model_copy(update={case: OFF[case]}), n=2, seeded=True)
     assert _ids(loop_runner.run(plain_engine.generate(unpenalised))) != _ids(base)

@@ -59,3 +59,12 @@ def gateway(**overrides: Any) -> Iterator[TestClient]:
 
 def wait_exit(proc: subprocess.Popen, timeout_s: float = 10) -> int:
     return proc.wait(timeout=timeout_s)
+
+
+def vllm_error(r: Any, status: int, param: str | None) -> dict[str, Any]:
+    """The error of `r` in OpenAI's (and vLLM's) shape, with `status` and `param`."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["code"] == status and err["type"]
+    assert err["param"] == param, err
+    return dict(err)

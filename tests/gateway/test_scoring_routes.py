@@ -64,7 +64,7 @@ def test_sglang_scoring_without_ranks(gw: TestClient) -> None:
 @pytest.mark.parametrize(("body", "param"), [
     ({**ECHO, "echo": False}, "max_tokens"),
     ({**ECHO, "max_tokens": 2}, "echo"),
-    ({**ECHO, "logprobs": 1}, "logprobs"),
+    ({**ECHO, "logprobs": 1}, "echo"),  # the prompt's top alternatives are not built
     ({**ECHO, "prompt_logprobs": 0}, "prompt_logprobs"),
     ({**ECHO, "prompt": [1] * 17}, "prompt"),
     ({**ECHO, "prompt": [[1], [1] * 17]}, "prompt[1]"),

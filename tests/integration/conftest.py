@@ -6,6 +6,7 @@ three (each start is half a minute of engine warm-up)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +24,34 @@ QUIET_S = "0.5"
 @pytest.fixture(scope="package")
 def api_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     yield from local_cluster(tmp_path_factory, gateway_args=("--sglang-quiet-s", QUIET_S))
+
+
+@pytest.fixture(scope="package")
+def real_dir() -> Path:
+    """The real chat model (SmolLM2-135M-Instruct: its tokenizer carries a chat template; the
+    embedded tiny model has none); the modules that need it are skipped without it."""
+    from bubblespec.models import real_model_dir
+
+    try:
+        return real_model_dir()
+    except FileNotFoundError as e:
+        pytest.skip(f"chat needs a model with a chat template: {e}")
+
+
+@pytest.fixture(scope="package")
+def chat_cluster(real_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[LocalCluster]:
+    """A 2-rank cluster on the real chat model, shared by the chat and agentic-framework
+    modules."""
+    with LocalCluster(ranks=2, model=str(real_dir), start_timeout_s=300,
+                      log_dir=tmp_path_factory.mktemp("chat-cluster-logs")) as c:
+        yield c
+
+
+@pytest.fixture(scope="package")
+def chat_client(chat_cluster: LocalCluster) -> Iterator[object]:
+    """The real `openai` client on the chat cluster's gateway."""
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=chat_cluster.gateway_url + "/v1", api_key="unused",
+                       timeout=300, max_retries=0) as c:
+        yield c

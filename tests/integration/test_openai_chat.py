@@ -1,5 +1,5 @@
 """Chat completions through the gateway's OpenAI-compatible route with the real `openai`
-client, on a real 1-rank LocalCluster serving the real model (SmolLM2-135M-Instruct, whose
+client, on a real 2-rank LocalCluster serving the real model (SmolLM2-135M-Instruct, whose
 tokenizer carries a chat template; the embedded tiny model has none). Skipped when the real
 model is not built (`make real-model`).
 
@@ -12,7 +12,6 @@ the reply's text. The rendered prompts are checked against transformers'
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,28 +27,13 @@ KEYED = {"seed_mode": "keyed", "return_token_ids": True}
 
 
 @pytest.fixture(scope="module")
-def real_dir() -> Path:
-    from bubblespec.models import real_model_dir
-
-    try:
-        return real_model_dir()
-    except FileNotFoundError as e:
-        pytest.skip(f"chat needs a model with a chat template: {e}")
+def cluster(chat_cluster: LocalCluster) -> LocalCluster:
+    return chat_cluster  # shared with test_agentic_frameworks.py (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def cluster(real_dir: Path, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[LocalCluster]:
-    with LocalCluster(ranks=1, model=str(real_dir), start_timeout_s=300,
-                      log_dir=tmp_path_factory.mktemp("cluster-logs")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster: LocalCluster) -> Iterator[Any]:
-    with openai.OpenAI(base_url=cluster.gateway_url + "/v1", api_key="unused",
-                       timeout=300, max_retries=0) as c:
-        yield c
+def client(chat_client: Any) -> Any:
+    return chat_client
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,7 @@ def test_stream_and_stop_strings(client: Any, task: Any) -> None:
 
 def test_bad_input_is_a_400_naming_the_param(client: Any, task: Any) -> None:
     ids = list(task.make_prompt(1, 2, 3).input_ids)
-    cases = [({"presence_penalty": 0.5}, "presence_penalty"), ({"logprobs": 3}, "logprobs"),
+    cases = [({"presence_penalty": 2.5}, "presence_penalty"), ({"logprobs": 21}, "logprobs"),
              ({"echo": True}, "echo"), ({"best_of": 4}, "best_of"), ({"suffix": "x"}, "suffix"),
              ({"max_tokens": 0}, "max_tokens"), ({"temperature": 3.0}, "temperature"),
              ({"logit_bias": {"5": 1.0}}, "logit_bias")]

@@ -70,14 +70,23 @@ def task() -> Any:
     return default_task()
 
 
-def _check_sample(s: dict[str, Any], sp: dict[str, Any], logprobs: bool) -> None:
+def _check_sample(s: dict[str, Any], sp: dict[str, Any], logprobs: bool, top: int = 0
+                  ) -> None:
     n_out = len(s["output_ids"])
-    assert 1 <= n_out <= sp["max_new_tokens"]
+    assert max(1, sp.get("min_tokens", 0)) <= n_out <= sp["max_new_tokens"]
     assert s["finish_reason"] in ("stop", "length"), s
     if logprobs:
         assert len(s["output_logprobs"]) == n_out
     else:
         assert s.get("output_logprobs") is None
+    if top:  # vLLM's order: the sampled token first, then the top `top` by rank
+        assert len(s["output_top_logprobs"]) == n_out
+        for t, pos in zip(s["output_ids"], s["output_top_logprobs"]):
+            assert pos[0][0] == t and top <= len(pos) <= top + 1
+            ranked = [lp for _, lp in pos[1:]]
+            assert ranked == sorted(ranked, reverse=True)
+    else:
+        assert s.get("output_top_logprobs") is None
 
 
 def _rollout(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +99,8 @@ def _rollout(url: str, body: dict[str, Any]) -> dict[str, Any]:
     for p in out["prompts"]:
         assert [s["sample_index"] for s in p["samples"]] == list(range(body["n"]))
         for s in p["samples"]:
-            _check_sample(s, body["sampling_params"], body["return_logprobs"])
+            _check_sample(s, body["sampling_params"], body["return_logprobs"],
+                          body.get("top_logprobs", 0))
     TALLY["rollouts"] += 1
     TALLY["samples"] += len(body["prompts"]) * body["n"]
     return out
@@ -108,7 +118,8 @@ def test_drawn_rollouts_through_the_own_api(cluster, task, data) -> None:
     logprobs = data.draw(st.booleans())
     window = data.draw(st.sampled_from([None, "bubble", "training"]))
     body = {"prompts": [{"input_ids": p} for p in first], "n": n, "sampling_params": sp,
-            "next_prompts": [{"input_ids": p} for p in ahead], "return_logprobs": logprobs}
+            "next_prompts": [{"input_ids": p} for p in ahead], "return_logprobs": logprobs,
+            "top_logprobs": data.draw(st.sampled_from([0, 0, 1, 5, 20]))}
     if window:
         body["pregen_window"] = window
     _rollout(cluster.gateway_url, body)
@@ -125,6 +136,7 @@ def sglang_requests(draw: st.DrawFn, vocab: int, eos: int, bos: int) -> dict[str
     """One legal SGLang /generate body: single or batched ids, n, sampling_seed, the
     output-formatting flags slime and AReaL send."""
     sp = draw(sampling(vocab, eos, exclude=POISON))
+    sp["min_new_tokens"] = sp.pop("min_tokens")  # SGLang's name
     sp.update(n=draw(st.integers(1, 3)), no_stop_trim=draw(st.booleans()),
               skip_special_tokens=draw(st.booleans()))
     if draw(st.booleans()):
@@ -132,6 +144,8 @@ def sglang_requests(draw: st.DrawFn, vocab: int, eos: int, bos: int) -> dict[str
     ids = draw(prompts(vocab, bos, exclude=POISON, max_size=3))
     body: dict[str, Any] = {"input_ids": ids if draw(st.booleans()) else ids[0],
                             "sampling_params": sp, "return_logprob": draw(st.booleans())}
+    if body["return_logprob"] and draw(st.booleans()):
+        body["top_logprobs_num"] = draw(st.sampled_from([1, 5, 20]))
     if draw(st.booleans()):
         body["next_input_ids"] = draw(prompts(vocab, bos, exclude=POISON, max_size=2))
     return body
@@ -161,10 +175,16 @@ def test_drawn_concurrent_requests_through_the_sglang_api(cluster, task, data) -
         assert len(outs) == count
         for o in outs:
             meta = o["meta_info"]
-            assert 1 <= len(o["output_ids"]) <= sp["max_new_tokens"]
+            assert max(1, sp["min_new_tokens"]) <= len(o["output_ids"]) <= sp["max_new_tokens"]
             assert meta["finish_reason"]["type"] in ("stop", "length"), meta
             if body["return_logprob"]:
                 assert len(meta["output_token_logprobs"]) == len(o["output_ids"])
+            if body.get("top_logprobs_num"):
+                tops = meta["output_top_logprobs"]
+                assert len(tops) == len(o["output_ids"])
+                for pos in tops:
+                    lps = [e[0] for e in pos]
+                    assert len(pos) == body["top_logprobs_num"] and lps == sorted(lps)[::-1]
         TALLY["generate"] += 1
         TALLY["samples"] += count
 

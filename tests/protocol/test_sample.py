@@ -53,7 +53,7 @@ def test_the_gateway_sample_is_the_record_plus_tokens() -> None:
     assert RolloutSample.model_validate_json(s.model_dump_json()) == s
     # the gateway's JSON keys are the record's keys, flat, beside the tokens
     assert set(s.model_dump()) == set(SampleMeta.model_fields) | {
-        "sample_index", "output_ids", "output_logprobs"}
+        "sample_index", "output_ids", "output_logprobs", "output_top_logprobs"}
 
 
 def test_the_sglang_meta_info_carries_it_under_bubblespec() -> None:

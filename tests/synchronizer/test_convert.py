@@ -12,7 +12,8 @@ from bubblespec.synchronizer import convert as cv
 
 FULL = SamplingParams(max_new_tokens=33, temperature=0.7, top_p=0.9, top_k=20,
                       stop_token_ids=[2, 9], ignore_eos=True, seed_mode="keyed",
-                      repetition_penalty=1.3)
+                      repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=1.5,
+                      min_tokens=4)
 
 
 def test_task_round_trip_keeps_every_sampling_field() -> None:
@@ -20,6 +21,8 @@ def test_task_round_trip_keeps_every_sampling_field() -> None:
     back = cv.task_from_pb(cv.task_to_pb(t))
     assert back == t and back.max_new_tokens == 33
     assert back.sampling.seed_mode is SeedMode.KEYED and back.sampling.repetition_penalty == 1.3
+    assert (back.sampling.presence_penalty, back.sampling.frequency_penalty,
+            back.sampling.min_tokens) == (-0.5, 1.5, 4)
 
 
 def test_prompts_carry_tokens_once_and_flatten_back() -> None:

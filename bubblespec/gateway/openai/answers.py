@@ -3,14 +3,12 @@ stream (`stream: true`)."""
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from bubblespec.gateway.fronts import FrontServices
+from bubblespec.gateway.fronts import FrontServices, sse
+from bubblespec.gateway.fronts import clamp_logprob as _lp
 from bubblespec.gateway.openai.choice import Choice
 from bubblespec.protocol.openai import (
     ChatChoice,
@@ -25,50 +23,68 @@ from bubblespec.protocol.openai import (
     CompletionOut,
 )
 
-MIN_LOGPROB = -9999.0
-"""Log-probs below this (-inf) are sent as this, as vLLM and OpenAI do (JSON has no inf)."""
+
+def _token(f: FrontServices, token_id: int, as_id: bool) -> str:
+    """A token as the answer spells it: its text, or `token_id:<id>` (vLLM's
+    `return_tokens_as_token_ids`)."""
+    return f"token_id:{token_id}" if as_id else f.decode([token_id], False)
 
 
-def _lp(x: float) -> float:
-    return MIN_LOGPROB if math.isnan(x) else max(float(x), MIN_LOGPROB)
+def _top(ch: Choice, i: int) -> list[tuple[int, float]]:
+    """Position i's [token id, log-prob] entries, the sampled token first (only it when the
+    request asked for no alternatives)."""
+    if ch.top is not None and i < len(ch.top) and ch.top[i]:
+        return [(int(t), float(lp)) for t, lp in ch.top[i]]
+    return [(ch.ids[i], ch.logprobs[i])]
 
 
-def _tokens(f: FrontServices, ids: list[int]) -> tuple[list[str], list[int]]:
-    """Each token's text and its offset in the concatenated text."""
-    tokens = [f.decode([t], False) for t in ids]
+def _offsets(tokens: list[str]) -> list[int]:
+    """Each token's offset in the concatenated text."""
     offsets, at = [], 0
     for t in tokens:
         offsets.append(at)
         at += len(t)
-    return tokens, offsets
+    return offsets
 
 
-def completion_logprobs(f: FrontServices, ch: Choice) -> CompletionLogprobs:
-    """The sampled tokens' log-probs in OpenAI's completion shape (`top_logprobs` holds the
-    sampled token, what vLLM returns for `logprobs: 0`)."""
-    tokens, offsets = _tokens(f, ch.ids)
+def completion_logprobs(f: FrontServices, ch: Choice, n: int,
+                        as_id: bool = False) -> CompletionLogprobs:
+    """The tokens' log-probs in OpenAI's completion shape, as vLLM answers `logprobs: n`:
+    per position a dict of the sampled token and the n most likely ones (the first n + 1
+    entries of vLLM's list: n + 1 when the sampled token is not among the top n)."""
+    tokens = [_token(f, t, as_id) for t in ch.ids]
     lps = [_lp(x) for x in ch.logprobs]
-    return CompletionLogprobs(text_offset=offsets, token_logprobs=list(lps), tokens=tokens,
-                              top_logprobs=[{t: lp} for t, lp in zip(tokens, lps)])
+    top = [{_token(f, t, as_id): _lp(lp) for t, lp in _top(ch, i)[:n + 1]}
+           for i in range(len(ch.ids))]
+    return CompletionLogprobs(text_offset=_offsets(tokens), token_logprobs=list(lps),
+                              tokens=tokens, top_logprobs=list(top))
 
 
-def echo_logprobs(f: FrontServices, ids: list[int],
-                  logprobs: list[float | None]) -> CompletionLogprobs:
+def echo_logprobs(f: FrontServices, ids: list[int], logprobs: list[float | None],
+                  as_id: bool = False) -> CompletionLogprobs:
     """A scored prompt's log-probs in OpenAI's completion shape, as vLLM answers `echo`:
     the first token's null (it has no context), `top_logprobs` the prompt token's own."""
-    tokens, offsets = _tokens(f, ids)
+    tokens = [_token(f, t, as_id) for t in ids]
     vals = [None if x is None else _lp(x) for x in logprobs]
     return CompletionLogprobs(
-        text_offset=offsets, token_logprobs=vals, tokens=tokens,
+        text_offset=_offsets(tokens), token_logprobs=vals, tokens=tokens,
         top_logprobs=[None if v is None else {t: v} for t, v in zip(tokens, vals)])
 
 
-def chat_logprobs(f: FrontServices, ch: Choice) -> ChatLogprobs:
+def chat_logprobs(f: FrontServices, ch: Choice, n: int, as_id: bool = False) -> ChatLogprobs:
+    """The tokens' log-probs in OpenAI's chat shape, as vLLM answers `top_logprobs: n`: each
+    token with the first n entries of vLLM's list (the sampled token first)."""
     content = []
-    for t, lp in zip(ch.ids, ch.logprobs):
-        tok = f.decode([t], False)
-        content.append(ChatTokenLogprob(token=tok, logprob=_lp(lp),
-                                        bytes=list(tok.encode("utf-8", errors="replace"))))
+    for i, (t, lp) in enumerate(zip(ch.ids, ch.logprobs)):
+        text = f.decode([t], False)
+        alts = []
+        for a, alp in _top(ch, i)[:n]:
+            tok = _token(f, a, as_id)
+            alts.append({"token": tok, "logprob": _lp(alp),
+                         "bytes": list(tok.encode("utf-8", errors="replace"))})
+        content.append(ChatTokenLogprob(token=f"token_id:{t}" if as_id else text,
+                                        logprob=_lp(lp), top_logprobs=alts,
+                                        bytes=list(text.encode("utf-8", errors="replace"))))
     return ChatLogprobs(content=content)
 
 
@@ -76,7 +92,9 @@ def completion_choice(f: FrontServices, body: CompletionIn, ch: Choice) -> Compl
     return CompletionChoice(
         index=ch.index, text=ch.text, finish_reason=ch.finish_reason,
         stop_reason=ch.stop_reason,
-        logprobs=completion_logprobs(f, ch) if body.logprobs is not None else None,
+        logprobs=completion_logprobs(f, ch, body.num_top_logprobs,
+                                     body.return_tokens_as_token_ids)
+        if body.logprobs is not None else None,
         token_ids=ch.ids if body.return_token_ids else None,
         prompt_token_ids=ch.prompt_ids if body.return_token_ids else None, bubblespec=ch.meta)
 
@@ -85,18 +103,9 @@ def chat_choice(f: FrontServices, body: ChatCompletionIn, ch: Choice) -> ChatCho
     return ChatChoice(
         index=ch.index, message=ChatMessageOut(content=ch.text),
         finish_reason=ch.finish_reason, stop_reason=ch.stop_reason,
-        logprobs=chat_logprobs(f, ch) if body.logprobs else None,
+        logprobs=chat_logprobs(f, ch, body.num_top_logprobs, body.return_tokens_as_token_ids)
+        if body.logprobs else None,
         token_ids=ch.ids if body.return_token_ids else None, bubblespec=ch.meta)
-
-
-def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
-    async def events() -> AsyncIterator[bytes]:
-        for c in chunks:
-            yield f"data: {json.dumps(c)}\n\n".encode()
-        yield b"data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
 
 
 def completion_stream(out: CompletionOut, body: CompletionIn) -> StreamingResponse:
@@ -108,7 +117,7 @@ def completion_stream(out: CompletionOut, body: CompletionIn) -> StreamingRespon
         "finish_reason": c.finish_reason}]} for c in out.choices]
     if body.include_usage and out.usage is not None:
         chunks.append({**head, "choices": [], "usage": out.usage.model_dump()})
-    return _sse(chunks)
+    return sse(chunks)
 
 
 def chat_stream(out: ChatCompletionOut, body: ChatCompletionIn) -> StreamingResponse:
@@ -133,4 +142,4 @@ def chat_stream(out: ChatCompletionOut, body: ChatCompletionIn) -> StreamingResp
         chunks += [first, {**head, "choices": [last]}]
     if body.include_usage and out.usage is not None:
         chunks.append({**head, "choices": [], "usage": out.usage.model_dump()})
-    return _sse(chunks)
+    return sse(chunks)

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bubblespec.protocol.limits import TopLogprobs
 from bubblespec.protocol.openai import Usage
 
 
@@ -56,6 +57,9 @@ class Choice:
     step: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     """bubblespec's figures of the sample (step, weight version, speculation counters)."""
+    top: TopLogprobs | None = None
+    """Per token, [token id, log-prob] of the sampled token and the most likely ones
+    (vLLM's order), when the request asked for top alternatives."""
 
 
 @dataclass

@@ -9,34 +9,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from bubblespec.gateway.fronts import for_caller, parse
+from bubblespec.gateway.fronts import for_caller, oai_error, parse
 from bubblespec.gateway.openai.answers import chat_stream, completion_stream
 from bubblespec.gateway.openai.serving import OpenAiServing
 from bubblespec.http.edge import protected_router
 from bubblespec.protocol.errors import ApiError
-from bubblespec.protocol.openai import (
-    ChatCompletionIn,
-    CompletionIn,
-    ErrorDetail,
-    ErrorOut,
-    ModelCard,
-    ModelList,
-)
+from bubblespec.protocol.openai import ChatCompletionIn, CompletionIn, ModelCard, ModelList
 
 public = APIRouter()
 protected = protected_router()
-
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-                409: "ConflictError", 413: "RequestTooLargeError", 503: "ServiceUnavailableError"}
-
-
-def oai_error(status: int, message: str, param: str = "") -> JSONResponse:
-    """OpenAI's error body, with the gateway's `detail`/`field` beside it."""
-    kind = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
-    body = ErrorOut(error=ErrorDetail(message=message, type=kind, param=param or None,
-                                      code=status)).model_dump()
-    return JSONResponse({**body, "detail": message, "field": param}, status_code=status)
-
 
 def serving(request: Request) -> OpenAiServing:
     return request.app.state.openai
@@ -78,5 +59,5 @@ async def models(request: Request) -> JSONResponse:
     f = serving(request).fronts
     name = await f.model_id()
     card = ModelCard(id=name, created=int(time.time()), root=name,
-                     max_model_len=f.context_len())
+                     max_model_len=await f.context_len())
     return JSONResponse(ModelList(data=[card]).model_dump())

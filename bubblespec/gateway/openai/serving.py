@@ -44,24 +44,29 @@ class OpenAiServing:
         self.fronts = fronts
 
     # ------------------------------------------------------------------ sampling
-    def _budget(self, given: int | None, prompts: list[list[int]], names: Names) -> int:
-        """max_new_tokens: the one given, else what the context leaves the longest prompt
-        (vLLM's default)."""
+    async def _truncated(self, prompts: list[list[int] | str], body: SamplingFields,
+                         names: Names) -> list[list[int] | str]:
+        """The prompts as token ids, text tokenized with or without BOS
+        (`add_special_tokens`), cut to `truncate_prompt_tokens` (-1: the context length)
+        from `truncation_side` (left: the last tokens are kept), as vLLM does."""
         f = self.fronts
-        c = f.config
-        if given is not None:
-            if given > c.max_new_tokens:
-                raise ApiError(400, f"at most {c.max_new_tokens}", names.budget)
-            return given
-        ctx = f.context_len()
-        if ctx is None:
-            raise ApiError(400, "the gateway does not know the model's context length: give "
-                                f"{names.budget}", names.budget)
-        longest = max(len(p) for p in prompts)
-        if longest >= ctx:
-            raise ApiError(400, f"a prompt of {longest} tokens leaves no room in the model's "
-                                f"context of {ctx} tokens", names.prompt)
-        return min(ctx - longest, c.max_new_tokens)
+
+        def where(i: int) -> str:
+            return names.of(f"prompts[{i}]") if names.batched else names.prompt
+
+        out: list[list[int] | str] = [
+            f.encode(p, where(i), add_special_tokens=body.add_special_tokens is not False)
+            if isinstance(p, str) else list(p) for i, p in enumerate(prompts)]
+        keep = body.truncate_prompt_tokens
+        if keep is None:
+            return out
+        if keep == -1:
+            keep = await f.context_len() or max(len(p) for p in out)
+        if keep == 0:
+            raise ApiError(400, "truncate_prompt_tokens 0 leaves an empty prompt",
+                           "truncate_prompt_tokens")
+        right = body.truncation_side == "right"
+        return [p[:keep] if right else p[-keep:] for p in out]
 
     async def sample(self, prompts: list[list[int] | str], body: SamplingFields,
                      budget: int | None, names: Names) -> Sampled:
@@ -69,10 +74,12 @@ class OpenAiServing:
         and cut each choice at its stop string."""
         f = self.fronts
         rollouts = f.rollouts
+        if body.add_special_tokens is False or body.truncate_prompt_tokens is not None:
+            prompts = await self._truncated(prompts, body, names)
         try:
             probe = RolloutRequest(
                 prompts=[_prompt_in(p) for p in prompts], n=body.n,
-                sampling_params=body.to_sampling(1),
+                sampling_params=body.to_sampling(max(1, body.min_tokens)),
                 next_prompts=[_prompt_in(p) for p in body.next_prompts]
                 if body.next_prompts else None)
         except ValidationError as e:
@@ -81,15 +88,23 @@ class OpenAiServing:
             prep = rollouts.preparer.prepare(probe)  # limits and vocabulary, text tokenized
         except ApiError as e:
             raise for_caller(e, names.of(e.field)) from None
-        sampling = body.to_sampling(self._budget(budget, prep.prompts, names))
-        f.check_quarantine(prep.prompts, sampling,
-                           lambda i: names.of(f"prompts[{i}]") if names.batched
-                           else names.prompt)
+        budgets = await f.budgets(
+            budget, prep.prompts, names.budget,
+            lambda i: names.of(f"prompts[{i}]") if names.batched else names.prompt)
+        if body.min_tokens > min(budgets):
+            raise ApiError(400, f"min_tokens ({body.min_tokens}) must be at most the response "
+                                f"budget ({min(budgets)})", "min_tokens")
+        samplings = {b: body.to_sampling(b) for b in set(budgets)}
+        for b, sampling in samplings.items():
+            mine = [i for i, x in enumerate(budgets) if x == b]
+            f.check_quarantine([prep.prompts[i] for i in mine], sampling,
+                               lambda j, mine=mine: names.of(f"prompts[{mine[j]}]")
+                               if names.batched else names.prompt)
         for j, batch in enumerate(prep.next_batches):
             f.batcher.add_next(batch, ahead=j)
         rid = uuid.uuid4().hex
-        asks = [Ask(ids, sampling, None if body.seed is None else body.seed + k,
-                    f"{rid}-{i * body.n + k}")
+        asks = [Ask(ids, samplings[budgets[i]], None if body.seed is None else body.seed + k,
+                    f"{rid}-{i * body.n + k}", top_logprobs=body.num_top_logprobs)
                 for i, ids in enumerate(prep.prompts) for k in range(body.n)]
         try:
             answers = await f.batcher.generate(asks)
@@ -100,7 +115,7 @@ class OpenAiServing:
             raise ApiError(502, f"rollout failed: {type(e).__name__}: {e}") from e
         out = Sampled(prompts=prep.prompts)
         for j, (ask, ans) in enumerate(zip(asks, answers)):
-            out.choices.append(self.choice(j, body, sampling, ask, ans))
+            out.choices.append(self.choice(j, body, ask.sampling, ask, ans))
         return out
 
     def choice(self, index: int, body: SamplingFields, sampling: SamplingParams, ask: Ask,
@@ -109,6 +124,7 @@ class OpenAiServing:
         s = ans.sample
         ids = [] if s is None else list(s.output_ids)
         lps = [] if s is None else list(s.output_logprobs or [])
+        top = None if s is None else s.output_top_logprobs
         reason = "abort" if s is None else s.finish_reason or "stop"
         reason = reason if reason in ("stop", "length") else "abort"
         stop_reason: int | str | None = None
@@ -129,10 +145,10 @@ class OpenAiServing:
         if cut is not None:
             last, text, stop = cut
             return Choice(index, prompt_ids, ids[:last + 1], lps[:last + 1], text, "stop", stop,
-                          ans.step, meta)
+                          ans.step, meta, None if top is None else top[:last + 1])
         return Choice(index, prompt_ids, ids, lps,
                       self.fronts.decode(text_ids, body.skip_special_tokens), reason,
-                      stop_reason, ans.step, meta)
+                      stop_reason, ans.step, meta, top)
 
     def cut_at_stop(self, ids: list[int], stops: list[str], skip_special_tokens: bool,
                     include: bool) -> tuple[int, str, str] | None:
@@ -168,7 +184,7 @@ class OpenAiServing:
             return await self.scored_completion(body, prompts, names)
         got = await self.sample(prompts, body, body.max_tokens, names)
         return CompletionOut(
-            id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()),
+            id=f"cmpl-{body.request_id or uuid.uuid4().hex}", created=int(time.time()),
             model=body.model or await f.model_id(),
             choices=[completion_choice(f, body, ch) for ch in got.choices], usage=got.usage())
 
@@ -193,7 +209,8 @@ class OpenAiServing:
         choices = []
         for i, (p, pids) in enumerate(zip(prompts, ids)):
             text = p if isinstance(p, str) else f.decode(pids, body.skip_special_tokens)
-            lps = None if scored is None else echo_logprobs(f, pids, scored.logprobs[i])
+            lps = None if scored is None else echo_logprobs(
+                f, pids, scored.logprobs[i], body.return_tokens_as_token_ids)
             for k in range(body.n):
                 choices.append(CompletionChoice(
                     index=i * body.n + k, text=text, logprobs=lps, finish_reason="length",
@@ -213,16 +230,16 @@ class OpenAiServing:
                                 "has no chat_template): use /v1/completions", "messages")
         try:
             text = template.render([m.template_dict() for m in body.messages],
-                                   body.add_generation_prompt, body.chat_template_kwargs)
+                                   body.add_generation_prompt, body.template_kwargs())
         except ChatTemplateError as e:
             raise ApiError(400, str(e), "messages") from None
-        ids = f.encode(text, "messages", add_special_tokens=False)
+        ids = f.encode(text, "messages", add_special_tokens=bool(body.add_special_tokens))
         if not ids:
             raise ApiError(400, "the rendered conversation is empty", "messages")
         got = await self.sample([ids], body, body.budget,
                                 Names("messages", body.max_tokens_field))
         return ChatCompletionOut(
-            id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()),
+            id=f"chatcmpl-{body.request_id or uuid.uuid4().hex}", created=int(time.time()),
             model=body.model or await f.model_id(),
             choices=[chat_choice(f, body, ch) for ch in got.choices], usage=got.usage(),
             prompt_token_ids=got.prompts[0] if body.return_token_ids else None)

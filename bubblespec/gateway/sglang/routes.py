@@ -8,7 +8,7 @@ from importlib import metadata
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from bubblespec.gateway.fronts import FrontServices, for_caller, parse
+from bubblespec.gateway.fronts import FrontServices, answer_json, for_caller, parse
 from bubblespec.gateway.sglang.serving import SglangServing
 from bubblespec.http.edge import protected_router
 from bubblespec.protocol.errors import ApiError
@@ -62,11 +62,7 @@ def fronts(request: Request) -> FrontServices:
 
 @protected.post("/generate")
 async def generate(request: Request) -> JSONResponse:
-    try:
-        body = await parse(request, GenerateIn)
-        return JSONResponse(await front(request).generate(body))
-    except ApiError as e:
-        return api_error(e)
+    return await answer_json(request, GenerateIn, front(request).generate, api_error)
 
 
 @protected.post("/v1/next_prompts")

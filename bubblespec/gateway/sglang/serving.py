@@ -48,6 +48,11 @@ class SglangServing:
             meta.output_token_logprobs = [
                 (lp, t, f.decode([t], False) if body.return_text_in_logprobs else None)
                 for lp, t in zip(lps, ids)]
+            if body.top_logprobs_num and s is not None and s.output_top_logprobs is not None:
+                meta.output_top_logprobs = [
+                    [(lp, t, f.decode([t], False) if body.return_text_in_logprobs else None)
+                     for t, lp in sorted(pos, key=lambda e: -e[1])[:body.top_logprobs_num]]
+                    for pos in s.output_top_logprobs]
         if s is not None:
             meta.bubblespec = SglSampleMeta(step=ans.step, **dict(s.meta))
         return {"text": f.decode(text_ids, sp.skip_special_tokens), "output_ids": ids,
@@ -70,13 +75,15 @@ class SglangServing:
         if sp.max_new_tokens == 0:
             return await self.score(body, t0)
         sampling = sp.to_sampling()
+        top = (body.top_logprobs_num or 0) if body.return_logprob else 0
         f.check_quarantine(body.prompts(), sampling, self._where(body))
         asks = []
         for prompt, rid in zip(body.prompts(), body.rids()):
             base = rid or uuid.uuid4().hex
             for k in range(sp.n):
                 seed = None if sp.sampling_seed is None else sp.sampling_seed + k
-                asks.append(Ask(prompt, sampling, seed, base if sp.n == 1 else f"{base}-{k}"))
+                asks.append(Ask(prompt, sampling, seed, base if sp.n == 1 else f"{base}-{k}",
+                                top_logprobs=top))
         answers = await f.batcher.generate(asks)
         outs = [self.out(body, a, ans, t0) for a, ans in zip(asks, answers)]
         return outs if body.batched or sp.n > 1 else outs[0]

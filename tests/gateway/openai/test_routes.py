@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from bubblespec.protocol.openai import ChatCompletionIn, CompletionIn
 from bubblespec.protocol.sampling import SamplingParams
 from tests.gateway.helpers import gateway
+from tests.gateway.helpers import vllm_error as oai_error
 from tests.hostile.bodies import dumps, mutated, schema_paths
 
 openai = pytest.importorskip("openai")
@@ -45,14 +46,6 @@ def gw_token() -> Iterator[TestClient]:
         yield c
 
 
-def oai_error(r: Any, status: int, param: str | None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert err["message"] and err["code"] == status and err["type"]
-    assert err["param"] == param, err
-    return dict(err)
-
-
 @pytest.mark.parametrize(("body", "param"), [
     ({}, "prompt"),
     ({**CMPL, "prompt": [1, 10**6]}, "prompt[1]"),
@@ -63,9 +56,13 @@ def oai_error(r: Any, status: int, param: str | None) -> dict[str, Any]:
     ({**CMPL, "n": 65}, "n"),
     ({**CMPL, "stop_token_ids": [2, 500]}, "stop_token_ids[1]"),
     ({**CMPL, "next_prompts": [[1, 2], [1, 900]]}, "next_prompts[1]"),
-    ({**CMPL, "presence_penalty": 0.2}, "presence_penalty"),
-    ({**CMPL, "logprobs": 5}, "logprobs"),
+    ({**CMPL, "presence_penalty": 2.5}, "presence_penalty"),  # [-2, 2]
+    ({**CMPL, "min_tokens": 9, "max_tokens": 4}, "min_tokens"),
+    ({**CMPL, "min_p": 0.1}, "min_p"),
+    ({**CMPL, "logprobs": 21}, "logprobs"),  # vLLM's max_logprobs: 20
     ({**CMPL, "echo": True}, "echo"),
+    ({**CMPL, "echo": True, "max_tokens": 0, "logprobs": 2}, "echo"),
+    ({**CMPL, "cache_salt": ""}, "cache_salt"),
     ({**CMPL, "stream": "maybe"}, "stream"),
     ({**CMPL, "unknown_knob": 1}, "unknown_knob"),
 ])
@@ -103,8 +100,12 @@ def test_max_tokens_null_is_what_the_context_leaves(gw_token: TestClient) -> Non
 
 def test_chat_without_a_template_names_messages(gw: TestClient) -> None:
     oai_error(gw.post("/v1/chat/completions", json=CHAT), 400, "messages")
-    oai_error(gw.post("/v1/chat/completions", json={**CHAT, "top_logprobs": 3,
+    oai_error(gw.post("/v1/chat/completions", json={**CHAT, "top_logprobs": 3}), 400,
+              "top_logprobs")  # vLLM: top_logprobs needs logprobs true
+    oai_error(gw.post("/v1/chat/completions", json={**CHAT, "top_logprobs": 21,
                                                      "logprobs": True}), 400, "top_logprobs")
+    oai_error(gw.post("/v1/chat/completions", json={**CHAT, "reasoning_effort": "lots"}), 400,
+              "reasoning_effort")
 
 
 def test_bearer_token_and_the_openai_client(gw_token: TestClient) -> None:
@@ -120,7 +121,7 @@ def test_bearer_token_and_the_openai_client(gw_token: TestClient) -> None:
     good = openai.OpenAI(base_url="http://testserver/v1", api_key=TOKEN, max_retries=0,
                          http_client=gw_token)
     with pytest.raises(openai.BadRequestError) as e:
-        good.completions.create(model="m", prompt=[1, 5], frequency_penalty=1.0)
+        good.completions.create(model="m", prompt=[1, 5], frequency_penalty=3.0)
     assert e.value.param == "frequency_penalty" and e.value.status_code == 400
     with pytest.raises(openai.InternalServerError) as e5:  # 503: no rank is ready
         good.completions.create(model="m", prompt=[1, 5], max_tokens=2)

@@ -1,0 +1,189 @@
+"""The request shapes agentic RL frameworks send to a vLLM server, sent to the gateway on a
+real 2-rank cluster serving the real chat model (SmolLM2-135M-Instruct), with the real
+`openai` client where the framework uses it and plain HTTP where it posts JSON itself:
+
+- SkyRL's and prime-rl's token clients: vLLM's token-in/token-out `/inference/v1/generate`
+  (token ids in, token ids and log-probs out), with `/tokenize` for the chat prompt;
+- fields SkyRL, prime-rl/verifiers, rLLM and ART always send: `logprobs: 1` / `true`,
+  `min_tokens`, `top_logprobs`, `return_tokens_as_token_ids`, `add_special_tokens: false`,
+  `reasoning_effort: null`, vLLM's `return_token_ids`;
+- top log-probs checked against transformers' log-softmax of the same model (values and
+  rank: a wrong rank of alternatives fails);
+- a seeded request repeats bit for bit across 5 runs batched differently (vLLM's promise);
+- an overlong prompt is refused in vLLM's words (verifiers ends a rollout as overlong on
+  "maximum context length"), with no internal route in the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bubblespec.cluster import LocalCluster
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.engine
+
+CHAT = [{"role": "user", "content": "Name three primes, then stop."}]
+
+
+@pytest.fixture(scope="module")
+def cluster(chat_cluster: LocalCluster) -> LocalCluster:
+    return chat_cluster  # shared with test_openai_chat.py (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def client(chat_client: Any) -> Any:
+    return chat_client
+
+
+@pytest.fixture(scope="module")
+def http(cluster: LocalCluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.gateway_url, timeout=300) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def chat_ids(http: httpx.Client) -> list[int]:
+    r = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["count"] == len(out["tokens"]) and out["max_model_len"] > 0
+    return list(out["tokens"])
+
+
+def test_token_in_token_out_generate(http: httpx.Client, chat_ids: list[int]) -> None:
+    """SkyRL's remote inference client / prime-rl's token client."""
+    body = {"model": "m", "token_ids": chat_ids, "return_token_ids": True,
+            "sampling_params": {"max_tokens": 24, "temperature": 1.0, "n": 2, "seed": 5,
+                                "logprobs": 1, "min_tokens": 1, "skip_special_tokens": False}}
+    r = http.post("/inference/v1/generate", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["output_mode"] == "tokens" and out["prompt_token_ids"] == chat_ids
+    assert len(out["choices"]) == 2
+    for c in out["choices"]:
+        ids = c["token_ids"]
+        assert ids and c["finish_reason"] in ("stop", "length")
+        content = c["logprobs"]["content"]
+        assert [e["token_id"] for e in content] == ids
+        for e in content:  # logprobs 1: the sampled token's entry first
+            assert e["logprob"] <= 0 and len(e["top_logprobs"]) == 1
+            assert e["top_logprobs"][0]["token_id"] == e["token_id"]
+    assert out["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in out["choices"])
+    again = http.post("/inference/v1/generate", json=body).json()  # seeded: it repeats
+    assert [c["token_ids"] for c in again["choices"]] == [c["token_ids"] for c in out["choices"]]
+    text = http.post("/inference/v1/generate", json={**body, "output_mode": "text"}).json()
+    first = out["choices"][0]["token_ids"]
+    back = http.post("/detokenize", json={"tokens": first}).json()["prompt"]
+    assert text["choices"][0]["token_ids"] == first
+    assert back.startswith(text["choices"][0]["text"])
+    lines = [ln for ln in http.post("/inference/v1/generate", json={
+        **body, "stream": True, "stream_options": {"include_usage": True}}).text.splitlines()
+        if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) == 4  # two choices, usage, done
+
+
+def test_completion_fields_frameworks_always_send(client: Any, chat_ids: list[int]) -> None:
+    """SkyRL's older remote engine and Tinker forwarding (`logprobs: 1`, `min_tokens: 1`),
+    prime-rl's completion environments and rLLM's gateway (`logprobs: true`), rLLM's
+    cumulative token mode (`add_special_tokens: false`), verifiers
+    (`return_tokens_as_token_ids`)."""
+    r = client.completions.create(
+        model="m", prompt=chat_ids, max_tokens=16, temperature=1.0, logprobs=1, seed=7,
+        extra_body={"min_tokens": 1, "return_token_ids": True,
+                    "return_tokens_as_token_ids": True})
+    c = r.choices[0]
+    assert c.token_ids and len(c.logprobs.tokens) == len(c.token_ids)
+    assert c.logprobs.tokens == [f"token_id:{t}" for t in c.token_ids]
+    for t, lp, top in zip(c.token_ids, c.logprobs.token_logprobs, c.logprobs.top_logprobs):
+        assert f"token_id:{t}" in top and top[f"token_id:{t}"] == lp and 1 <= len(top) <= 2
+    raw = httpx.post(str(client.base_url) + "completions", timeout=300, json={
+        "model": "m", "prompt": "Two plus two is", "max_tokens": 8, "logprobs": True,
+        "add_special_tokens": False, "return_token_ids": True})
+    assert raw.status_code == 200, raw.text
+    choice = raw.json()["choices"][0]
+    assert len(choice["logprobs"]["top_logprobs"][0]) in (1, 2)  # logprobs true = 1
+
+
+def test_chat_fields_frameworks_always_send(client: Any) -> None:
+    """ART (`reasoning_effort: null`, `return_token_ids`), verifiers (`logprobs`,
+    `top_logprobs: 1`, `return_tokens_as_token_ids`, `min_tokens`)."""
+    r = client.chat.completions.create(
+        model="m", messages=CHAT, max_tokens=16, temperature=0.7, logprobs=True,
+        top_logprobs=2, reasoning_effort=None,
+        extra_body={"return_token_ids": True, "min_tokens": 2, "return_tokens_as_token_ids":
+                    True})
+    c = r.choices[0]
+    assert len(c.token_ids) >= 2 and len(c.logprobs.content) == len(c.token_ids)
+    for t, e in zip(c.token_ids, c.logprobs.content):
+        assert e.token == f"token_id:{t}" and len(e.top_logprobs) == 2
+        assert e.top_logprobs[0].token == e.token  # the sampled token first (vLLM's order)
+
+
+def test_top_logprobs_equal_transformers(client: Any, chat_ids: list[int],
+                                         real_dir: Path) -> None:
+    """The alternatives and their log-probs are the model's: transformers' log-softmax of
+    the same weights (fp32) at each position of a greedy answer."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    r = client.completions.create(model="m", prompt=chat_ids, max_tokens=6, temperature=0,
+                                  logprobs=5, extra_body={"return_token_ids": True,
+                                                          "return_tokens_as_token_ids": True})
+    c = r.choices[0]
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(real_dir),
+                                                              torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([chat_ids + c.token_ids[:-1]])).logits[0].float()
+    ref = torch.log_softmax(logits[len(chat_ids) - 1:], dim=-1)
+    for i, (t, top) in enumerate(zip(c.token_ids, c.logprobs.top_logprobs)):
+        best = ref[i].topk(5)
+        assert int(best.indices[0]) == t  # greedy: the sampled token is the argmax
+        got = {int(k.removeprefix("token_id:")): v for k, v in top.items()}
+        assert set(got) == {int(x) for x in best.indices}, (i, got, best)
+        for tok, lp in got.items():
+            assert abs(lp - float(ref[i, tok])) < 2e-3, (i, tok, lp, float(ref[i, tok]))
+
+
+def test_seeded_requests_repeat_batched_differently(cluster: LocalCluster,
+                                                    chat_ids: list[int]) -> None:
+    """`seed` sent five times: alone, beside other requests of the same step, within n=3,
+    and on both ranks: the same tokens every time."""
+    url = cluster.gateway_url + "/v1/completions"
+    base = {"model": "m", "max_tokens": 24, "temperature": 1.0, "return_token_ids": True}
+    mine = {**base, "prompt": chat_ids, "seed": 1234}
+
+    async def run(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=300) as h:
+            rs = await asyncio.gather(*(h.post(url, json=b) for b in bodies))
+        for r in rs:
+            assert r.status_code == 200, r.text
+        return [r.json() for r in rs]
+
+    others = [{**base, "prompt": chat_ids[:-k], "seed": 10 + k} for k in (1, 2, 3)]  # keyed:
+    # the same sampling parameters as `mine`, so they share its steps
+    runs = [
+        asyncio.run(run([mine]))[0]["choices"][0]["token_ids"],
+        asyncio.run(run([mine, *others]))[0]["choices"][0]["token_ids"],
+        asyncio.run(run([*others, mine]))[-1]["choices"][0]["token_ids"],
+        asyncio.run(run([{**mine, "n": 3}]))[0]["choices"][0]["token_ids"],
+        asyncio.run(run([mine, {**mine, "seed": 99}]))[0]["choices"][0]["token_ids"],
+    ]
+    assert runs[0] and all(r == runs[0] for r in runs), runs
+
+
+def test_an_overlong_prompt_is_refused_in_vllms_words(client: Any, http: httpx.Client) -> None:
+    ctx = client.models.list().data[0].max_model_len
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt=[1] * ctx, max_tokens=4)
+    message = str(e.value)
+    assert "maximum context length" in message and "/v1/" not in message.replace(
+        "/v1/completions", "")
+    r = http.post("/inference/v1/generate", json={"token_ids": [1] * ctx})
+    assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
