@@ -23,11 +23,14 @@ never ignored:
   (+ `logprobs: 0` for the prompt's log-probs, `gateway/scoring.py`);
 - `logprobs` > 0 with `echo` (the prompt's top alternatives are not built; `logprobs: 0`
   with `echo` is served);
-- tools, tool choice other than "none", response formats other than text, non-text message
-  content: not built;
-- any other unknown key (a typo must not silently sample differently).
+- `tool_choice` "auto" (the default with `tools`), "required" or a named tool: they need a
+  tool-call parser (vLLM's server refuses them too when run without `--tool-call-parser`);
+  `tools` with `tool_choice: "none"` are rendered by the chat template, as are the
+  `tool_calls` and `tool` turns of the history;
+- response formats other than text, non-text message content: not built;
 
-Accepted and without effect on sampling: `model` (echoed back; the gateway serves one
+Keys these models do not define are ignored, as vLLM's server ignores them (logged at
+debug). Accepted and without effect on sampling: `model` (echoed back; the gateway serves one
 model), `user`, `stream_options`, `spaces_between_special_tokens`, `cache_salt`. `seed`
 gives choice k of a prompt the seed `seed + k`, keyed (a seeded request repeats bit for
 bit, speculation on or off, unless it names its `seed_mode`). The bubblespec extensions:
@@ -37,13 +40,17 @@ prompts, token ids or text, pre-generated in the bubble of the step this request
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
 from bubblespec.protocol.sampling import SamplingParams, SeedMode
+
+log = logging.getLogger("bubblespec.protocol.openai")
 
 MAX_STOP_STRINGS = 64
 """Most stop strings of one request."""
@@ -62,13 +69,32 @@ NextPrompts = Annotated[list[NextPrompt], Field(max_length=L.MAX_LIST)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body as vLLM's server reads one (`OpenAIBaseModel`): keys it does not define
+    are ignored (logged at debug), so that a client sending a newer or another server's
+    field is served as vLLM would serve it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _log_ignored(cls, data: Any, handler: Any) -> Any:
+        result = handler(data)
+        if isinstance(data, dict):
+            ignored = data.keys() - cls.model_fields.keys()
+            if ignored:
+                log.debug("%s: ignored fields %s (as vLLM's server ignores them)",
+                          cls.__name__, sorted(ignored))
+        return result
 
 
 class _Reply(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+AUTO_TOOLS_REFUSED = ('"auto" tool choice requires --enable-auto-tool-choice and '
+                      "--tool-call-parser to be set (the gateway parses no tool calls: "
+                      'send tool_choice "none")')
+"""vLLM's answer to tool_choice "auto" (the default with tools) without a tool-call parser."""
 NOT_BUILT = {
     "allowed_token_ids": "token masks are not built",
     "bad_words": "token masks are not built",
@@ -180,6 +206,21 @@ class SamplingFields(_Body):
     return_mm_kwargs: bool | None = None
     return_token_offsets: bool | None = None
     routed_experts_prompt_start: int | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                     "guided_decoding_backend", "guided_whitespace_pattern")
+    @classmethod
+    def _removed_guided(cls, v: Any, info: ValidationInfo) -> Any:
+        return _unset(v, str(info.field_name), "vLLM removed the guided-decoding fields (its "
+                                               "server ignores them: the output would not be "
+                                               "constrained), and constrained decoding is not "
+                                               "built")
 
     @field_validator("allowed_token_ids", "bad_words", "logprob_token_ids",
                      "structured_outputs", "repetition_detection", "thinking_token_budget",
@@ -363,32 +404,55 @@ class TextPart(_Body):
     text: Text
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(..., max_length=4096)
+    arguments: str | dict[str, Any] = Field(default="{}")
+
+
+class ToolCall(BaseModel):
+    """A tool call of an earlier assistant turn, as OpenAI spells it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = Field(None, max_length=4096)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     """One message of the conversation. Keys besides role/content/name (a template may read
-    them, e.g. `reasoning_content`) are passed to the chat template as they are; tool calls
-    are refused."""
+    them, e.g. `reasoning_content`) are passed to the chat template as they are; so are an
+    assistant turn's `tool_calls` and a tool turn's `tool_call_id`."""
 
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | Annotated[list[TextPart], Field(max_length=L.MAX_LIST)] | None = None
     name: str | None = Field(None, max_length=4096)
-    tool_calls: Any = None
-    tool_call_id: str | None = None
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _no_tool_calls(cls, v: Any) -> Any:
-        return _unset(v, "tool_calls", "tool calling is not built yet")
+    tool_calls: Annotated[list[ToolCall], Field(max_length=L.MAX_LIST)] | None = None
+    tool_call_id: str | None = Field(None, max_length=4096)
 
     def template_dict(self) -> dict[str, Any]:
         """The message as the chat template sees it: text parts joined by newlines (as vLLM
-        does for string-content templates), unset keys left out."""
+        does for string-content templates), unset keys left out, and a tool call's
+        `arguments` given as JSON text parsed into a dict, as vLLM hands them to templates
+        that iterate them."""
         d = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             d["content"] = "\n".join(p.text for p in self.content)
         elif self.content is None:
             d["content"] = ""
+        for call in d.get("tool_calls") or []:
+            args = call.get("function", {}).get("arguments")
+            if isinstance(args, str):
+                try:
+                    parsed = json.loads(args)
+                except ValueError:
+                    continue  # the template gets the text as the client sent it
+                if isinstance(parsed, dict):
+                    call["function"]["arguments"] = parsed
         return d
 
 
@@ -422,7 +486,8 @@ class ChatCompletionIn(SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | \
         None = Field(None, description="vLLM: passed to the chat template (with "
                                        "enable_thinking unless the kwargs set it).")
-    tools: list[Any] | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=L.MAX_LIST)] | None = Field(
+        None, description="Rendered into the chat template (its `tools` variable).")
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
@@ -459,17 +524,23 @@ class ChatCompletionIn(SamplingFields):
             return v
         return _unset(v, str(info.field_name), "not built on chat")
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
-        return _unset(v, "tools", "tool calling is not built yet")
-
     @field_validator("tool_choice")
     @classmethod
-    def _no_tool_choice(cls, v: Any) -> Any:
+    def _tool_choice(cls, v: Any, info: ValidationInfo) -> Any:
+        """As vLLM's server run without `--tool-call-parser` answers: "none" (or no tools)
+        samples plain text; "auto" (the default when tools are given) and "required" or a
+        named tool need a tool-call parser, which the gateway does not run."""
+        tools = info.data.get("tools")
         if v in (None, "none"):
             return v
-        raise ValueError("only tool_choice 'none' is supported (tool calling is not built yet)")
+        if not tools:
+            raise ValueError("When using `tool_choice`, `tools` must be set.")
+        if v == "auto":
+            raise ValueError(AUTO_TOOLS_REFUSED)
+        which = f'function "{v.get("function", {}).get("name")}"' if isinstance(v, dict) \
+            else f'"{v}"'
+        raise ValueError(f"tool_choice={which} requires --tool-call-parser to be set (the "
+                         'gateway parses no tool calls: send tool_choice "none")')
 
     @field_validator("response_format")
     @classmethod
@@ -479,11 +550,19 @@ class ChatCompletionIn(SamplingFields):
                              "(constrained decoding is not built)")
         return v
 
+    @property
+    def tool_choice_refused(self) -> str | None:
+        """vLLM's refusal of `tools` given without `tool_choice` (the default is "auto",
+        which needs a tool-call parser); None when the request is served."""
+        return AUTO_TOOLS_REFUSED if self.tools and self.tool_choice is None else None
+
     def template_kwargs(self) -> dict[str, Any]:
         """The chat template's extra variables, as vLLM builds them: `reasoning_effort`
         (and `enable_thinking` from it unless the caller's kwargs set it), then the caller's
         `chat_template_kwargs`."""
         extra: dict[str, Any] = {} if self.documents is None else {"documents": self.documents}
+        if self.tools:
+            extra["tools"] = self.tools
         user = self.chat_template_kwargs or {}
         if self.reasoning_effort is not None:
             extra["reasoning_effort"] = self.reasoning_effort

@@ -10,7 +10,9 @@ else; left out: what the context leaves, as vLLM's server sets it). Refused by n
 the OpenAI routes: `min_p` other than 0, `logit_bias`, `allowed_token_ids`, `bad_words`
 (vLLM does not apply the first two in an engine that speculates; the others are not
 built), string stops (the route is token-level: use `stop_token_ids`), `prompt_logprobs`
-(served by `/v1/completions` with `echo`), beam search and structured outputs. A `seed`
+(served by `/v1/completions` with `echo`), beam search and structured outputs; keys of
+`sampling_params` that vLLM's `SamplingParams` does not define (other unknown keys are
+ignored, as vLLM's server ignores them). A `seed`
 makes the request repeat bit for bit (keyed sampling by that seed, as on the OpenAI routes).
 """
 
@@ -30,6 +32,13 @@ DEFAULT_MAX_TOKENS = 16
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Request(BaseModel):
+    """A top-level body: keys it does not define are ignored, as vLLM's server ignores them
+    (`sampling_params` keeps vLLM's `SamplingParams` keys only: an unknown one is refused)."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 def _unset(value: Any, name: str, why: str) -> Any:
@@ -149,12 +158,12 @@ class VllmSampling(_Body):
             ignore_eos=self.ignore_eos, **kw)
 
 
-class StreamOptions(_Body):
+class StreamOptions(_Request):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class GenerateTokensIn(_Body):
+class GenerateTokensIn(_Request):
     """POST /inference/v1/generate: one prompt as token ids."""
 
     request_id: str | None = Field(None, max_length=4096)
@@ -207,7 +216,7 @@ class GenerateLogProbs(BaseModel):
     content: list[GenerateLogProbsContent] | None = None
 
 
-class TokenizeIn(_Body):
+class TokenizeIn(_Request):
     """POST /tokenize: a text prompt, or `messages` rendered with the chat template."""
 
     model: str | None = Field(None, max_length=4096)
@@ -232,7 +241,7 @@ class TokenizeIn(_Body):
         return _unset(v, "continue_final_message", "not built yet")
 
 
-class DetokenizeIn(_Body):
+class DetokenizeIn(_Request):
     """POST /detokenize: token ids to text."""
 
     model: str | None = Field(None, max_length=4096)

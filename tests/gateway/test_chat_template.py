@@ -76,3 +76,42 @@ def test_the_template_is_sandboxed_and_its_refusals_are_errors() -> None:
     js = ChatTemplate("{{ messages | tojson }}", {})
     assert js.render([{"role": "user", "content": "<é>"}]) == \
         '[{"role": "user", "content": "<é>"}]'
+
+
+TOOL_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}:"
+    "{{ t.function.parameters | tojson }};{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<call {{ c.function.name }}>"
+    "{% for k, v in c.function.arguments.items() %}{{ k }}={{ v }},{% endfor %}</call>"
+    "{% endfor %}{% else %}{{ m.content }}{% endif %}"
+    "{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_tools_and_tool_turns_render_as_transformers_does(real_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """An agent's history (`tools`, an assistant turn's `tool_calls` with JSON-text
+    arguments, the tool's answer) rendered as transformers renders it, which is what vLLM
+    samples from (vLLM parses the arguments into a dict for templates that iterate them)."""
+    transformers = pytest.importorskip("transformers")
+    from bubblespec.protocol.openai import ChatCompletionIn
+
+    tool = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}
+    body = ChatCompletionIn.model_validate({"tools": [tool], "tool_choice": "none", "messages": [
+        {"role": "user", "content": "2 + 3?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"}]})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TOOL_TEMPLATE}))
+    template = ChatTemplate.load(str(tmp_path))
+    assert template is not None
+    turns = [m.template_dict() for m in body.messages]
+    got = template.render(turns, True, body.template_kwargs())
+    tok = transformers.AutoTokenizer.from_pretrained(str(real_dir))
+    want = tok.apply_chat_template(turns, tools=[tool], chat_template=TOOL_TEMPLATE,
+                                   add_generation_prompt=True, tokenize=False)
+    assert got == want
+    assert "<call add>a=2,b=3,</call>" in got and "[c1]" in got and "add:{" in got

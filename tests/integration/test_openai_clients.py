@@ -168,8 +168,7 @@ def test_bad_input_is_a_400_naming_the_param(client: Any, task: Any) -> None:
             client.completions.create(model="m", prompt=ids, **kw)
         assert e.value.status_code == 400 and e.value.param == param, (kw, e.value.body)
     for extra, param in [({"min_p": 0.1}, "min_p"),
-                         ({"bogus": 1}, "bogus"), ({"stop_token_ids": [10**6]},
-                                                   "stop_token_ids[0]")]:
+                         ({"stop_token_ids": [10**6]}, "stop_token_ids[0]")]:
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="m", prompt=ids, extra_body=extra)
         assert e.value.param == param, (extra, e.value.body)

@@ -106,8 +106,7 @@ def test_vllm_extensions_map_to_the_sampling_params() -> None:
     ({"prompt": [1], "n": 2, "seed": L.MAX_SEED}, "seed"),
     ({"prompt": [1], "seed_mode": "lucky"}, "seed_mode"),
     ({"prompt": [1], "next_prompts": [[]]}, "next_prompts"),
-    ({"prompt": [1], "stream_options": {"x": 1}}, "stream_options.x"),
-    ({"prompt": [1], "guided_json": {}}, "guided_json"),
+    ({"prompt": [1], "guided_json": {"type": "object"}}, "guided_json"),
     ({"prompt": [1], "allowed_token_ids": [1]}, "allowed_token_ids"),
 ])
 def test_completion_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
@@ -127,6 +126,20 @@ def test_chat_body_and_messages_for_the_template() -> None:
     assert [m.template_dict() for m in body.messages] == [
         {"role": "user", "content": "a\nb"},
         {"role": "assistant", "content": "", "tool_calls": [], "reasoning_content": "hm"}]
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    agent = ChatCompletionIn.model_validate({**CHAT, "tools": [tool], "tool_choice": "none",
+                                             "messages": [
+        {"role": "user", "content": "2 + 3?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"}]})
+    assert agent.template_kwargs() == {"tools": [tool]} and agent.tool_choice_refused is None
+    auto = ChatCompletionIn.model_validate({**CHAT, "tools": [tool]})  # "auto" by default
+    assert auto.tool_choice_refused and "--tool-call-parser" in auto.tool_choice_refused
+    turns = [m.template_dict() for m in agent.messages]
+    assert turns[1]["tool_calls"][0]["function"]["arguments"] == {"a": 2, "b": 3}  # as vLLM
+    assert turns[2] == {"role": "tool", "tool_call_id": "c1", "content": "5"}
     plain = ChatCompletionIn.model_validate(CHAT)
     assert plain.budget is None and plain.max_tokens_field == "max_tokens"
     assert plain.add_generation_prompt and not plain.logprobs
@@ -140,14 +153,16 @@ def test_chat_body_and_messages_for_the_template() -> None:
      "messages[0].content"),
     ({**CHAT, "top_logprobs": 2}, "top_logprobs"),
     ({**CHAT, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
-    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": "required"}, "tool_choice"),
     ({**CHAT, "tool_choice": "auto"}, "tool_choice"),
     ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
     ({**CHAT, "continue_final_message": True}, "continue_final_message"),
     ({**CHAT, "presence_penalty": 3}, "presence_penalty"),
     ({**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({**CHAT, "messages": [{"role": "assistant", "content": "x",
-                            "tool_calls": [{"id": "1"}]}]}, "messages[0].tool_calls"),
+                            "tool_calls": [{"id": "1"}]}]},
+     "messages[0].tool_calls[0].function"),
     ({**CHAT, "echo": True}, "echo"),
 ])
 def test_chat_refusals_name_the_field(body: dict[str, Any], field: str) -> None:

@@ -224,6 +224,8 @@ class OpenAiServing:
 
     async def chat_completions(self, body: ChatCompletionIn) -> ChatCompletionOut:
         f = self.fronts
+        if body.tool_choice_refused:
+            raise ApiError(400, body.tool_choice_refused, "tool_choice")
         template = f.chat_template()
         if template is None:
             raise ApiError(400, "the model has no chat template (its tokenizer_config.json "
