@@ -48,6 +48,11 @@ PUBLIC_VLLM: dict[str, set[str]] = {
     "vllm.inputs": {"TokensPrompt"},
     "vllm.engine.arg_utils": {"AsyncEngineArgs"},
     "vllm.v1.engine.async_llm": {"AsyncLLM"},
+    # the request bodies of vLLM's HTTP API (its wire contract), which the field-parity test
+    # (tests/protocol/test_vllm_fields.py) holds the gateway's bodies against
+    "vllm.entrypoints.openai.completion.protocol": {"CompletionRequest"},
+    "vllm.entrypoints.openai.chat_completion.protocol": {"ChatCompletionRequest"},
+    "vllm.entrypoints.scale_out.token_in_token_out.protocol": {"GenerateRequest"},
 }
 """vLLM modules (and their names) that any module may import: the public API."""
 

@@ -193,7 +193,7 @@ class ProposerDriver:
             num_tokens_no_spec=np.ones(n, dtype=np.int32),
             token_ids_cpu=np.array(first, dtype=np.int32).reshape(n, 1))
         """The stand-in runner's input batch (what `vllm_glue.batch_view` reads)."""
-        self.prop.runner = ns(input_batch=self.batch)
+        self.prop.runner = ns(input_batch=self.batch, requests={})  # no request's state
         if deferred is not None:  # the appends come back to the bench, to be timed apart
             self.prop._appender = _Handover(deferred)
 
