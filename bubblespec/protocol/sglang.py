@@ -102,14 +102,16 @@ class SglSamplingParams(_Body):
         return v
 
     def to_sampling(self) -> SamplingParams:
-        """bubblespec's sampling parameters of one sample of this request."""
+        """bubblespec's sampling parameters of one sample of this request (`seed_mode` only
+        when the request names it, so that the gateway's hand-off default applies to a step
+        that hands prompts ahead, as on the other APIs)."""
         return SamplingParams(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_new_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
-            seed_mode=self.seed_mode)
+            **({"seed_mode": self.seed_mode} if "seed_mode" in self.model_fields_set else {}))
 
 
 def _off(value: Any, name: str, default: Any = None) -> Any:

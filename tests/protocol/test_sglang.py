@@ -55,6 +55,10 @@ def test_slime_payload_is_accepted_and_maps_to_the_sampling_params() -> None:
     sp = g.sampling_params.to_sampling()
     assert (sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens) == (1.0, 0.9, -1, 64)
     assert sp.stop_token_ids == (2,) and sp.seed_mode is SeedMode.DEFAULT
+    assert "seed_mode" not in sp.model_fields_set  # the gateway's hand-off default applies
+    named = GenerateIn.model_validate({**SLIME, "sampling_params": {
+        **SLIME["sampling_params"], "seed_mode": "default"}}).sampling_params.to_sampling()
+    assert "seed_mode" in named.model_fields_set and named.seed_mode is SeedMode.DEFAULT
     assert g.sampling_params.sampling_seed == 42 and g.sampling_params.no_stop_trim
 
 
