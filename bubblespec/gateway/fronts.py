@@ -39,7 +39,8 @@ from bubblespec.gateway.steps import step_batcher
 from bubblespec.http.errors import error_field
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import RolloutRequest, RolloutResponse
-from bubblespec.protocol.openai import ErrorDetail, ErrorOut
+from bubblespec.protocol.limits import TopLogprobs
+from bubblespec.protocol.openai import ChatLogprobs, ChatTokenLogprob, ErrorDetail, ErrorOut
 from bubblespec.protocol.sampling import SamplingParams
 
 M = TypeVar("M", bound=BaseModel)
@@ -105,6 +106,34 @@ inf)."""
 
 def clamp_logprob(x: float) -> float:
     return MIN_LOGPROB if math.isnan(x) else max(float(x), MIN_LOGPROB)
+
+
+def position_entries(top: TopLogprobs | None, i: int, token: int,
+                     logprob: float) -> list[tuple[int, float]]:
+    """Output position i's [token id, log-prob] entries in vLLM's order (the sampled token
+    first, then by rank); only the sampled token when no alternatives were asked for."""
+    if top is not None and i < len(top) and top[i]:
+        return [(int(t), float(lp)) for t, lp in top[i]]
+    return [(token, logprob)]
+
+
+def chat_logprobs(f: FrontServices, ids: list[int], lps: list[float],
+                  top: TopLogprobs | None, n: int, as_id: bool = False) -> ChatLogprobs:
+    """Log-probs in OpenAI's chat shape (vLLM's chat route and the generate route's text
+    mode): each token's text, log-prob and bytes with the first n entries of vLLM's list;
+    `as_id` spells tokens `token_id:<id>` (vLLM's `return_tokens_as_token_ids`)."""
+    content = []
+    for i, (t, lp) in enumerate(zip(ids, lps)):
+        text = f.decode([t], False)
+        alts = []
+        for a, alp in position_entries(top, i, t, lp)[:n]:
+            tok = f"token_id:{a}" if as_id else f.decode([a], False)
+            alts.append({"token": tok, "logprob": clamp_logprob(alp),
+                         "bytes": list(tok.encode("utf-8", errors="replace"))})
+        content.append(ChatTokenLogprob(token=f"token_id:{t}" if as_id else text,
+                                        logprob=clamp_logprob(lp), top_logprobs=alts,
+                                        bytes=list(text.encode("utf-8", errors="replace"))))
+    return ChatLogprobs(content=content)
 
 
 def sse(chunks: list[dict[str, Any]]) -> StreamingResponse:

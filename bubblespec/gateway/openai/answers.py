@@ -7,16 +7,14 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from bubblespec.gateway.fronts import FrontServices, sse
+from bubblespec.gateway.fronts import FrontServices, chat_logprobs, position_entries, sse
 from bubblespec.gateway.fronts import clamp_logprob as _lp
 from bubblespec.gateway.openai.choice import Choice
 from bubblespec.protocol.openai import (
     ChatChoice,
     ChatCompletionIn,
     ChatCompletionOut,
-    ChatLogprobs,
     ChatMessageOut,
-    ChatTokenLogprob,
     CompletionChoice,
     CompletionIn,
     CompletionLogprobs,
@@ -28,14 +26,6 @@ def _token(f: FrontServices, token_id: int, as_id: bool) -> str:
     """A token as the answer spells it: its text, or `token_id:<id>` (vLLM's
     `return_tokens_as_token_ids`)."""
     return f"token_id:{token_id}" if as_id else f.decode([token_id], False)
-
-
-def _top(ch: Choice, i: int) -> list[tuple[int, float]]:
-    """Position i's [token id, log-prob] entries, the sampled token first (only it when the
-    request asked for no alternatives)."""
-    if ch.top is not None and i < len(ch.top) and ch.top[i]:
-        return [(int(t), float(lp)) for t, lp in ch.top[i]]
-    return [(ch.ids[i], ch.logprobs[i])]
 
 
 def _offsets(tokens: list[str]) -> list[int]:
@@ -54,7 +44,8 @@ def completion_logprobs(f: FrontServices, ch: Choice, n: int,
     entries of vLLM's list: n + 1 when the sampled token is not among the top n)."""
     tokens = [_token(f, t, as_id) for t in ch.ids]
     lps = [_lp(x) for x in ch.logprobs]
-    top = [{_token(f, t, as_id): _lp(lp) for t, lp in _top(ch, i)[:n + 1]}
+    top = [{_token(f, t, as_id): _lp(lp)
+            for t, lp in position_entries(ch.top, i, ch.ids[i], ch.logprobs[i])[:n + 1]}
            for i in range(len(ch.ids))]
     return CompletionLogprobs(text_offset=_offsets(tokens), token_logprobs=list(lps),
                               tokens=tokens, top_logprobs=list(top))
@@ -69,23 +60,6 @@ def echo_logprobs(f: FrontServices, ids: list[int], logprobs: list[float | None]
     return CompletionLogprobs(
         text_offset=_offsets(tokens), token_logprobs=vals, tokens=tokens,
         top_logprobs=[None if v is None else {t: v} for t, v in zip(tokens, vals)])
-
-
-def chat_logprobs(f: FrontServices, ch: Choice, n: int, as_id: bool = False) -> ChatLogprobs:
-    """The tokens' log-probs in OpenAI's chat shape, as vLLM answers `top_logprobs: n`: each
-    token with the first n entries of vLLM's list (the sampled token first)."""
-    content = []
-    for i, (t, lp) in enumerate(zip(ch.ids, ch.logprobs)):
-        text = f.decode([t], False)
-        alts = []
-        for a, alp in _top(ch, i)[:n]:
-            tok = _token(f, a, as_id)
-            alts.append({"token": tok, "logprob": _lp(alp),
-                         "bytes": list(tok.encode("utf-8", errors="replace"))})
-        content.append(ChatTokenLogprob(token=f"token_id:{t}" if as_id else text,
-                                        logprob=_lp(lp), top_logprobs=alts,
-                                        bytes=list(text.encode("utf-8", errors="replace"))))
-    return ChatLogprobs(content=content)
 
 
 def completion_choice(f: FrontServices, body: CompletionIn, ch: Choice) -> CompletionChoice:
@@ -103,7 +77,8 @@ def chat_choice(f: FrontServices, body: ChatCompletionIn, ch: Choice) -> ChatCho
     return ChatChoice(
         index=ch.index, message=ChatMessageOut(content=ch.text),
         finish_reason=ch.finish_reason, stop_reason=ch.stop_reason,
-        logprobs=chat_logprobs(f, ch, body.num_top_logprobs, body.return_tokens_as_token_ids)
+        logprobs=chat_logprobs(f, ch.ids, ch.logprobs, ch.top, body.num_top_logprobs,
+                               body.return_tokens_as_token_ids)
         if body.logprobs else None,
         token_ids=ch.ids if body.return_token_ids else None, bubblespec=ch.meta)
 

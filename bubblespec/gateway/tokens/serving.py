@@ -10,7 +10,7 @@ from typing import Any
 
 from bubblespec.batching import Answer, Ask
 from bubblespec.gateway.chat_template import ChatTemplateError
-from bubblespec.gateway.fronts import FrontServices, for_caller
+from bubblespec.gateway.fronts import FrontServices, chat_logprobs, for_caller, position_entries
 from bubblespec.gateway.fronts import clamp_logprob as _lp
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import PromptIn, RolloutRequest
@@ -31,29 +31,12 @@ def tokens_logprobs(ids: list[int], lps: list[float], top: TopLogprobs | None,
     max(n, 1) entries of the engine's list (the sampled token first, then by rank)."""
     content = []
     for i, (t, lp) in enumerate(zip(ids, lps)):
-        entries = top[i] if top is not None and i < len(top) and top[i] else [(t, lp)]
+        entries = position_entries(top, i, t, lp)
         content.append(GenerateLogProbsContent(
             token_id=t, logprob=_lp(lp),
             top_logprobs=[GenerateLogProb(token_id=int(a), logprob=_lp(x))
                           for a, x in entries[:max(n, 1)]]))
     return GenerateLogProbs(content=content)
-
-
-def text_logprobs(f: FrontServices, ids: list[int], lps: list[float],
-                  top: TopLogprobs | None, n: int) -> dict[str, Any]:
-    """`output_mode: "text"`: the chat shape of log-probs (token text and bytes)."""
-    content = []
-    for i, (t, lp) in enumerate(zip(ids, lps)):
-        entries = top[i] if top is not None and i < len(top) and top[i] else [(t, lp)]
-        text = f.decode([t], False)
-        alts = []
-        for a, x in entries[:max(n, 1)]:
-            tok = f.decode([int(a)], False)
-            alts.append({"token": tok, "logprob": _lp(x),
-                         "bytes": list(tok.encode("utf-8", errors="replace"))})
-        content.append({"token": text, "logprob": _lp(lp), "top_logprobs": alts,
-                        "bytes": list(text.encode("utf-8", errors="replace"))})
-    return {"content": content}
 
 
 def _field(internal: str) -> str:
@@ -129,7 +112,8 @@ class TokensServing:
                                   "stop_reason": stop_reason, "token_ids": ids}
         top = None if s is None else s.output_top_logprobs
         if sp.logprobs is not None:
-            choice["logprobs"] = (text_logprobs(self.fronts, ids, lps, top, sp.logprobs)
+            choice["logprobs"] = (chat_logprobs(self.fronts, ids, lps, top,
+                                                max(sp.logprobs, 1)).model_dump()
                                   if text_mode else
                                   tokens_logprobs(ids, lps, top, sp.logprobs).model_dump())
         else:
