@@ -49,6 +49,12 @@ def sampling(draw: st.DrawFn, vocab: int, eos: int, max_new: int = 40, exclude: 
             [1.0, 1.0, 1.1, 1.5, L.MIN_REPETITION_PENALTY, L.MAX_REPETITION_PENALTY])),
         "ignore_eos": draw(st.booleans()),
         "seed_mode": draw(st.sampled_from(["default", "keyed", "keyed_context"])),
+        # min_p and logit_bias decode without drafts; drawn often enough to share batches
+        "min_p": draw(st.sampled_from([0.0, 0.0, 0.0, 0.05, 0.5, 1.0])),
+        "logit_bias": draw(st.one_of(st.just({}), st.just({}), st.dictionaries(
+            token_ids(vocab, exclude),
+            st.sampled_from([-L.MAX_LOGIT_BIAS, -5.0, 0.0, 2.5, L.MAX_LOGIT_BIAS]),
+            min_size=1, max_size=3))),
     }
     stops = draw(st.lists(token_ids(vocab, exclude), max_size=3))
     if draw(st.booleans()):

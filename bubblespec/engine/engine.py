@@ -471,7 +471,9 @@ class RolloutEngine:
                 first_divergence=diverged if 0 <= diverged < n_out else None,
                 draft_ran_out=bool(ran_out) if 0 <= diverged < n_out else None,
                 num_accepted_after_divergence=min(acc_after, accepted),
-                num_recouplings=recouple)
+                num_recouplings=recouple,
+                drafts_off=requests[sub.req_index].sampling.drafts_off if self.speculative
+                else ())
             results[sub.req_index].samples.append(SampleResult(
                 output_ids=sub.ids, output_logprobs=sub.logprobs[:n_out],
                 sample_index=sub.sample_index, meta=meta,

@@ -38,12 +38,14 @@ from bubblespec.core.candidates import Calibration, SourceStats
 from bubblespec.core.draft_budget import DraftBudget
 from bubblespec.core.engine_time import EngineTime
 from bubblespec.engine.faults import install_biased_verifier
+from bubblespec.engine.sampling import drafts_off
 from bubblespec.engine.vllm_glue import (
     VllmProposer,
     batch_view,
     install_sampler_fixes,
     max_model_len,
     num_speculative_tokens,
+    request_extra_args,
     request_min_tokens,
     vocab_size,
 )
@@ -93,6 +95,8 @@ class BubbleSpecProposer:
         self.acc_rej: dict[str, list[int]] = {}  # running request -> [accepted, rejections]
         self.cap_steps = self.cap_sum = 0
         self.min_tokens: dict[str, int] = {}  # running request -> its min_tokens (when > 0)
+        self.drafts_off: set[str] = set()  # running requests with min_p or logit_bias
+        self.undrafted_steps = 0  # request-steps they decoded without drafts
         install_sampler_fixes()
 
     # ------------------------------------------------------------------ control (RPC)
@@ -221,7 +225,9 @@ class BubbleSpecProposer:
                 "aligned": len(self.aligned), "finished_stats": len(self.finished),
                 "drafts_dropped": self.drafts_dropped, "branches": len(self.branches),
                 "branches_taken": self.branches_taken, "append_errors": self.append_errors,
-                "draft_cap_rows": self.cap_steps, "draft_cap_sum": self.cap_sum}
+                "draft_cap_rows": self.cap_steps, "draft_cap_sum": self.cap_sum,
+                "drafts_off_requests": len(self.drafts_off),
+                "undrafted_steps": self.undrafted_steps}
 
     def source_stats(self, reset: bool = False) -> dict[str, int]:
         """Per draft source: engine steps it won, its drafted and accepted tokens (and the
@@ -264,6 +270,8 @@ class BubbleSpecProposer:
         least = request_min_tokens(self.runner, req_id)
         if least > 0:
             self.min_tokens[req_id] = least
+        if drafts_off(request_extra_args(self.runner, req_id)):
+            self.drafts_off.add(req_id)
         seq_id = ("out", base, n_tokens)
         done = token_ids_cpu[row, n_prompt:n_tokens].tolist()
         if self.siblings or self.self_context:
@@ -284,6 +292,7 @@ class BubbleSpecProposer:
         st = self.reqs.pop(req_id)
         self.acc_rej.pop(req_id, None)
         self.min_tokens.pop(req_id, None)
+        self.drafts_off.discard(req_id)
         self.branching.pop(req_id, None)
         self._order = None
         gtok = parse_request_id(req_id)[0]
@@ -338,6 +347,9 @@ class BubbleSpecProposer:
         defer = extend and self.defer_appends
         caps = None if inner is not None else self._caps(ids, reqs, sampled_token_ids,
                                                           num_tokens_no_spec)
+        if self.min_tokens or self.drafts_off:
+            caps = self._hold(ids, caps, len(sampled_token_ids), num_tokens_no_spec,
+                              batch.num_prompt_tokens)
         out = step(self.index, reqs, sampled_token_ids, num_tokens_no_spec, self.k,
                    self.max_model_len, self.params, self.calib, self.src_stats,
                    extend_index=extend and not defer,
@@ -347,8 +359,6 @@ class BubbleSpecProposer:
             for rid in [r for r in self.reqs if r not in live]:
                 self._finish(rid)
             self._order, self._order_reqs = ids, reqs
-        if self.min_tokens:
-            self._hold_to_min_tokens(ids, out, num_tokens_no_spec, batch.num_prompt_tokens)
         if defer and self._appender is not None:  # requests that left emitted nothing
             self._pending = self._appender.submit(extend_requests, self.index, reqs,
                                                   list(sampled_token_ids))
@@ -387,24 +397,37 @@ class BubbleSpecProposer:
         self.cap_sum += int(caps.sum())
         return caps.tolist()
 
-    def _hold_to_min_tokens(self, ids: list[str], drafts: list[list[int]], num_tokens: Any,
-                            n_prompt: Any) -> None:
-        """Cut the drafts of requests short of their `min_tokens` so that no verification
-        step crosses it. vLLM masks the stop tokens of drafted positions before `min_tokens`
-        exactly, but the bonus token of a step is masked by the output length before the
-        step: a step from n < min_tokens output tokens whose bonus lies at or past
-        min_tokens would mask the stop tokens there, where decoding without drafts would
-        not. So such a request drafts at most min_tokens - n - 1 tokens (lossless; a
-        request at or past its min_tokens drafts as any other)."""
-        for i, rid in enumerate(ids):
+    def _hold(self, ids: list[str], caps: list[int] | None, n: int, num_tokens: Any,
+              n_prompt: Any) -> list[int]:
+        """`caps` (None: k each) lowered for the requests whose drafts vLLM would not verify
+        exactly, before any draft is chosen (so the counters and the acceptance statistics
+        see what is sent):
+
+        - min_p or logit_bias (`drafts_off`): no drafts. vLLM's rejection sampler does not
+          apply them to drafted positions; its sampler applies them to every token it draws
+          itself (`vllm_glue.install_min_p_and_logit_bias`), so these requests decode one
+          token per step, as without speculation.
+        - short of `min_tokens`: at most min_tokens - n - 1 draft tokens from n output
+          tokens. vLLM masks the stop tokens of drafted positions before `min_tokens`
+          exactly, but the bonus token of a step is masked by the output length before the
+          step: a step whose bonus lies at or past min_tokens would mask the stop tokens
+          there, where decoding without drafts would not. A request at or past its
+          min_tokens drafts as any other."""
+        out = [self.k] * n if caps is None else list(caps)
+        for i, rid in enumerate(ids[:n]):
+            if rid in self.drafts_off:
+                out[i] = 0
+                self.undrafted_steps += 1
+                continue
             least = self.min_tokens.get(rid)
-            if least is None or i >= len(drafts):
+            if least is None:
                 continue
             n_out = int(num_tokens[i]) - int(n_prompt[i])
             if n_out >= least:
                 del self.min_tokens[rid]
-            elif len(drafts[i]) > least - n_out - 1:
-                drafts[i] = drafts[i][:max(least - n_out - 1, 0)]
+            else:
+                out[i] = min(out[i], max(least - n_out - 1, 0))
+        return out
 
     def _take_branches(self, ids: list[str], reqs: list[Any], sampled: list[list[int]]) -> None:
         """Requests whose new tokens left their aligned response where a margin branch takes

@@ -3,7 +3,8 @@
 
 Keyed sampling (`seed_mode: keyed`, temperature > 0) does not seed vLLM's sampler: the seed
 travels in `extra_args` to the keyed sampler (`engine/keyed.py`), which draws keyed Gumbel
-noise per (seed, position), or per context key with `seed_mode: keyed_context`.
+noise per (seed, position), or per context key with `seed_mode: keyed_context`. min_p and
+logit_bias travel in `extra_args` too (vLLM refuses them in a speculating engine's requests).
 """
 
 from __future__ import annotations
@@ -19,6 +20,28 @@ KEY_ARG = "bubblespec_keyed_seed"
 CONTEXT_ARG = "bubblespec_keyed_context"
 #: `extra_args` key: output position of the first generated token (a margin branch).
 START_ARG = "bubblespec_keyed_start"
+#: `extra_args` keys of min_p and logit_bias ([token id, bias] pairs): vLLM refuses both
+#: fields in a request to an engine that speculates, so they travel here to vLLM's own
+#: processors, loaded from them (`vllm_glue.install_min_p_and_logit_bias`).
+MIN_P_ARG = "bubblespec_min_p"
+BIAS_ARG = "bubblespec_logit_bias"
+
+
+def min_p_of(extra: dict | None) -> float:
+    """A request's min_p, from its `extra_args` (0: off)."""
+    return float((extra or {}).get(MIN_P_ARG, 0.0))
+
+
+def logit_bias_of(extra: dict | None) -> dict[int, float] | None:
+    """A request's logit bias, from its `extra_args` (None: none)."""
+    pairs = (extra or {}).get(BIAS_ARG)
+    return {int(t): float(b) for t, b in pairs} if pairs else None
+
+
+def drafts_off(extra: dict | None) -> bool:
+    """The request samples with min_p or logit_bias, which vLLM's sampler applies and its
+    speculative verification does not: it must decode without drafts."""
+    return bool(extra) and (MIN_P_ARG in extra or BIAS_ARG in extra)
 
 
 def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
@@ -38,7 +61,7 @@ def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
         max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
         ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=top_logprobs,
         detokenize=False, output_kind=RequestOutputKind.DELTA,
-        extra_args=_keyed_args(sp, seed, start))
+        extra_args=_extra_args(sp, seed, start))
 
 
 def vllm_scoring() -> Any:
@@ -54,10 +77,16 @@ def vllm_scoring() -> Any:
                               detokenize=False, output_kind=RequestOutputKind.DELTA)
 
 
-def _keyed_args(sp: SamplingParams, seed: int | None, start: int = 0) -> dict | None:
-    if not sp.keyed:
-        return None
-    args: dict = {KEY_ARG: seed, CONTEXT_ARG: True} if sp.keyed_by_context else {KEY_ARG: seed}
-    if start:
-        args[START_ARG] = int(start)
-    return args
+def _extra_args(sp: SamplingParams, seed: int | None, start: int = 0) -> dict | None:
+    args: dict = {}
+    if sp.keyed:
+        args[KEY_ARG] = seed
+        if sp.keyed_by_context:
+            args[CONTEXT_ARG] = True
+        if start:
+            args[START_ARG] = int(start)
+    if sp.min_p > 0:
+        args[MIN_P_ARG] = sp.min_p
+    if sp.logit_bias:
+        args[BIAS_ARG] = [[t, b] for t, b in sp.logit_bias]
+    return args or None

@@ -57,6 +57,11 @@ def validate_request(req: GenRequest, vocab_size: int, max_model_len: int) -> No
     if i is not None:
         raise InvalidRequest(f"sampling_params.stop_token_ids[{i}]",
                              f"token id {s.stop_token_ids[i]!r} outside [0, {vocab_size})")
+    for t, _ in s.logit_bias:
+        if t >= vocab_size:  # vLLM's wording (its SamplingParams refuses these too)
+            raise InvalidRequest("sampling_params.logit_bias",
+                                 f"token_id(s) [{t}] in logit_bias contain out-of-vocab token "
+                                 f"ids. Vocabulary size: {vocab_size}")
     if s.keyed and req.seeds is None:
         raise InvalidRequest("seeds", f"seed_mode '{s.seed_mode.value}' needs one seed per "
                                       "sample")

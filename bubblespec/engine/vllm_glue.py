@@ -36,6 +36,9 @@ What it offers, by caller:
   `request_extra_args`, `request_temperature`, `request_min_tokens`), masks logits with vLLM's
   `apply_top_k_top_p` and returns what the sampler returns beside its samples
   (`processed_logits`).
+- Every engine loads vLLM's min_p and logit_bias logits processors, which vLLM leaves out
+  of an engine that speculates, fed from each request's `extra_args`
+  (`install_min_p_and_logit_bias`).
 - Injected faults (`faults.py`) replace the verification kernel (`register_verifier`,
   through vLLM's kernel registry, keyed by the kernel's module path).
 """
@@ -194,6 +197,80 @@ def request_min_tokens(runner: Any, req_id: str) -> int:
     st = runner.requests.get(req_id)
     sp = getattr(st, "sampling_params", None) if st else None
     return int(getattr(sp, "min_tokens", 0) or 0) if sp is not None else 0
+
+
+def install_min_p_and_logit_bias(runner: Any, min_p_of: Callable[[dict | None], float],
+                                 bias_of: Callable[[dict | None], dict[int, float] | None],
+                                 ) -> bool:
+    """Load vLLM's own min_p and logit_bias logits processors into the runner's batch (once,
+    before any request), reading each request's values from its `extra_args` through
+    `min_p_of` / `bias_of`. vLLM 0.32 refuses min_p and logit_bias in a request to an engine
+    that speculates and builds neither processor there, because its rejection sampler
+    applies neither to drafted positions; so bubblespec sends them in `extra_args`. Loaded,
+    vLLM's sampler applies both, in its own order (min_tokens, bias, then min_p after the
+    temperature), to every token it draws itself: every token of a step without drafts and
+    every step's bonus token; the proposer gives such requests no drafts. A rebuilt input
+    batch keeps the processors (vLLM passes them on). False when already loaded."""
+    from vllm.utils.torch_utils import PIN_MEMORY
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+
+    batch = runner.input_batch
+    procs = list(batch.logitsprocs.all)
+    if any(getattr(p, "bubblespec_args", False) for p in procs):
+        return False
+    if batch.req_ids:
+        raise RuntimeError("logits processors must be loaded before the first request")
+    min_p_cls, bias_cls = _args_processors()
+    procs += [bias_cls(runner.vllm_config, runner.device, PIN_MEMORY, min_p_of, bias_of),
+              min_p_cls(runner.vllm_config, runner.device, PIN_MEMORY, min_p_of, bias_of)]
+    batch.logitsprocs = LogitsProcessors(procs)
+    return True
+
+
+class _Fields(NamedTuple):
+    """What vLLM's min_p and logit_bias processors read of a request's SamplingParams."""
+
+    min_p: float
+    logit_bias: dict[int, float] | None
+
+
+_ARGS_PROCESSORS: tuple[type, type] | None = None
+
+
+def _args_processors() -> tuple[type, type]:
+    """vLLM's MinP and LogitBias processors, fed from `extra_args` (classes made once)."""
+    global _ARGS_PROCESSORS
+    if _ARGS_PROCESSORS is not None:
+        return _ARGS_PROCESSORS
+    import dataclasses
+
+    from vllm.v1.sample.logits_processor.builtin import (
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+    )
+
+    def fed(base: type) -> type:
+        class FromExtraArgs(base):  # type: ignore[misc, valid-type]
+            bubblespec_args = True
+
+            def __init__(self, cfg: Any, device: Any, pin: bool,
+                         min_p_of: Callable[[dict | None], float],
+                         bias_of: Callable[[dict | None], dict[int, float] | None]) -> None:
+                super().__init__(cfg, device, pin)
+                self._read = lambda sp: _Fields(min_p_of(sp.extra_args), bias_of(sp.extra_args))
+
+            def update_state(self, batch_update: Any) -> None:
+                if batch_update and batch_update.added:
+                    batch_update = dataclasses.replace(batch_update, added=[
+                        (i, self._read(sp), prompt, out)
+                        for i, sp, prompt, out in batch_update.added])
+                super().update_state(batch_update)
+
+        FromExtraArgs.__name__ = f"ExtraArgs{base.__name__}"
+        return FromExtraArgs
+
+    _ARGS_PROCESSORS = (fed(MinPLogitsProcessor), fed(LogitBiasLogitsProcessor))
+    return _ARGS_PROCESSORS
 
 
 def processed_logits(runner: Any, masked: torch.Tensor) -> torch.Tensor | None:

@@ -32,17 +32,22 @@ class WorkerExtension:
         return drafter.bubblespec_configure(options)
 
     def bubblespec_install_keyed(self, fault_context_only: bool = False) -> bool:
-        """Install keyed-noise sampling for requests that opt in (any spec mode; once);
-        `fault_context_only` is the exactness tests' negative control."""
+        """Install keyed-noise sampling for requests that opt in (any spec mode; once), and
+        vLLM's min_p and logit_bias processors; `fault_context_only` is the exactness tests'
+        negative control."""
         from bubblespec.engine.keyed import KeyedSampling
+        from bubblespec.engine.sampling import logit_bias_of, min_p_of
 
         if getattr(self, "_bubblespec_keyed", None) is None:
             self._bubblespec_keyed = KeyedSampling(vllm_glue.runner_of(self),
                                                    fault_context_only)
             self._bubblespec_keyed.install()
             # every engine gets this call at start: the CPU rewind of chunked seeded
-            # requests rides along (without it such a batch kills the engine core)
+            # requests rides along (without it such a batch kills the engine core), and so
+            # do vLLM's min_p and logit_bias processors (left out when speculating)
             vllm_glue.install_cpu_generator_rewind(vllm_glue.runner_of(self))
+            vllm_glue.install_min_p_and_logit_bias(vllm_glue.runner_of(self), min_p_of,
+                                                   logit_bias_of)
         return True
 
     def bubblespec_reload_weights(self, path: str) -> bool:

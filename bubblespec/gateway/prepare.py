@@ -158,6 +158,10 @@ class Preparer:
             if t < 0 or (vocab is not None and t >= vocab):
                 raise ApiError(422, f"token id {t} outside [0, {vocab})",
                                    f"sampling_params.stop_token_ids[{j}]")
+        for t, _ in sp.logit_bias:
+            if vocab is not None and t >= vocab:
+                raise ApiError(422, f"token id {t} outside [0, {vocab})",
+                                   "sampling_params.logit_bias")
         prompts = self._ids(req.prompts, "prompts", vocab)
         seeds = self._seeds(req.seeds, len(prompts), req.n, "seeds")
         given = req.next_batches()

@@ -92,6 +92,10 @@ class GatewayMetrics:
             "bubblespec_gateway_pregen_recouplings",
             "Times samples re-joined their pre-generated response after leaving it.",
             registry=r)
+        self.undrafted = Counter(
+            "bubblespec_gateway_undrafted_responses",
+            "Samples decoded without drafts because of their sampling fields (min_p, "
+            "logit_bias: exact, not accelerated).", registry=r)
         self.rank_failures = Counter("bubblespec_gateway_rank_failures",
                                      "Rank calls that failed mid-step.", ["rank"], registry=r)
         self.engine_deaths = Counter(
@@ -146,6 +150,7 @@ class GatewayMetrics:
         self.draft_ran_out.inc(k.responses_draft_ran_out)
         self.accepted_after_divergence.inc(k.num_accepted_after_divergence)
         self.recouplings.inc(k.num_recouplings)
+        self.undrafted.inc(k.responses_undrafted)
         self.reruns.inc(reruns)
 
     def watch_ranks(self, read: Callable[[], tuple[int, int]]) -> None:

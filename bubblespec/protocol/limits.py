@@ -52,14 +52,19 @@ MAX_TEMPERATURE = 2.0
 """vLLM 0.32 refuses a temperature above 2."""
 MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
-MAX_ADDITIVE_PENALTY = 2.0
-"""presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's and vLLM's range)."""
 """Repetition penalties divide or multiply logits: outside [0.01, 100] they only push
 logits towards inf/0 (NaN probabilities), so they are refused."""
+MAX_ADDITIVE_PENALTY = 2.0
+"""presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's and vLLM's range)."""
+MAX_LOGIT_BIAS = 100.0
+"""A logit bias lies in [-100, 100]; the API fronts clamp a larger one into it, as vLLM's
+`SamplingParams` does (OpenAI's documented range)."""
+MAX_LOGIT_BIAS_ENTRIES = 2**18
+"""Most biased tokens of one request (more than any vocabulary has)."""
 MAX_STOP_TOKEN_IDS = 1024
+"""Most stop token ids of one request."""
 MAX_TOP_LOGPROBS = 20
 """Most top alternatives per generated token (vLLM's default `max_logprobs`)."""
-"""Most stop token ids of one request."""
 MAX_PROMPT_TOKENS = 2**24
 """Most token ids of one prompt on the wire (config limits are tighter)."""
 MAX_KEY_CHARS = 256

@@ -9,14 +9,13 @@ Agentic RL frameworks (SkyRL, ART, rLLM, prime-rl) drive vLLM through its OpenAI
 `chat_template_kwargs`, `reasoning_effort`), so that a client switches by address. Top
 log-probs (`logprobs: N`, `top_logprobs: N`) are the engine's, in vLLM's order; the
 penalties and `min_tokens` reach the engine, which applies them in verification too.
+`min_p` and `logit_bias` (clamped into [-100, 100] as vLLM clamps it) reach the engine too,
+whose sampler applies them; vLLM's verification does not, so such a request decodes without
+drafts (exact, not accelerated; its samples' `drafts_off` says so).
 
 What bubblespec cannot serve exactly is refused by name (a 400 whose `param` is the field),
 never ignored:
 
-- `min_p` other than 0, `logit_bias`: vLLM does not apply them in an engine that
-  speculates (it loads neither logits processor when a drafter is configured, and warns), so
-  bubblespec's ranks would ignore them; refused until the ranks apply them on a path
-  without drafts;
 - `best_of` other than n, `use_beam_search`, `suffix`: other sampling procedures;
 - `echo` with `max_tokens` other than 0, `max_tokens: 0` without `echo`, and
   `prompt_logprobs` (vLLM's extension): prompt scoring is served as `echo` + `max_tokens: 0`
@@ -48,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
-from bubblespec.protocol.sampling import SamplingParams, SeedMode
+from bubblespec.protocol.sampling import SamplingParams, SeedMode, clamp_logit_bias
 
 log = logging.getLogger("bubblespec.protocol.openai")
 
@@ -112,12 +111,6 @@ NOT_BUILT = {
     "routed_experts_prompt_start": "expert routing is not returned",
 }
 """vLLM's request fields the gateway refuses when set, and why."""
-
-
-def _zero(value: float | None, name: str, why: str) -> float | None:
-    if value:
-        raise ValueError(f"{name} = {value} is not supported: {why}; send 0 or leave it out")
-    return value
 
 
 def _unset(value: Any, name: str, why: str) -> Any:
@@ -241,15 +234,10 @@ class SamplingFields(_Body):
         None, description="bubblespec: the next step's prompts (token ids or text), "
                           "pre-generated in the bubble of the step this request joins.")
 
-    @field_validator("min_p")
-    @classmethod
-    def _min_p(cls, v: float | None) -> float | None:
-        return _zero(v, "min_p", "vLLM does not apply it when verifying speculative drafts")
-
     @field_validator("logit_bias")
     @classmethod
-    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        return _unset(v, "logit_bias", "its ranks do not bias logits")
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
+        return clamp_logit_bias(v)
 
     @field_validator("seed")
     @classmethod
@@ -286,7 +274,8 @@ class SamplingFields(_Body):
             else self.repetition_penalty,
             "presence_penalty": self.presence_penalty or 0.0,
             "frequency_penalty": self.frequency_penalty or 0.0,
-            "min_tokens": self.min_tokens,
+            "min_tokens": self.min_tokens, "min_p": self.min_p or 0.0,
+            "logit_bias": self.logit_bias or {},
             "stop_token_ids": tuple(self.stop_token_ids or ()), "ignore_eos": self.ignore_eos}
         if self.seed_mode is not None:
             kw["seed_mode"] = self.seed_mode

@@ -53,6 +53,10 @@ class SampleMeta(BaseModel):
     num_recouplings: int = Field(0, description=(
         "Times the output re-joined its aligned pre-generated response after leaving it "
         "(drafting from it resumed)."))
+    drafts_off: tuple[str, ...] = Field((), description=(
+        "The sampling fields that made it decode without drafts, one token per step "
+        "(min_p, logit_bias: vLLM does not apply them in speculative verification): exact, "
+        "not accelerated. Empty: it could draft."))
 
 
 class SampleTotals(BaseModel):
@@ -73,6 +77,9 @@ class SampleTotals(BaseModel):
         0, description="Accepted draft tokens at or after each sample's first divergence.")
     num_recouplings: int = Field(
         0, description="Times samples re-joined their pre-generated response after leaving.")
+    responses_undrafted: int = Field(
+        0, description="Samples decoded without drafts for their sampling fields "
+                       "(`SampleMeta.drafts_off`).")
 
     @staticmethod
     def sums(samples: Sequence[SampleMeta]) -> dict[str, int]:
@@ -88,4 +95,5 @@ class SampleTotals(BaseModel):
             "responses_draft_ran_out": sum(bool(s.draft_ran_out) for s in samples),
             "num_accepted_after_divergence": sum(s.num_accepted_after_divergence
                                                  for s in samples),
-            "num_recouplings": sum(s.num_recouplings for s in samples)}
+            "num_recouplings": sum(s.num_recouplings for s in samples),
+            "responses_undrafted": sum(bool(s.drafts_off) for s in samples)}

@@ -10,6 +10,8 @@ frozen, hence hashable and comparable: pre-generation tasks of one prompt must a
 from __future__ import annotations
 
 import enum
+import math
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,6 +70,14 @@ class SamplingParams(BaseModel):
     min_tokens: int = Field(0, ge=0, le=L.MAX_NEW_TOKENS, description=(
         "EOS and the stop token ids cannot end a response before this many tokens (vLLM's "
         "min_tokens); at most max_new_tokens."))
+    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description=(
+        "Tokens less likely than min_p times the most likely one are not sampled (vLLM's "
+        "min_p; 0 = off). A sample with it decodes without drafts (`drafts_off`)."))
+    logit_bias: tuple[tuple[L.TokenId, float], ...] = Field(
+        (), max_length=L.MAX_LOGIT_BIAS_ENTRIES, description=(
+            "(token id, bias) pairs, each bias in [-100, 100] added to that token's logit "
+            "before penalties and temperature (vLLM's logit_bias; a mapping is taken too). "
+            "A sample with it decodes without drafts (`drafts_off`)."))
     stop_token_ids: tuple[L.TokenId, ...] = Field(
         (), max_length=L.MAX_STOP_TOKEN_IDS, description="Token ids that end a response.")
     ignore_eos: bool = False
@@ -82,12 +92,44 @@ class SamplingParams(BaseModel):
     def _top_k_off(cls, v: int) -> int:
         return -1 if v == 0 else v
 
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_pairs(cls, v: object) -> object:
+        """A mapping (token id -> bias, ids as ints or digit strings, as JSON spells them)
+        or pairs, to pairs sorted by token id, so that equal biases compare equal (what is
+        not a pair is left for the field's validation to name)."""
+        pairs = list(v.items()) if isinstance(v, dict) else v
+        if not isinstance(pairs, (list, tuple)) or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+            return v
+        keyed = [(_token_key(t), b) for t, b in pairs]
+        return tuple(sorted(keyed, key=lambda p: p[0] if isinstance(p[0], int) else -1))
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+        for t, b in v:
+            if not -L.MAX_LOGIT_BIAS <= b <= L.MAX_LOGIT_BIAS:
+                raise ValueError(f"the bias of token {t} ({b}) is outside "
+                                 f"[-{L.MAX_LOGIT_BIAS:g}, {L.MAX_LOGIT_BIAS:g}]")
+        if len({t for t, _ in v}) != len(v):
+            raise ValueError("a token id is biased twice")
+        return v
+
     @model_validator(mode="after")
     def _min_within_max(self) -> SamplingParams:
         if self.min_tokens > self.max_new_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_new_tokens "
                              f"({self.max_new_tokens})")
         return self
+
+    @property
+    def drafts_off(self) -> tuple[str, ...]:
+        """The fields that make a sample decode without drafts, one token per step: vLLM
+        applies min_p and logit_bias in its sampler but not in speculative verification, so
+        the ranks never draft for such a sample (exact, not accelerated). Empty: it drafts."""
+        return (("min_p",) if self.min_p > 0 else ()) + (
+            ("logit_bias",) if self.logit_bias else ())
 
     @property
     def keyed(self) -> bool:
@@ -98,3 +140,35 @@ class SamplingParams(BaseModel):
     def keyed_by_context(self) -> bool:
         """Keyed sampling with context keys (`keyed_context`)."""
         return self.seed_mode is SeedMode.KEYED_CONTEXT and self.temperature > 0
+
+
+def clamp_logit_bias(raw: dict[Any, float] | None) -> dict[int, float] | None:
+    """An API's `logit_bias` as vLLM's `SamplingParams` reads it: keys converted to token
+    ids (a key that is not an integer, or a negative one, is refused in vLLM's words; the
+    vocabulary bound is the ranks'), each bias clamped into [-100, 100]; a bias that is not
+    a number (NaN) is refused."""
+    if raw is None:
+        return None
+    bad = [t for t in raw if _token_key(t) is t and not isinstance(t, int)]
+    if bad:
+        raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer "
+                         f"token IDs: {bad!r}")
+    if any(math.isnan(b) for b in raw.values()):
+        raise ValueError("logit_bias holds a bias that is not a number")
+    out = {int(_token_key(t)): min(L.MAX_LOGIT_BIAS, max(-L.MAX_LOGIT_BIAS, float(b)))
+           for t, b in raw.items()}
+    if len(out) > L.MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias biases {len(out)} tokens, at most "
+                         f"{L.MAX_LOGIT_BIAS_ENTRIES}")
+    outside = sorted(t for t in out if not 0 <= t <= L.MAX_TOKEN_ID)
+    if outside:
+        raise ValueError(f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids")
+    return out
+
+
+def _token_key(t: object) -> object:
+    """A logit-bias key as a token id: JSON object keys are strings ("42" is token 42);
+    anything else is left for the field's validation to refuse."""
+    if isinstance(t, str) and t.strip().lstrip("-").isdigit():
+        return int(t)
+    return t

@@ -5,15 +5,13 @@ spell its request fields the way SGLang's `GenerateReqInput` and `SamplingParams
 that those clients switch to bubblespec by changing the server address. What bubblespec
 cannot honour exactly is refused by name (a 400 naming the field) instead of being ignored:
 
-- `min_p`: vLLM applies it in its sampler but not in speculative verification (vLLM 0.32
-  warns "min_p and logit_bias parameters won't work with speculative decoding"), so under
-  speculation it would silently not be applied; refused unless 0;
 - string stops (`stop`), streaming, images, LoRA adapters, constrained decoding: refused
   when set (`stop_token_ids` is the token-level stop).
 
 `frequency_penalty`, `presence_penalty` and `min_new_tokens` are carried to the ranks (vLLM
 applies them in speculative verification as in its sampler: exact with drafts, tested in
-`tests/engine/test_penalties.py`); `top_logprobs_num` with `return_logprob` answers
+`tests/engine/test_penalties.py`); so are `min_p` and `logit_bias`, which vLLM applies in its
+sampler only, so such a request decodes without drafts (exact, not accelerated); `top_logprobs_num` with `return_logprob` answers
 `meta_info.output_top_logprobs`.
 
 Fields clients send that change nothing here are accepted: `skip_special_tokens`,
@@ -35,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
 from bubblespec.protocol.sample import SampleMeta
-from bubblespec.protocol.sampling import SamplingParams, SeedMode
+from bubblespec.protocol.sampling import SamplingParams, SeedMode, clamp_logit_bias
 
 BatchIds = Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)]
 Texts = Annotated[list[Annotated[str, Field(max_length=16 * L.MAX_PROMPT_TOKENS)]],
@@ -44,12 +42,6 @@ Texts = Annotated[list[Annotated[str, Field(max_length=16 * L.MAX_PROMPT_TOKENS)
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def _zero(value: float, name: str, why: str) -> float:
-    if value != 0:
-        raise ValueError(f"{name} = {value} is not supported: {why}; send 0 or leave it out")
-    return value
 
 
 class SglSamplingParams(_Body):
@@ -68,6 +60,9 @@ class SglSamplingParams(_Body):
                                     le=L.MAX_ADDITIVE_PENALTY, allow_inf_nan=False)
     repetition_penalty: float = Field(1.0, ge=L.MIN_REPETITION_PENALTY,
                                       le=L.MAX_REPETITION_PENALTY, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = Field(None, description=(
+        "Token id (a string, as SGLang takes it) -> bias added to its logit, clamped into "
+        "[-100, 100]."))
     min_new_tokens: int = Field(0, ge=0, le=L.MAX_NEW_TOKENS, description=(
         "Stop tokens cannot end the sample before this many tokens (at most "
         "max_new_tokens)."))
@@ -82,10 +77,10 @@ class SglSamplingParams(_Body):
     custom_params: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
     seed_mode: SeedMode = Field(SeedMode.DEFAULT, description="bubblespec: keyed sampling.")
 
-    @field_validator("min_p")
+    @field_validator("logit_bias")
     @classmethod
-    def _min_p(cls, v: float) -> float:
-        return _zero(v, "min_p", "vLLM does not apply it when verifying speculative drafts")
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
+        return clamp_logit_bias(v)
 
     @field_validator("min_new_tokens")
     @classmethod
@@ -109,7 +104,7 @@ class SglSamplingParams(_Body):
             max_new_tokens=self.max_new_tokens, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            min_tokens=self.min_new_tokens,
+            min_tokens=self.min_new_tokens, min_p=self.min_p, logit_bias=self.logit_bias or {},
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             **({"seed_mode": self.seed_mode} if "seed_mode" in self.model_fields_set else {}))
 

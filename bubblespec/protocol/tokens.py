@@ -7,9 +7,7 @@ SkyRL's remote inference client and prime-rl's token client sample only through
 `/inference/v1/generate`: token ids in, token ids and log-probs out. `sampling_params` takes
 vLLM's `SamplingParams` keys with vLLM's defaults (`max_tokens` 16 when given as nothing
 else; left out: what the context leaves, as vLLM's server sets it). Refused by name, as on
-the OpenAI routes: `min_p` other than 0, `logit_bias`, `allowed_token_ids`, `bad_words`
-(vLLM does not apply the first two in an engine that speculates; the others are not
-built), string stops (the route is token-level: use `stop_token_ids`), `prompt_logprobs`
+the OpenAI routes: `allowed_token_ids`, `bad_words` (not built), string stops (the route is token-level: use `stop_token_ids`), `prompt_logprobs`
 (served by `/v1/completions` with `echo`), beam search and structured outputs; keys of
 `sampling_params` that vLLM's `SamplingParams` does not define (other unknown keys are
 ignored, as vLLM's server ignores them). A `seed`
@@ -24,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
-from bubblespec.protocol.sampling import SamplingParams, SeedMode
+from bubblespec.protocol.sampling import SamplingParams, SeedMode, clamp_logit_bias
 
 DEFAULT_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default."""
@@ -97,15 +95,10 @@ class VllmSampling(_Body):
     watermarking: bool | None = None
     seed_mode: SeedMode | None = Field(None, description="bubblespec: keyed sampling.")
 
-    @field_validator("min_p")
-    @classmethod
-    def _min_p(cls, v: float) -> float:
-        return _unset(v, "min_p", "vLLM does not apply it in an engine that speculates")
-
     @field_validator("logit_bias")
     @classmethod
-    def _logit_bias(cls, v: Any) -> Any:
-        return _unset(v, "logit_bias", "vLLM does not apply it in an engine that speculates")
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
+        return clamp_logit_bias(v)
 
     @field_validator("allowed_token_ids", "bad_words", "structured_outputs", "extra_args",
                      "logprob_token_ids", "prompt_logprob_start", "prompt_logprob_token_ids",
@@ -154,7 +147,8 @@ class VllmSampling(_Body):
             max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
             top_k=self.top_k, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            min_tokens=self.min_tokens, stop_token_ids=tuple(self.stop_token_ids or ()),
+            min_tokens=self.min_tokens, min_p=self.min_p, logit_bias=self.logit_bias or {},
+            stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, **kw)
 
 

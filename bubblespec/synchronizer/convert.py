@@ -73,22 +73,24 @@ def _opt(msg, name: str):
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed_mode", "ignore_eos",
                     "repetition_penalty", "presence_penalty", "frequency_penalty",
-                    "min_tokens")
+                    "min_tokens", "min_p")
 """Fields of `SamplingParams` carried as `optional` scalars of `pb.SamplingParams` (the
-response budget, `max_new_tokens`, travels on the task or prompt message)."""
+response budget, `max_new_tokens`, travels on the task or prompt message; the stop ids and
+the logit bias are a list and a map of their own)."""
 
 
 def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
     wire = {f: getattr(s, f) for f in _SAMPLING_FIELDS}
     return pb.SamplingParams(**{**wire, "seed_mode": s.seed_mode.value},
-                             stop_token_ids=list(s.stop_token_ids))
+                             stop_token_ids=list(s.stop_token_ids),
+                             logit_bias=dict(s.logit_bias))
 
 
 def sampling_from_pb(m: pb.SamplingParams, max_new_tokens: int) -> SamplingParams:
     """Unset fields take the defaults (temperature 1, top_p 1, top_k off)."""
     given = {f: getattr(m, f) for f in _SAMPLING_FIELDS if m.HasField(f)}
     return SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(m.stop_token_ids),
-                          **given)
+                          logit_bias=dict(m.logit_bias), **given)
 
 
 def task_to_pb(t: PregenTask) -> pb.PregenTask:

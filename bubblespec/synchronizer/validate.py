@@ -174,6 +174,8 @@ class Validator:
             raise invalid(f"{path}.sampling{name}",
                           f"{err['msg']}, got {err.get('input')!r}") from None
         self.tokens(sp.stop_token_ids, f"{path}.sampling.stop_token_ids", L.MAX_STOP_TOKEN_IDS)
+        self.tokens(sorted(sp.logit_bias), f"{path}.sampling.logit_bias",
+                    L.MAX_LOGIT_BIAS_ENTRIES)
         if not p.samples:
             raise invalid(f"{path}.samples", "must hold at least one sample")
         indices: set[int] = set()

@@ -91,6 +91,9 @@ def test_drawn_batches_complete_and_the_engine_lives(loop_runner, spec_engine, d
             assert s.finish_reason in ("stop", "length"), s.finish_reason
             if s.finish_reason == "length":
                 assert len(s.output_ids) == req.sampling.max_new_tokens
+            assert s.meta.drafts_off == req.sampling.drafts_off
+            if s.meta.drafts_off:  # min_p / logit_bias: decoded without drafts
+                assert s.meta.num_draft_tokens == 0
             if req.top_logprobs:
                 assert s.top_logprobs is not None and len(s.top_logprobs) == len(s.output_ids)
     TALLY["batches"] += 1

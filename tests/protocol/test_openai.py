@@ -70,6 +70,17 @@ def test_vllm_extensions_map_to_the_sampling_params() -> None:
     assert (sp.max_new_tokens, sp.temperature, sp.top_p, sp.top_k) == (64, 0.7, 0.9, -1)
     assert sp.repetition_penalty == 1.1 and sp.stop_token_ids == (2,) and sp.ignore_eos
     assert sp.seed_mode is SeedMode.KEYED and body.stops() == ["###"] and body.include_usage
+    assert sp.drafts_off == ()  # an empty logit_bias biases nothing
+
+
+def test_min_p_and_logit_bias_reach_the_sampling_params_as_vllm_reads_them() -> None:
+    """Keys as token ids, each bias clamped into [-100, 100] (vLLM's SamplingParams does the
+    same); both make the request decode without drafts."""
+    body = CompletionIn.model_validate({"prompt": [1], "min_p": 0.05,
+                                        "logit_bias": {"7": 250, "3": -1.5, "9": -1e9}})
+    sp = body.to_sampling(8)
+    assert sp.min_p == 0.05 and sp.logit_bias == ((3, -1.5), (7, 100.0), (9, -100.0))
+    assert sp.drafts_off == ("min_p", "logit_bias")
 
 
 @pytest.mark.parametrize(("body", "field"), [
@@ -80,8 +91,9 @@ def test_vllm_extensions_map_to_the_sampling_params() -> None:
     ({"prompt": [1, -1]}, "prompt[1]"),
     ({"prompt": [1], "presence_penalty": 2.1}, "presence_penalty"),
     ({"prompt": [1], "frequency_penalty": -2.5}, "frequency_penalty"),
-    ({"prompt": [1], "logit_bias": {"3": 5}}, "logit_bias"),
-    ({"prompt": [1], "min_p": 0.05}, "min_p"),
+    ({"prompt": [1], "logit_bias": {"three": 5}}, "logit_bias"),
+    ({"prompt": [1], "logit_bias": {"-3": 5}}, "logit_bias"),
+    ({"prompt": [1], "min_p": 1.5}, "min_p"),
     ({"prompt": [1], "min_tokens": -1}, "min_tokens"),
     ({"prompt": [1], "best_of": 3}, "best_of"),
     ({"prompt": [1], "n": 2, "best_of": 3}, "best_of"),

@@ -15,7 +15,8 @@ from bubblespec.protocol.sglang import SglMetaInfo, SglSampleMeta
 META = SampleMeta(finish_reason="length", weight_version=7, completion_tokens=5,
                   decode_steps=3, num_drafts=2, num_draft_tokens=6, num_accepted_tokens=2,
                   num_accepted_pregen_tokens=1, first_divergence=4, draft_ran_out=False,
-                  num_accepted_after_divergence=1, num_recouplings=2)
+                  num_accepted_after_divergence=1, num_recouplings=2,
+                  drafts_off=("logit_bias",))
 
 
 def test_every_field_is_set_by_the_example() -> None:
@@ -61,7 +62,7 @@ def test_the_sglang_meta_info_carries_it_under_bubblespec() -> None:
                        prompt_tokens=3, completion_tokens=5,
                        bubblespec=SglSampleMeta(step=9, **dict(META)))
     data = info.model_dump(mode="json", exclude_unset=True)
-    assert data["bubblespec"] == {"step": 9, **META.model_dump()}
+    assert data["bubblespec"] == {"step": 9, **META.model_dump(mode="json")}
     assert SampleMeta.model_validate(data["bubblespec"]) == META
     assert "output_token_logprobs" not in data
 
@@ -74,7 +75,7 @@ def test_a_step_sums_its_samples() -> None:
                       "num_draft_tokens": 6, "num_accepted_tokens": 2,
                       "num_accepted_pregen_tokens": 1, "responses_diverged": 2,
                       "responses_draft_ran_out": 1, "num_accepted_after_divergence": 1,
-                      "num_recouplings": 3}
+                      "num_recouplings": 3, "responses_undrafted": 1}
     assert set(totals) == set(SampleTotals.model_fields)
     samples = [RolloutSample.of(m, i, [1], None) for i, m in enumerate([META, other])]
     k = RolloutCounters.of(samples, [RankShard(rank_id="r0", decode_steps=3)])

@@ -13,7 +13,7 @@ from bubblespec.synchronizer import convert as cv
 FULL = SamplingParams(max_new_tokens=33, temperature=0.7, top_p=0.9, top_k=20,
                       stop_token_ids=[2, 9], ignore_eos=True, seed_mode="keyed",
                       repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=1.5,
-                      min_tokens=4)
+                      min_tokens=4, min_p=0.05, logit_bias={7: -100.0, 3: 2.5})
 
 
 def test_task_round_trip_keeps_every_sampling_field() -> None:
@@ -23,6 +23,7 @@ def test_task_round_trip_keeps_every_sampling_field() -> None:
     assert back.sampling.seed_mode is SeedMode.KEYED and back.sampling.repetition_penalty == 1.3
     assert (back.sampling.presence_penalty, back.sampling.frequency_penalty,
             back.sampling.min_tokens) == (-0.5, 1.5, 4)
+    assert (back.sampling.min_p, back.sampling.logit_bias) == (0.05, ((3, 2.5), (7, -100.0)))
 
 
 def test_prompts_carry_tokens_once_and_flatten_back() -> None:

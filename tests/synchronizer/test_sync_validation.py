@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 import pytest
@@ -22,7 +23,7 @@ PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 def prompt(key: str = "p", tokens: Sequence[int] = (1, 2),
            samples: Sequence[tuple[int, int]] = ((0, 1),), max_new_tokens: int = 8,
-           **sampling: float | str) -> pb.PregenPrompt:
+           **sampling: Any) -> pb.PregenPrompt:
     return pb.PregenPrompt(
         prompt_key=key, prompt_token_ids=list(tokens), max_new_tokens=max_new_tokens,
         sampling=pb.SamplingParams(**sampling),
@@ -109,6 +110,12 @@ CASES = [
     ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
         prompt(repetition_penalty=0.0)]), INVALID,
      "next_prompts[0].sampling.repetition_penalty"),
+    ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
+        prompt(min_p=1.5)]), INVALID, "next_prompts[0].sampling.min_p"),
+    ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
+        prompt(logit_bias={5: 300.0})]), INVALID, "next_prompts[0].sampling.logit_bias"),
+    ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
+        prompt(logit_bias={-1: 1.0})]), INVALID, "next_prompts[0].sampling.logit_bias[0][0]"),
     ("OpenStep", pb.OpenStepRequest(step=1, shards=[shard()], next_prompts=[
         prompt(samples=[(i, i) for i in range(5)])]), INVALID, "next_prompts"),
     ("CloseStep", pb.CloseStepRequest(step=-3), INVALID, "step"),

@@ -58,7 +58,8 @@ def gw_token() -> Iterator[TestClient]:
     ({**CMPL, "next_prompts": [[1, 2], [1, 900]]}, "next_prompts[1]"),
     ({**CMPL, "presence_penalty": 2.5}, "presence_penalty"),  # [-2, 2]
     ({**CMPL, "min_tokens": 9, "max_tokens": 4}, "min_tokens"),
-    ({**CMPL, "min_p": 0.1}, "min_p"),
+    ({**CMPL, "min_p": -0.1}, "min_p"),
+    ({**CMPL, "logit_bias": {"a": 1}}, "logit_bias"),
     ({**CMPL, "logprobs": 21}, "logprobs"),  # vLLM's max_logprobs: 20
     ({**CMPL, "echo": True}, "echo"),
     ({**CMPL, "echo": True, "max_tokens": 0, "logprobs": 2}, "echo"),

@@ -60,7 +60,7 @@ def sgl_error(r: Any, status: int, field: str | None = None) -> dict[str, Any]:
     ({**GEN, "input_ids": [1] * 65}, "input_ids"),
     ({**GEN, "stream": True}, "stream"),
     ({**GEN, "bogus": 1}, "bogus"),
-    ({**GEN, "sampling_params": {"min_p": 0.1}}, "sampling_params.min_p"),
+    ({**GEN, "sampling_params": {"min_p": 2}}, "sampling_params.min_p"),
     ({**GEN, "sampling_params": {"frequency_penalty": 2.3}},
      "sampling_params.frequency_penalty"),
     ({**GEN, "sampling_params": {"presence_penalty": -2.3}}, "sampling_params.presence_penalty"),
