@@ -56,15 +56,22 @@ class _Sub:
     top: list[dict[int, float]] | None = None
     prompt: list[float | None] | None = None
     """A scoring request's prompt log-probs as they arrive (None: a generation request)."""
+    prompt_ranks: list[int | None] | None = None
+    prompt_top: list[dict[int, float] | None] | None = None
+    """A scoring request's prompt ranks and, with top log-probs asked, its alternatives."""
 
-
-def _prompt_logprobs(ids: list[int], start: int, lps: list[Any]) -> list[float | None]:
-    """vLLM's prompt log-probs (per position: None, or {token id: Logprob} holding at least
-    the prompt token's) as floats, position `start` on; the first prompt token's is None."""
-    out: list[float | None] = []
-    for pos, lp in enumerate(lps, start):
-        out.append(None if lp is None or pos == 0 else float(lp[ids[pos]].logprob))
-    return out
+    def add_prompt(self, ids: list[int], lps: list[Any]) -> None:
+        """vLLM's prompt log-probs of the next positions (each None, or {token id: Logprob}
+        holding the prompt token's first, then the most likely tokens'); the first prompt
+        token's are None (no context)."""
+        assert self.prompt is not None and self.prompt_ranks is not None
+        for pos, lp in enumerate(lps, len(self.prompt)):
+            own = None if lp is None or pos == 0 else lp[ids[pos]]
+            self.prompt.append(None if own is None else float(own.logprob))
+            self.prompt_ranks.append(None if own is None else int(own.rank))
+            if self.prompt_top is not None:
+                self.prompt_top.append(None if own is None else
+                                       {int(t): float(x.logprob) for t, x in lp.items()})
 
 
 class RolloutEngine:
@@ -365,9 +372,7 @@ class RolloutEngine:
             async for out in self.llm.generate(prompt, sp, request_id=sub.rid):
                 if sub.prompt is not None:  # scoring: the prompt's log-probs, no output
                     if out.prompt_logprobs:
-                        sub.prompt.extend(_prompt_logprobs(prompt["prompt_token_ids"],
-                                                           len(sub.prompt),
-                                                           out.prompt_logprobs))
+                        sub.add_prompt(prompt["prompt_token_ids"], out.prompt_logprobs)
                     progress.set()
                     if out.finished:
                         sub.finish = "length"
@@ -399,9 +404,11 @@ class RolloutEngine:
             if req.score:  # a group of its own: no drafts from, nor into, any other group
                 group = f"score.{uid}"
                 score_groups.append(group)
-                sub = _Sub(ri, 0, make_request_id(group, 0, uid), [], [], prompt=[])
+                sub = _Sub(ri, 0, make_request_id(group, 0, uid), [], [], prompt=[],
+                           prompt_ranks=[], prompt_top=[] if req.top_logprobs else None)
                 subs.append(sub)
-                tasks.append(asyncio.create_task(run(sub, prompt, vllm_scoring())))
+                tasks.append(asyncio.create_task(run(sub, prompt,
+                                                     vllm_scoring(req.top_logprobs))))
                 continue
             for j in range(req.n):
                 sample_index = req.sample_offset + j
@@ -494,7 +501,9 @@ class RolloutEngine:
                                f" of {len(req.input_ids)} prompt log-probs")
         return SampleResult(output_ids=[], output_logprobs=[], sample_index=0,
                             meta=SampleMeta(finish_reason="length", weight_version=version),
-                            prompt_logprobs=list(sub.prompt or []))
+                            prompt_logprobs=list(sub.prompt or []),
+                            prompt_ranks=list(sub.prompt_ranks or []),
+                            prompt_top_logprobs=sub.prompt_top)
 
     async def shutdown(self) -> None:
         """Stop the engine processes (idempotent)."""

@@ -129,7 +129,7 @@ class BubbleSpecProposer:
         profile = dp.get("budget_profile", "h100")
         self.budget = (DraftBudget(EngineTime.preset(profile), self.params.max_spec_tokens)
                        if profile and self.mode == "bubblespec" else None)
-        self.cap_steps = self.cap_sum = 0
+        self.cap_steps = self.cap_sum = self.undrafted_steps = 0
         self.index = SuffixIndex(
             max_depth=int(options.get("max_depth", 64)),
             token_budget=int(options.get("token_budget", 4_000_000)),

@@ -64,16 +64,17 @@ def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
         extra_args=_extra_args(sp, seed, start))
 
 
-def vllm_scoring() -> Any:
+def vllm_scoring(top_logprobs: int = 0) -> Any:
     """The vLLM sampling parameters of a scoring request (`GenRequest.score`): the log-prob
-    of each prompt token (`prompt_logprobs=0`: the prompt token's own, raw, before any
-    temperature), and one greedy output token, because vLLM 0.32 refuses `max_tokens` < 1
+    and rank of each prompt token (`prompt_logprobs`: the prompt token's own, raw, before any
+    temperature, and the `top_logprobs` most likely tokens'), and one greedy output token, because vLLM 0.32 refuses `max_tokens` < 1
     (the engine drops that token). The prompt log-probs skip the prefix cache (vLLM sets
     `skip_reading_prefix_cache` for them), so every prompt position is computed."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return VllmSamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0,
+    return VllmSamplingParams(n=1, temperature=0.0, max_tokens=1,
+                              prompt_logprobs=top_logprobs,
                               detokenize=False, output_kind=RequestOutputKind.DELTA)
 
 

@@ -64,7 +64,8 @@ class GenRequest:
     score: bool = False
     """Score the prompt instead of sampling a response: the result's one sample carries
     `prompt_logprobs` (the model's log-probability of each prompt token given the ones
-    before it) and no output. `n` must be 1 and `sampling` is not used. A scoring request
+    before it), their ranks and, with `top_logprobs`, the most likely tokens at each prompt
+    position (`prompt_top_logprobs`), and no output. `n` must be 1 and `sampling` is not used. A scoring request
     runs under a group of its own (never the group of a generation request with the same
     prompt), so it neither drafts from pre-generated responses nor feeds any draft source."""
 
@@ -90,6 +91,12 @@ class SampleResult:
     """A scoring request's answer (`GenRequest.score`): per prompt token, its raw
     log-probability given the tokens before it (None for the first token, which has no
     context); None for a generation request."""
+    prompt_ranks: list[int | None] | None = None
+    """A scoring request's: per prompt token, its rank among the vocabulary at its position
+    (1: the most likely; None for the first token)."""
+    prompt_top_logprobs: list[dict[int, float] | None] | None = None
+    """A scoring request with `top_logprobs`: per prompt position, {token id: raw log-prob}
+    of the prompt token and the most likely tokens, in vLLM's order (None for the first)."""
 
     def __getattr__(self, name: str) -> Any:
         if name in SampleMeta.model_fields:  # only reached for names that are not fields

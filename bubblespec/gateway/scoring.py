@@ -38,13 +38,30 @@ log = logging.getLogger("bubblespec.gateway.scoring")
 
 
 @dataclass
+class PromptScore:
+    """One scored prompt: per token its log-prob and rank (the first None) and, when asked
+    for, [token id, log-prob] of the prompt token and the most likely ones (vLLM's order)."""
+
+    logprobs: list[float | None]
+    ranks: list[int | None] | None
+    top: list[list[tuple[int, float]] | None] | None
+
+
+@dataclass
 class Scored:
     """The answer of one scoring call: per prompt, one log-prob per token (the first None),
-    and the weight version of the rank that scored them."""
+    each token's rank, the top alternatives when asked for (`ScoredPrompt`), and the weight
+    version of the rank that scored them."""
 
     logprobs: list[list[float | None]]
     weight_version: int
     rank_id: str
+    ranks: list[list[int | None] | None]
+    top: list[list[list[tuple[int, float]] | None] | None]
+
+    def prompt(self, i: int) -> PromptScore:
+        """Prompt i's scores."""
+        return PromptScore(self.logprobs[i], self.ranks[i], self.top[i])
 
 
 class ScoringRanks(Protocol):
@@ -72,9 +89,10 @@ class Scorer:
         """Scoring calls answered (the status page and tests read it)."""
 
     async def score(self, prompts: Sequence[Sequence[int]],
-                    field_of: Callable[[str], str] = lambda f: f) -> Scored:
-        """Score `prompts` (token ids) on one ready rank. `field_of` spells a field of the
-        rank's body (`input_ids[2][5]`) as the caller's request does. ApiError: 400 naming
+                    field_of: Callable[[str], str] = lambda f: f, top: int = 0) -> Scored:
+        """Score `prompts` (token ids) on one ready rank, with the `top` most likely tokens
+        of each position. `field_of` spells a field of the rank's body (`input_ids[2][5]`)
+        as the caller's request does. ApiError: 400 naming
         the field for too many prompts, a sequence longer than the gateway's
         `max_prompt_tokens + max_new_tokens` or a prompt a rank refuses (vocabulary, model
         length), 503 when no rank is ready or all failed."""
@@ -102,7 +120,7 @@ class Scorer:
         k = self._turn % len(ready)
         turn = ready[k:] + ready[:k]
         order = sorted(turn, key=lambda r: r.state == "decoding")  # stable: in turn
-        body = {"input_ids": [list(p) for p in prompts]}
+        body = {"input_ids": [list(p) for p in prompts], "top_logprobs": top}
         errors = []
         for ep in order:
             try:
@@ -122,12 +140,15 @@ class Scorer:
                 errors.append(f"rank {ep.rank_id}: malformed /v1/score reply: {e}")
                 continue
             lps = [r.prompt_logprobs for r in res.results]
-            if [len(x) for x in lps] != [len(p) for p in prompts]:
+            if [len(x) for x in lps] != [len(p) for p in prompts] or (top and any(
+                    r.prompt_top_logprobs is None for r in res.results)):
                 errors.append(f"rank {ep.rank_id}: /v1/score reply does not match the prompts")
                 continue
             self.calls += 1
             rollouts.quarantine.cleared(fps)
-            return Scored(lps, res.weight_version, res.rank_id)
+            return Scored(lps, res.weight_version, res.rank_id,
+                          [r.prompt_ranks for r in res.results],
+                          [r.prompt_top_logprobs for r in res.results])
         raise ApiError(503, "scoring failed on every ready rank: " + "; ".join(errors),
                        "ranks")
 

@@ -17,11 +17,9 @@ What bubblespec cannot serve exactly is refused by name (a 400 whose `param` is 
 never ignored:
 
 - `best_of` other than n, `use_beam_search`, `suffix`: other sampling procedures;
-- `echo` with `max_tokens` other than 0, `max_tokens: 0` without `echo`, and
-  `prompt_logprobs` (vLLM's extension): prompt scoring is served as `echo` + `max_tokens: 0`
-  (+ `logprobs: 0` for the prompt's log-probs, `gateway/scoring.py`);
-- `logprobs` > 0 with `echo` (the prompt's top alternatives are not built; `logprobs: 0`
-  with `echo` is served);
+- `max_tokens: 0` without `echo` (with `echo` it scores the prompt, `gateway/scoring.py`),
+  `prompt_logprobs` -1 (the whole vocabulary: vLLM refuses more than 20 too) and
+  `prompt_logprobs` > 0 when streaming (as vLLM);
 - `tool_choice` "auto" (the default with `tools`), "required" or a named tool: they need a
   tool-call parser (vLLM's server refuses them too when run without `--tool-call-parser`);
   `tools` with `tool_choice: "none"` are rendered by the chat template, as are the
@@ -322,28 +320,31 @@ class CompletionIn(SamplingFields):
             raise ValueError("a text prompt is blank")
         return v
 
-    @field_validator("echo")
-    @classmethod
-    def _echo_scores(cls, v: bool, info: ValidationInfo) -> bool:
-        if v and info.data.get("max_tokens", DEFAULT_COMPLETION_TOKENS) != 0:
-            raise ValueError("echo is served with max_tokens 0 (prompt scoring); echo with "
-                             "generated tokens is not supported")
-        if v and info.data.get("logprobs"):
-            raise ValueError("echo with logprobs > 0 is not supported (the prompt's top "
-                             "alternatives are not built): send logprobs 0")
-        return v
-
     @property
     def num_top_logprobs(self) -> int:
         """Top alternatives per generated token the choices carry."""
         return self.logprobs or 0
 
+    @property
+    def prompt_top(self) -> int | None:
+        """Top alternatives per prompt token the prompts are scored with (vLLM's rule:
+        `prompt_logprobs`, else `logprobs` when echoing); None: the prompts are not scored."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
+
     @field_validator("prompt_logprobs")
     @classmethod
-    def _no_prompt_logprobs(cls, v: int | None) -> int | None:
-        if v is not None:  # 0 too: vLLM answers prompt_logprobs 0 with the prompt's
-            raise ValueError("prompt_logprobs is not supported: send echo, logprobs 0 and "
-                             "max_tokens 0 for the prompt's log-probs")
+    def _prompt_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None:
+            return v
+        if v == -1 or v > L.MAX_TOP_LOGPROBS:  # -1: the whole vocabulary (vLLM's words)
+            raise ValueError(f"Requested prompt logprobs of {v}, which is greater than max "
+                             f"allowed: {L.MAX_TOP_LOGPROBS}")
+        if v < 0:
+            raise ValueError("`prompt_logprobs` must be a positive value or -1.")
+        if v > 0 and info.data.get("stream"):
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         return v
 
     @field_validator("prompt_embeds")
@@ -579,6 +580,14 @@ class Usage(_Reply):
     total_tokens: int
 
 
+class PromptLogprob(_Reply):
+    """vLLM's `Logprob` of a prompt position's entry."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionLogprobs(_Reply):
     """OpenAI's completion log-probs: per token its text, log-prob, offset, and the sampled
     token with the N most likely ones (`top_logprobs`)."""
@@ -599,6 +608,9 @@ class CompletionChoice(_Reply):
                           "(None for EOS, length, abort).")
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = Field(None, description=(
+        "vLLM: per prompt token (the first null), the prompt token's and the most likely "
+        "tokens' log-prob, rank and text, keyed by token id."))
     bubblespec: dict[str, Any] | None = Field(
         None, description="bubblespec: step, weight_version and speculation counters.")
 

@@ -116,6 +116,8 @@ class ScoreRequest(_Body):
 
     input_ids: Annotated[list[TokenIds], Field(min_length=1, max_length=L.MAX_LIST,
                                                description="The prompts to score.")]
+    top_logprobs: int = Field(0, ge=0, le=L.MAX_TOP_LOGPROBS, description=(
+        "Also the log-probs of this many most likely tokens at each prompt position."))
 
 
 class ScoredPrompt(_Body):
@@ -123,6 +125,12 @@ class ScoredPrompt(_Body):
 
     prompt_logprobs: list[float | None] = Field(..., description=(
         "One per prompt token; the first is null (no context to score it from)."))
+    prompt_ranks: list[int | None] | None = Field(None, description=(
+        "Per prompt token, its rank at its position (1: the most likely); the first null."))
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = Field(
+        None, description="With top_logprobs: per position, [token id, log-prob] of the "
+                          "prompt token and the most likely tokens (vLLM's order); the "
+                          "first null.")
 
 
 class ScoreResult(_Body):
@@ -190,6 +198,11 @@ class DraftIndexBody(_Body):
                                 "configuration).")
     draft_cap_sum: int = Field(0, description="Sum of those caps (their mean: the sum over "
                                "the rows).")
+    drafts_off_requests: int = Field(0, description=(
+        "Running requests that decode without drafts (min_p or logit_bias)."))
+    undrafted_steps: int = Field(0, description=(
+        "Requests x engine steps decoded without drafts for their min_p or logit_bias "
+        "(since the last configuration)."))
 
 
 class HeapBody(_Body):

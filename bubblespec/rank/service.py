@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bubblespec.config import effective_config_dict
-from bubblespec.engine.types import GenRequest
+from bubblespec.engine.types import GenRequest, SampleResult
 from bubblespec.metrics import render
 from bubblespec.metrics.rank import new_rank_metrics, set_state
 from bubblespec.protocol.errors import ApiError, InvalidRequest
@@ -288,7 +288,8 @@ class RankService:
         state: scoring is no step and triggers no drafts or pre-generation."""
         t = time.monotonic()
         worker = self._ready()
-        reqs = [GenRequest(input_ids=list(p), score=True) for p in body.input_ids]
+        reqs = [GenRequest(input_ids=list(p), score=True, top_logprobs=body.top_logprobs)
+                for p in body.input_ids]
         self._validate(worker.engine, reqs,
                        lambda i, f: f.replace("input_ids", f"input_ids[{i}]", 1)
                        if f.startswith("input_ids") else f)
@@ -299,8 +300,7 @@ class RankService:
                 raise ApiError(503, "the scoring call was aborted", "engine")
         out = ScoreResult(rank_id=self.rank_id,
                           weight_version=res[0].samples[0].weight_version,
-                          results=[ScoredPrompt(prompt_logprobs=g.samples[0].prompt_logprobs)
-                                   for g in res])
+                          results=[_scored(g.samples[0]) for g in res])
         self.metrics.request_latency.labels(self.rank_id, "score").observe(
             time.monotonic() - t)
         return out.model_dump()
@@ -368,3 +368,11 @@ class RankService:
             out["served"] = {"max_model_len": self.engine.max_model_len,
                              "vocab_size": self.engine.vocab_size}
         return out
+
+
+def _scored(s: SampleResult) -> ScoredPrompt:
+    """A scoring request's sample as the /v1/score answer's entry."""
+    top = s.prompt_top_logprobs
+    return ScoredPrompt(prompt_logprobs=s.prompt_logprobs or [], prompt_ranks=s.prompt_ranks,
+                        prompt_top_logprobs=None if top is None else
+                        [None if d is None else list(d.items()) for d in top])

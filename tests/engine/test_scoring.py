@@ -34,6 +34,21 @@ def reference():
     return score
 
 
+@pytest.fixture(scope="module")
+def reference_full():
+    """Per position i, log p(. | ids[:i + 1]) over the vocabulary (transformers, float32)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir(), dtype=torch.float32).eval()
+
+    def rows(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1).numpy()
+
+    return rows
+
+
 def _check(ids: list[int], got: list[float | None] | None, reference) -> float:
     assert got is not None and len(got) == len(ids)
     assert got[0] is None and all(isinstance(x, float) for x in got[1:])
@@ -95,3 +110,35 @@ def test_scoring_refuses_n_and_too_long(loop_runner, plain_engine) -> None:
         plain_engine.validate(GenRequest(input_ids=[1] * plain_engine.max_model_len,
                                          score=True))
     assert e.value.field == "input_ids"
+
+
+def test_prompt_top_alternatives_and_ranks_match_transformers(loop_runner, spec_engine,
+                                                              reference_full) -> None:
+    """`top_logprobs` on a scoring request: per prompt position the prompt token first, then
+    the k most likely tokens in rank order, with the transformers pass's log-probs; each
+    prompt token's rank is its rank in the transformers distribution (a wrong rank order or
+    a position shifted by one fails)."""
+    k = 5
+    prompts = _prompts(3)
+    res = loop_runner.run(spec_engine.generate(
+        [GenRequest(input_ids=ids, score=True, top_logprobs=k) for ids in prompts]))
+    for ids, r in zip(prompts, res):
+        (s,) = r.samples
+        logp = reference_full(ids)
+        assert s.prompt_top_logprobs is not None and s.prompt_top_logprobs[0] is None
+        assert s.prompt_ranks is not None and s.prompt_ranks[0] is None
+        for i in range(1, len(ids)):
+            row = logp[i - 1]
+            order = np.argsort(-row, kind="stable")
+            entries = list(s.prompt_top_logprobs[i].items())
+            assert entries[0][0] == ids[i]  # the prompt token first (vLLM's order)
+            assert len(entries) in (k, k + 1)  # k when the prompt token is among the top k
+            for t, lp in entries:
+                assert abs(lp - row[t]) < TOL
+            # the alternatives are the k most likely tokens, in rank order
+            alts = [lp for _, lp in entries[1:]]
+            assert alts == sorted(alts, reverse=True)
+            best = sorted((lp for _, lp in entries), reverse=True)[:k]
+            assert np.allclose(best, row[order[:k]], atol=TOL)
+            rank = int((row > row[ids[i]] + TOL).sum()) + 1  # ties within TOL aside
+            assert rank <= s.prompt_ranks[i] <= int((row >= row[ids[i]] - TOL).sum())

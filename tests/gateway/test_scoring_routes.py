@@ -63,9 +63,9 @@ def test_sglang_scoring_without_ranks(gw: TestClient) -> None:
 
 @pytest.mark.parametrize(("body", "param"), [
     ({**ECHO, "echo": False}, "max_tokens"),
-    ({**ECHO, "max_tokens": 2}, "echo"),
-    ({**ECHO, "logprobs": 1}, "echo"),  # the prompt's top alternatives are not built
-    ({**ECHO, "prompt_logprobs": 0}, "prompt_logprobs"),
+    ({**ECHO, "prompt_logprobs": -1}, "prompt_logprobs"),  # the whole vocabulary
+    ({**ECHO, "prompt_logprobs": 21}, "prompt_logprobs"),
+    ({**ECHO, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({**ECHO, "prompt": [1] * 17}, "prompt"),
     ({**ECHO, "prompt": [[1], [1] * 17]}, "prompt[1]"),
 ])

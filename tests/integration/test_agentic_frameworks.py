@@ -10,6 +10,8 @@ real 2-rank cluster serving the real chat model (SmolLM2-135M-Instruct), with th
 - top log-probs checked against transformers' log-softmax of the same model (values and
   rank: a wrong rank of alternatives fails);
 - a seeded request repeats bit for bit across 5 runs batched differently (vLLM's promise);
+- rLLM's distillation teacher (`echo` with a generated token and `logprobs: 1`) and vLLM's
+  `prompt_logprobs`, values and ranks against transformers;
 - an overlong prompt is refused in vLLM's words (verifiers ends a rollout as overlong on
   "maximum context length"), with no internal route in the message.
 """
@@ -149,6 +151,47 @@ def test_top_logprobs_equal_transformers(client: Any, chat_ids: list[int],
         assert set(got) == {int(x) for x in best.indices}, (i, got, best)
         for tok, lp in got.items():
             assert abs(lp - float(ref[i, tok])) < 2e-3, (i, tok, lp, float(ref[i, tok]))
+
+
+def test_echo_with_generation_and_prompt_logprobs_equal_transformers(
+        client: Any, chat_ids: list[int], real_dir: Path) -> None:
+    """rLLM's distillation teacher (`echo`, `max_tokens: 1`, `logprobs: 1`) and vLLM's
+    `prompt_logprobs`: the prompt's text and tokens come first, each prompt position with
+    the prompt token's log-prob and the most likely token's, then the generated token;
+    `prompt_logprobs` carries each position's ranks. Values and ranks against transformers'
+    log-softmax of the same weights (a shifted position or a wrong rank fails)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    prompt = chat_ids[:24]
+    r = client.completions.create(model="m", prompt=prompt, echo=True, max_tokens=1,
+                                  logprobs=1, temperature=0,
+                                  extra_body={"return_token_ids": True, "prompt_logprobs": 2})
+    c = r.choices[0]
+    lp = c.logprobs
+    assert len(c.token_ids) == 1 and r.usage.completion_tokens == 1
+    assert len(lp.tokens) == len(prompt) + 1 and lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None and all(len(d) in (1, 2) for d in lp.top_logprobs[1:])
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(real_dir),
+                                                              torch_dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    assert int(ref[-1].argmax()) == c.token_ids[0]  # greedy: the generated token
+    pl = c.model_extra["prompt_logprobs"]
+    assert len(pl) == len(prompt) and pl[0] is None
+    for i in range(1, len(prompt)):
+        row, t = ref[i - 1], prompt[i]
+        assert abs(lp.token_logprobs[i] - float(row[t])) < 2e-3, i
+        assert max(lp.top_logprobs[i].values()) == pytest.approx(float(row.max()), abs=2e-3)
+        got = {int(k): v for k, v in pl[i].items()}
+        assert abs(got[t]["logprob"] - float(row[t])) < 2e-3
+        higher = int((row > row[t] + 2e-3).sum())
+        assert higher + 1 <= got[t]["rank"] <= int((row >= row[t] - 2e-3).sum()), i
+        best = row.topk(2)
+        for k in range(2):
+            alt = got.get(int(best.indices[k]))
+            assert alt is not None and abs(alt["logprob"] - float(best.values[k])) < 2e-3
+            assert alt["rank"] == k + 1 or int(best.indices[k]) == t
+    assert len(lp.top_logprobs[-1]) in (1, 2)  # the generated token: itself and the top 1
 
 
 def test_seeded_requests_repeat_batched_differently(cluster: LocalCluster,

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from bubblespec.gateway.fronts import FrontServices, chat_logprobs, position_entries, sse
 from bubblespec.gateway.fronts import clamp_logprob as _lp
 from bubblespec.gateway.openai.choice import Choice
+from bubblespec.gateway.scoring import PromptScore
 from bubblespec.protocol.openai import (
     ChatChoice,
     ChatCompletionIn,
@@ -19,6 +20,7 @@ from bubblespec.protocol.openai import (
     CompletionIn,
     CompletionLogprobs,
     CompletionOut,
+    PromptLogprob,
 )
 
 
@@ -37,40 +39,85 @@ def _offsets(tokens: list[str]) -> list[int]:
     return offsets
 
 
-def completion_logprobs(f: FrontServices, ch: Choice, n: int,
+Position = tuple[int, float | None, list[tuple[int, float]] | None]
+"""A token of a completion's log-probs: its id, its log-prob (None: the first prompt token,
+which has none) and its [token id, log-prob] entries in vLLM's order (the token first)."""
+
+
+def completion_logprobs(f: FrontServices, positions: list[Position], n: int,
                         as_id: bool = False) -> CompletionLogprobs:
-    """The tokens' log-probs in OpenAI's completion shape, as vLLM answers `logprobs: n`:
-    per position a dict of the sampled token and the n most likely ones (the first n + 1
-    entries of vLLM's list: n + 1 when the sampled token is not among the top n)."""
-    tokens = [_token(f, t, as_id) for t in ch.ids]
-    lps = [_lp(x) for x in ch.logprobs]
-    top = [{_token(f, t, as_id): _lp(lp)
-            for t, lp in position_entries(ch.top, i, ch.ids[i], ch.logprobs[i])[:n + 1]}
-           for i in range(len(ch.ids))]
-    return CompletionLogprobs(text_offset=_offsets(tokens), token_logprobs=list(lps),
-                              tokens=tokens, top_logprobs=list(top))
+    """Log-probs in OpenAI's completion shape, as vLLM answers `logprobs: n`: per position
+    a dict of the token and the n most likely ones (the first n + 1 entries of vLLM's list:
+    n + 1 when the token is not among the top n); null for the first prompt token."""
+    tokens = [_token(f, t, as_id) for t, _, _ in positions]
+    top: list[dict[str, float] | None] = []
+    for t, lp, entries in positions:
+        if lp is None:
+            top.append(None)
+            continue
+        top.append({_token(f, a, as_id): _lp(alp)
+                    for a, alp in (entries or [(t, lp)])[:n + 1]})
+    return CompletionLogprobs(text_offset=_offsets(tokens),
+                              token_logprobs=[None if lp is None else _lp(lp)
+                                              for _, lp, _ in positions],
+                              tokens=tokens, top_logprobs=top)
 
 
-def echo_logprobs(f: FrontServices, ids: list[int], logprobs: list[float | None],
-                  as_id: bool = False) -> CompletionLogprobs:
-    """A scored prompt's log-probs in OpenAI's completion shape, as vLLM answers `echo`:
-    the first token's null (it has no context), `top_logprobs` the prompt token's own."""
-    tokens = [_token(f, t, as_id) for t in ids]
-    vals = [None if x is None else _lp(x) for x in logprobs]
-    return CompletionLogprobs(
-        text_offset=_offsets(tokens), token_logprobs=vals, tokens=tokens,
-        top_logprobs=[None if v is None else {t: v} for t, v in zip(tokens, vals)])
+def prompt_positions(ids: list[int], scored: PromptScore) -> list[Position]:
+    """A scored prompt's positions (the first has no log-prob)."""
+    return [(t, lp, None if scored.top is None else scored.top[i])
+            for i, (t, lp) in enumerate(zip(ids, scored.logprobs))]
 
 
-def completion_choice(f: FrontServices, body: CompletionIn, ch: Choice) -> CompletionChoice:
+def choice_positions(ch: Choice) -> list[Position]:
+    """A choice's generated positions."""
+    return [(t, lp, position_entries(ch.top, i, t, lp))
+            for i, (t, lp) in enumerate(zip(ch.ids, ch.logprobs))]
+
+
+def vllm_prompt_logprobs(f: FrontServices, ids: list[int], scored: PromptScore,
+                         ) -> list[dict[str, PromptLogprob] | None]:
+    """A scored prompt as vLLM's `prompt_logprobs` of a choice: per position (the first
+    null) the prompt token's and the most likely tokens' log-prob, rank and text, keyed by
+    token id. Ranks: the prompt token's own, the alternatives' 1, 2, ... (vLLM's)."""
+    out: list[dict[str, PromptLogprob] | None] = []
+    for i, (t, lp) in enumerate(zip(ids, scored.logprobs)):
+        if lp is None:
+            out.append(None)
+            continue
+        own = None if scored.ranks is None else scored.ranks[i]
+        entries = (scored.top[i] if scored.top is not None else None) or [(t, lp)]
+        pos: dict[str, PromptLogprob] = {}
+        for j, (a, alp) in enumerate(entries):
+            # the alternatives come in rank order without the prompt token, which holds
+            # its own rank among them when it is one of the most likely
+            rank = own if j == 0 else j + int(own is not None and own <= j)
+            pos.setdefault(str(a), PromptLogprob(logprob=_lp(alp), rank=rank,
+                                                 decoded_token=f.decode([a], False)))
+        out.append(pos)
+    return out
+
+
+def completion_choice(f: FrontServices, body: CompletionIn, ch: Choice, echo: str | None,
+                      scored: PromptScore | None) -> CompletionChoice:
+    """One choice as vLLM answers it: with `echo`, the prompt's text (`echo`) before the
+    choice's and its tokens' log-probs before the choice's; the scored prompt's
+    `prompt_logprobs` whenever it was scored."""
+    logprobs = None
+    if body.logprobs is not None:
+        positions = choice_positions(ch)
+        if echo is not None and scored is not None:
+            positions = prompt_positions(ch.prompt_ids, scored) + positions
+        logprobs = completion_logprobs(f, positions, body.num_top_logprobs,
+                                       body.return_tokens_as_token_ids)
     return CompletionChoice(
-        index=ch.index, text=ch.text, finish_reason=ch.finish_reason,
-        stop_reason=ch.stop_reason,
-        logprobs=completion_logprobs(f, ch, body.num_top_logprobs,
-                                     body.return_tokens_as_token_ids)
-        if body.logprobs is not None else None,
+        index=ch.index, text=ch.text if echo is None else echo + ch.text,
+        finish_reason=ch.finish_reason, stop_reason=ch.stop_reason, logprobs=logprobs,
         token_ids=ch.ids if body.return_token_ids else None,
-        prompt_token_ids=ch.prompt_ids if body.return_token_ids else None, bubblespec=ch.meta)
+        prompt_token_ids=ch.prompt_ids if body.return_token_ids else None,
+        prompt_logprobs=None if scored is None else vllm_prompt_logprobs(f, ch.prompt_ids,
+                                                                         scored),
+        bubblespec=ch.meta)
 
 
 def chat_choice(f: FrontServices, body: ChatCompletionIn, ch: Choice) -> ChatChoice:

@@ -1,5 +1,5 @@
 """What the OpenAI routes do: completions and chat completions sampled through the shared step
-batcher (one ask per choice), stop strings cut after sampling, and echo scoring."""
+batcher (one ask per choice), stop strings cut after sampling, and the prompts' scores for `echo` and `prompt_logprobs`."""
 
 from __future__ import annotations
 
@@ -14,18 +14,17 @@ from pydantic import ValidationError
 from bubblespec.batching import Answer, Ask
 from bubblespec.gateway.chat_template import ChatTemplateError
 from bubblespec.gateway.fronts import FrontServices, for_caller
-from bubblespec.gateway.openai.answers import chat_choice, completion_choice, echo_logprobs
+from bubblespec.gateway.openai.answers import chat_choice, completion_choice
 from bubblespec.gateway.openai.choice import Choice, Names, Sampled
+from bubblespec.gateway.scoring import Scored
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import PromptIn, RolloutRequest
 from bubblespec.protocol.openai import (
     ChatCompletionIn,
     ChatCompletionOut,
-    CompletionChoice,
     CompletionIn,
     CompletionOut,
     SamplingFields,
-    Usage,
 )
 from bubblespec.protocol.sampling import SamplingParams
 
@@ -172,6 +171,9 @@ class OpenAiServing:
 
     # ------------------------------------------------------------------ the routes' work
     async def completions(self, body: CompletionIn) -> CompletionOut:
+        """Sample the choices (or, with `echo` and `max_tokens: 0`, generate nothing), and
+        score the prompts when the answer carries their log-probs (`echo` with `logprobs`,
+        or `prompt_logprobs`)."""
         f = self.fronts
         prompts = body.prompts()
         names = Names("prompt", "max_tokens", batched=len(prompts) > 1 or (
@@ -181,46 +183,40 @@ class OpenAiServing:
             if not body.echo:
                 raise ApiError(400, "max_tokens 0 is served with echo (prompt scoring)",
                                "max_tokens")
-            return await self.scored_completion(body, prompts, names)
-        got = await self.sample(prompts, body, body.max_tokens, names)
+            ids = f.token_ids(prompts, lambda i: names.of(f"prompts[{i}]"))
+            got = Sampled(prompts=ids, choices=[
+                Choice(i * body.n + k, pids, [], [], "", "length", meta={"step": None})
+                for i, pids in enumerate(ids) for k in range(body.n)])
+        else:
+            got = await self.sample(prompts, body, body.max_tokens, names)
+        scored = None
+        if body.prompt_top is not None:
+            scored = await self.score_prompts(got.prompts, body.prompt_top, names)
+        if body.max_tokens == 0:
+            version = (scored.weight_version if scored is not None
+                       else await f.weight_version())
+            for ch in got.choices:
+                ch.meta["weight_version"] = version
+        texts = [p if isinstance(p, str) else f.decode(ids, body.skip_special_tokens)
+                 for p, ids in zip(prompts, got.prompts)] if body.echo else None
+        choices = []
+        for ch in got.choices:
+            i = ch.index // body.n
+            echo = None if texts is None else ("" if body.return_token_ids else texts[i])
+            choices.append(completion_choice(
+                f, body, ch, echo, None if scored is None else scored.prompt(i)))
         return CompletionOut(
             id=f"cmpl-{body.request_id or uuid.uuid4().hex}", created=int(time.time()),
-            model=body.model or await f.model_id(),
-            choices=[completion_choice(f, body, ch) for ch in got.choices], usage=got.usage())
+            model=body.model or await f.model_id(), choices=choices, usage=got.usage())
 
-    async def scored_completion(self, body: CompletionIn, prompts: list[list[int] | str],
-                                names: Names) -> CompletionOut:
-        """`echo` + `max_tokens: 0`: each choice is its prompt's text, nothing generated
-        (finish reason length), and with `logprobs: 0` the prompt tokens' log-probs in
-        OpenAI's shape, as vLLM answers it (`answers.echo_logprobs`). The prompts are scored
-        on a rank without a rollout step (`scoring.py`); `n` copies per prompt."""
-        f = self.fronts
-        ids = f.token_ids(prompts, lambda i: names.of(f"prompts[{i}]"))
-        scored = None
-        if body.logprobs is not None:
-            def field_of(rank_field: str) -> str:  # input_ids[i][j] -> prompt[i][j] / prompt[j]
-                m = re.match(r"input_ids(\[\d+\])(.*)", rank_field)
-                return (names.of(f"prompts{m.group(1)}.input_ids{m.group(2)}") if m
-                        else names.prompt)
-            scored = await f.scorer.score(ids, field_of)
-            meta: dict[str, Any] = {"step": None, "weight_version": scored.weight_version}
-        else:
-            meta = {"step": None, "weight_version": await f.weight_version()}
-        choices = []
-        for i, (p, pids) in enumerate(zip(prompts, ids)):
-            text = p if isinstance(p, str) else f.decode(pids, body.skip_special_tokens)
-            lps = None if scored is None else echo_logprobs(
-                f, pids, scored.logprobs[i], body.return_tokens_as_token_ids)
-            for k in range(body.n):
-                choices.append(CompletionChoice(
-                    index=i * body.n + k, text=text, logprobs=lps, finish_reason="length",
-                    token_ids=[] if body.return_token_ids else None,
-                    prompt_token_ids=pids if body.return_token_ids else None, bubblespec=meta))
-        p_tokens = sum(len(x) for x in ids)  # once per prompt, as Sampled.usage counts them
-        return CompletionOut(
-            id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()),
-            model=body.model or await f.model_id(), choices=choices,
-            usage=Usage(prompt_tokens=p_tokens, completion_tokens=0, total_tokens=p_tokens))
+    async def score_prompts(self, ids: list[list[int]], top: int, names: Names) -> Scored:
+        """The prompts' log-probs with `top` alternatives each, scored on a rank without a
+        rollout step (`scoring.py`)."""
+        def field_of(rank_field: str) -> str:  # input_ids[i][j] -> prompt[i][j] / prompt[j]
+            m = re.match(r"input_ids(\[\d+\])(.*)", rank_field)
+            return (names.of(f"prompts{m.group(1)}.input_ids{m.group(2)}") if m
+                    else names.prompt)
+        return await self.fronts.scorer.score(ids, field_of, top=top)
 
     async def chat_completions(self, body: ChatCompletionIn) -> ChatCompletionOut:
         f = self.fronts

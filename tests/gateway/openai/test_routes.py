@@ -61,8 +61,8 @@ def gw_token() -> Iterator[TestClient]:
     ({**CMPL, "min_p": -0.1}, "min_p"),
     ({**CMPL, "logit_bias": {"a": 1}}, "logit_bias"),
     ({**CMPL, "logprobs": 21}, "logprobs"),  # vLLM's max_logprobs: 20
-    ({**CMPL, "echo": True}, "echo"),
-    ({**CMPL, "echo": True, "max_tokens": 0, "logprobs": 2}, "echo"),
+    ({**CMPL, "echo": True, "prompt_logprobs": -1}, "prompt_logprobs"),
+    ({**CMPL, "echo": True, "prompt_logprobs": 3, "stream": True}, "prompt_logprobs"),
     ({**CMPL, "cache_salt": ""}, "cache_salt"),
     ({**CMPL, "stream": "maybe"}, "stream"),
 ])
