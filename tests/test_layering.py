@@ -44,7 +44,7 @@ NO_ENGINE = ("gateway", "synchronizer", "client", "protocol", "http")
 PUBLIC_VLLM: dict[str, set[str]] = {
     "vllm": {"SamplingParams", "AsyncEngineArgs", "AsyncLLMEngine", "TokensPrompt",
              "__version__"},
-    "vllm.sampling_params": {"SamplingParams", "RequestOutputKind"},
+    "vllm.sampling_params": {"SamplingParams", "RequestOutputKind", "StructuredOutputsParams"},
     "vllm.inputs": {"TokensPrompt"},
     "vllm.engine.arg_utils": {"AsyncEngineArgs"},
     "vllm.v1.engine.async_llm": {"AsyncLLM"},

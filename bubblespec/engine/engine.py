@@ -27,7 +27,7 @@ from bubblespec.engine.config import EngineConfig
 from bubblespec.engine.sampling import vllm_sampling, vllm_scoring
 from bubblespec.engine.types import BatchProgress, GenRequest, GenResult, SampleResult, SpecMode
 from bubblespec.engine.validate import bad_token, validate_request
-from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.keys import group_token, make_request_id
 from bubblespec.protocol.limits import MAX_WEIGHT_VERSION
 from bubblespec.protocol.sample import SampleMeta
@@ -113,7 +113,7 @@ class RolloutEngine:
                     "model": "bubblespec.engine.proposer.BubbleSpecProposer",
                     "num_speculative_tokens": cfg.num_speculative_tokens}
         args = AsyncEngineArgs(
-            model=model, skip_tokenizer_init=True, enforce_eager=cfg.enforce_eager,
+            model=model, skip_tokenizer_init=False, enforce_eager=cfg.enforce_eager,
             max_model_len=cfg.max_model_len or None, dtype=cfg.dtype, seed=cfg.seed,
             max_num_seqs=cfg.max_num_seqs, speculative_config=spec,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -313,8 +313,14 @@ class RolloutEngine:
     # ------------------------------------------------------------------ generate
     def validate(self, req: GenRequest) -> None:
         """InvalidRequest naming the first field of `req` this engine cannot run
-        (`validate.validate_request`: vocabulary, model length, one seed per sample)."""
+        (`validate.validate_request`: vocabulary, model length, one seed per sample; a
+        structured-output constraint vLLM's backend cannot build)."""
         validate_request(req, self.vocab_size, self.max_model_len)
+        if req.sampling.structured is not None and not req.score:
+            seed = req.seeds[0] if req.seeds else None
+            why = vllm_glue.check_sampling(self.llm, vllm_sampling(req.sampling, seed))
+            if why is not None:
+                raise InvalidRequest("sampling_params.structured", why)
 
     async def generate(self, requests: list[GenRequest], should_stop: StopHook | None = None,
                        poll_every: int = 8, counters: bool = True,

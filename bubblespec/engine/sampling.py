@@ -50,7 +50,7 @@ def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
     token-id deltas with the sampled token's log-prob (and the `top_logprobs` most likely
     tokens'); keyed samples start at output position `start` (GenRequest.keyed_start)."""
     from vllm import SamplingParams as VllmSamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     if sp.keyed and seed is None:
         raise InvalidRequest("seeds", "keyed sampling needs one seed per sample")
@@ -60,6 +60,8 @@ def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
         frequency_penalty=sp.frequency_penalty, min_tokens=sp.min_tokens,
         max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
         ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=top_logprobs,
+        structured_outputs=None if sp.structured is None
+        else StructuredOutputsParams(**sp.structured.vllm_kwargs()),
         detokenize=False, output_kind=RequestOutputKind.DELTA,
         extra_args=_extra_args(sp, seed, start))
 

@@ -5,7 +5,8 @@ Both fronts answer from the same services, written once here:
 - one step batcher (`steps.py`): concurrent requests of both APIs share rollout steps, and a
   next-prompts hint from either goes with the next step that starts; the step it runs is
   numbered here, so that an abort can name it while it runs;
-- one prompt scorer (`scoring.py`), outside the steps;
+- one prompt scorer (`scoring.py`), outside the steps, and one check of structured-output
+  constraints on a rank before a step takes them (`constraints.py`);
 - the tokenizer: prompts as token ids, or a 400 naming the caller's field (`token_ids`,
   `encode`), and text of ids (`decode`: a courtesy, never an error);
 - the model: its path as the ranks report it, its context length and chat template (read
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from bubblespec.batching import StepBatcher
 from bubblespec.gateway.chat_template import ChatTemplate
 from bubblespec.gateway.config import GatewayConfig
+from bubblespec.gateway.constraints import ConstraintCheck
 from bubblespec.gateway.rollout import Rollouts
 from bubblespec.gateway.scoring import Scorer
 from bubblespec.gateway.steps import step_batcher
@@ -161,6 +163,7 @@ class FrontServices:
         self.batcher: StepBatcher = step_batcher(self._run, config.sglang_quiet_s,
                                                  config.sglang_max_wait_s, config.max_n)
         self._scorer: Scorer | None = None
+        self._constraints: ConstraintCheck | None = None
         self._template: ChatTemplate | None = None
         self._template_loaded = False
         self._context: int | None = None
@@ -205,6 +208,15 @@ class FrontServices:
         if self._scorer is None:
             self._scorer = Scorer(self.rollouts)
         return self._scorer
+
+    async def check_constraint(self, sampling: SamplingParams, field: str) -> None:
+        """A 400 naming `field` when the ranks cannot build `sampling`'s structured-output
+        constraint (`constraints.py`), before a step takes it."""
+        if sampling.structured is None:
+            return
+        if self._constraints is None:
+            self._constraints = ConstraintCheck(self.rollouts)
+        await self._constraints.check(sampling, field)
 
     # ------------------------------------------------------------------ the tokenizer
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

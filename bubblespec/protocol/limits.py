@@ -61,6 +61,9 @@ MAX_LOGIT_BIAS = 100.0
 `SamplingParams` does (OpenAI's documented range)."""
 MAX_LOGIT_BIAS_ENTRIES = 2**18
 """Most biased tokens of one request (more than any vocabulary has)."""
+MAX_STRUCTURED_CHARS = 2**20
+"""Longest structured-output constraint (a JSON schema's text, a regex, a grammar, all the
+choices together), characters."""
 MAX_STOP_TOKEN_IDS = 1024
 """Most stop token ids of one request."""
 MAX_TOP_LOGPROBS = 20

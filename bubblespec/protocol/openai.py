@@ -45,7 +45,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
-from bubblespec.protocol.sampling import SamplingParams, SeedMode, clamp_logit_bias
+from bubblespec.protocol.sampling import (
+    SamplingParams,
+    SeedMode,
+    StructuredOutput,
+    clamp_logit_bias,
+)
 
 log = logging.getLogger("bubblespec.protocol.openai")
 
@@ -96,7 +101,6 @@ NOT_BUILT = {
     "allowed_token_ids": "token masks are not built",
     "bad_words": "token masks are not built",
     "logprob_token_ids": "log-probs of chosen tokens are not built (top_logprobs is)",
-    "structured_outputs": "constrained decoding is not built",
     "repetition_detection": "not built",
     "thinking_token_budget": "reasoning budgets are not built",
     "watermarking": "not built",
@@ -122,6 +126,69 @@ class StreamOptions(_Body):
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    """`response_format.json_schema`: a named schema (OpenAI's shape)."""
+
+    name: str | None = Field(None, max_length=4096)
+    description: str | None = None
+    json_schema: dict[str, Any] | bool = Field(True, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """`response_format`: text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        if self.type == "structural_tag":
+            raise ValueError("response_format structural_tag is not supported by bubblespec "
+                             "(json_schema, json_object and vLLM's structured_outputs are)")
+        return self
+
+    def constraint(self) -> StructuredOutput | None:
+        if self.type == "json_object":
+            return StructuredOutput(json_object=True)
+        if self.type == "json_schema" and self.json_schema is not None:
+            return StructuredOutput(json_schema=self.json_schema.json_schema)
+        return None
+
+
+class VllmStructuredOutputs(_Body):
+    """vLLM's `structured_outputs`: exactly one of json (a schema), regex, choice, grammar,
+    json_object; its whitespace options and structural tags are refused (not carried)."""
+
+    json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    @field_validator("disable_any_whitespace", "disable_additional_properties",
+                     "whitespace_pattern", "structural_tag")
+    @classmethod
+    def _options(cls, v: Any, info: ValidationInfo) -> Any:
+        return _unset(v, f"structured_outputs.{info.field_name}", "not carried to the ranks")
+
+    @model_validator(mode="after")
+    def _builds(self) -> VllmStructuredOutputs:
+        self.constraint()  # exactly one kind, each well formed
+        return self
+
+    def constraint(self) -> StructuredOutput:
+        return StructuredOutput(json_schema=self.json_, regex=self.regex,
+                                choice=None if self.choice is None else tuple(self.choice),
+                                grammar=self.grammar, json_object=bool(self.json_object))
 
 
 class SamplingFields(_Body):
@@ -186,7 +253,10 @@ class SamplingFields(_Body):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     logprob_token_ids: list[int] | None = None
-    structured_outputs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = Field(None, description=(
+        "text, json_object or json_schema: the choices are constrained to it."))
+    structured_outputs: VllmStructuredOutputs | None = Field(None, description=(
+        "vLLM: one of json, regex, choice, grammar, json_object."))
     repetition_detection: dict[str, Any] | None = None
     thinking_token_budget: int | None = None
     watermarking: bool | None = None
@@ -213,8 +283,30 @@ class SamplingFields(_Body):
                                                "constrained), and constrained decoding is not "
                                                "built")
 
+    @field_validator("structured_outputs")
+    @classmethod
+    def _one_constraint(cls, v: VllmStructuredOutputs | None,
+                        info: ValidationInfo) -> VllmStructuredOutputs | None:
+        fmt = info.data.get("response_format")
+        if v is not None and fmt is not None and fmt.type != "text":
+            raise ValueError("send response_format or structured_outputs, not both")
+        return v
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        """The constraint `response_format` or `structured_outputs` asks for (None: none)."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs.constraint()
+        return None if self.response_format is None else self.response_format.constraint()
+
+    @property
+    def structured_field(self) -> str:
+        """The field that carries the constraint (what a refusal of it names)."""
+        return "structured_outputs" if self.structured_outputs is not None else \
+            "response_format"
+
     @field_validator("allowed_token_ids", "bad_words", "logprob_token_ids",
-                     "structured_outputs", "repetition_detection", "thinking_token_budget",
+                     "repetition_detection", "thinking_token_budget",
                      "watermarking", "vllm_xargs", "kv_transfer_params", "ec_transfer_params",
                      "mm_payload", "return_mm_kwargs", "return_token_offsets",
                      "routed_experts_prompt_start")
@@ -273,6 +365,7 @@ class SamplingFields(_Body):
             "presence_penalty": self.presence_penalty or 0.0,
             "frequency_penalty": self.frequency_penalty or 0.0,
             "min_tokens": self.min_tokens, "min_p": self.min_p or 0.0,
+            "structured": self.structured,
             "logit_bias": self.logit_bias or {},
             "stop_token_ids": tuple(self.stop_token_ids or ()), "ignore_eos": self.ignore_eos}
         if self.seed_mode is not None:
@@ -304,7 +397,6 @@ class CompletionIn(SamplingFields):
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=L.MAX_N)
     prompt_embeds: Any = None
-    response_format: dict[str, Any] | None = None
     suffix: str | None = None
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
@@ -351,14 +443,6 @@ class CompletionIn(SamplingFields):
     @classmethod
     def _no_embeds(cls, v: Any) -> Any:
         return _unset(v, "prompt_embeds", "the ranks take token ids")
-
-    @field_validator("response_format")
-    @classmethod
-    def _completion_text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported "
-                             "(constrained decoding is not built)")
-        return v
 
     @field_validator("best_of")
     @classmethod
@@ -480,7 +564,6 @@ class ChatCompletionIn(SamplingFields):
         None, description="Rendered into the chat template (its `tools` variable).")
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -531,14 +614,6 @@ class ChatCompletionIn(SamplingFields):
             else f'"{v}"'
         raise ValueError(f"tool_choice={which} requires --tool-call-parser to be set (the "
                          'gateway parses no tool calls: send tool_choice "none")')
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported "
-                             "(constrained decoding is not built)")
-        return v
 
     @property
     def tool_choice_refused(self) -> str | None:

@@ -120,6 +120,14 @@ class ScoreRequest(_Body):
         "Also the log-probs of this many most likely tokens at each prompt position."))
 
 
+class CheckSampling(_Body):
+    """POST /v1/check_sampling: would this rank's engine take these sampling parameters?
+    (A structured-output constraint is compiled by its vLLM's backend.) A 400 names the
+    field it refuses; 200 `{}` when it takes them. Nothing runs."""
+
+    sampling_params: SamplingParams
+
+
 class ScoredPrompt(_Body):
     """One scored prompt: per token, its log-probability given the tokens before it."""
 

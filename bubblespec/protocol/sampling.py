@@ -10,8 +10,9 @@ frozen, hence hashable and comparable: pre-generation tasks of one prompt must a
 from __future__ import annotations
 
 import enum
+import json
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -42,6 +43,74 @@ class PregenWindow(str, enum.Enum):
     TRAINING = "training"
     """At the step's close (next step or weight push): the bubble and the training window
     after it, for rollout ranks idle while the trainer trains (disaggregated set-ups)."""
+
+
+class StructuredOutput(BaseModel):
+    """A constraint on what is sampled, vLLM's `StructuredOutputsParams`: exactly one of a
+    JSON schema, any JSON object, a regular expression, a choice among strings, or a
+    grammar (EBNF/GBNF or Lark, as vLLM's backends read them). The ranks' vLLM masks every
+    token the constraint forbids, at drafted positions too, and drops the drafted tokens it
+    forbids, so speculation stays exact."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    json_schema: str | None = Field(None, max_length=L.MAX_STRUCTURED_CHARS, description=(
+        "A JSON schema, as JSON text (a mapping is taken and written as compact JSON, its "
+        "keys in their order: the output's properties follow it)."))
+    json_object: bool = Field(False, description="Any JSON object.")
+    regex: str | None = Field(None, max_length=L.MAX_STRUCTURED_CHARS)
+    choice: tuple[Annotated[str, Field(max_length=L.MAX_STRUCTURED_CHARS)], ...] | None = \
+        Field(None, min_length=1, max_length=4096)
+    grammar: str | None = Field(None, max_length=L.MAX_STRUCTURED_CHARS)
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _schema_text(cls, v: object) -> object:
+        if isinstance(v, (dict, bool)):
+            return json.dumps(v, separators=(",", ":"))  # key order kept: it orders the output
+        if isinstance(v, str):
+            try:
+                parsed = json.loads(v)
+            except ValueError:
+                raise ValueError("not a JSON schema: the text is not JSON") from None
+            if not isinstance(parsed, (dict, bool)):  # pydantic reports ValueErrors only
+                raise ValueError("a JSON schema is an object (or true/false)")  # noqa: TRY004
+        return v
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar_not_blank(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("a grammar cannot be empty")
+        return v
+
+    @field_validator("regex")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        if v is not None and "\x00" in v:
+            raise ValueError("a regex must not contain a NUL character")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutput:
+        kinds = [k for k in ("json_schema", "regex", "choice", "grammar")
+                 if getattr(self, k) is not None] + (["json_object"] if self.json_object
+                                                     else [])
+        if len(kinds) != 1:
+            raise ValueError(f"exactly one kind of constraint, got {kinds or 'none'}")
+        if self.choice is not None and sum(map(len, self.choice)) > L.MAX_STRUCTURED_CHARS:
+            raise ValueError(f"the choices hold more than {L.MAX_STRUCTURED_CHARS} characters")
+        return self
+
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """The `StructuredOutputsParams` keyword arguments of this constraint."""
+        if self.json_schema is not None:
+            return {"json": self.json_schema}
+        if self.json_object:
+            return {"json_object": True}
+        if self.choice is not None:
+            return {"choice": list(self.choice)}
+        return {"regex": self.regex} if self.regex is not None else {"grammar": self.grammar}
 
 
 class SamplingParams(BaseModel):
@@ -78,6 +147,9 @@ class SamplingParams(BaseModel):
             "(token id, bias) pairs, each bias in [-100, 100] added to that token's logit "
             "before penalties and temperature (vLLM's logit_bias; a mapping is taken too). "
             "A sample with it decodes without drafts (`drafts_off`)."))
+    structured: StructuredOutput | None = Field(None, description=(
+        "A constraint on the response (JSON schema, JSON object, regex, choice, grammar), "
+        "applied by the ranks' vLLM at every sampled and verified position."))
     stop_token_ids: tuple[L.TokenId, ...] = Field(
         (), max_length=L.MAX_STOP_TOKEN_IDS, description="Token ids that end a response.")
     ignore_eos: bool = False

@@ -5,8 +5,11 @@ spell its request fields the way SGLang's `GenerateReqInput` and `SamplingParams
 that those clients switch to bubblespec by changing the server address. What bubblespec
 cannot honour exactly is refused by name (a 400 naming the field) instead of being ignored:
 
-- string stops (`stop`), streaming, images, LoRA adapters, constrained decoding: refused
-  when set (`stop_token_ids` is the token-level stop).
+- string stops (`stop`), streaming, images, LoRA adapters: refused when set
+  (`stop_token_ids` is the token-level stop).
+
+`json_schema`, `regex` and `ebnf` constrain the sample (the ranks' vLLM builds the grammar;
+one the backend cannot build is a 400 naming `sampling_params`).
 
 `frequency_penalty`, `presence_penalty` and `min_new_tokens` are carried to the ranks (vLLM
 applies them in speculative verification as in its sampler: exact with drafts, tested in
@@ -33,7 +36,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
 from bubblespec.protocol.sample import SampleMeta
-from bubblespec.protocol.sampling import SamplingParams, SeedMode, clamp_logit_bias
+from bubblespec.protocol.sampling import (
+    SamplingParams,
+    SeedMode,
+    StructuredOutput,
+    clamp_logit_bias,
+)
 
 BatchIds = Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)]
 Texts = Annotated[list[Annotated[str, Field(max_length=16 * L.MAX_PROMPT_TOKENS)]],
@@ -63,6 +71,11 @@ class SglSamplingParams(_Body):
     logit_bias: dict[str, float] | None = Field(None, description=(
         "Token id (a string, as SGLang takes it) -> bias added to its logit, clamped into "
         "[-100, 100]."))
+    json_schema: str | None = Field(None, max_length=L.MAX_STRUCTURED_CHARS, description=(
+        "A JSON schema (as JSON text) the sample follows."))
+    regex: str | None = Field(None, max_length=L.MAX_STRUCTURED_CHARS)
+    ebnf: str | None = Field(None, max_length=L.MAX_STRUCTURED_CHARS,
+                             description="A grammar (EBNF/GBNF) the sample follows.")
     min_new_tokens: int = Field(0, ge=0, le=L.MAX_NEW_TOKENS, description=(
         "Stop tokens cannot end the sample before this many tokens (at most "
         "max_new_tokens)."))
@@ -81,6 +94,18 @@ class SglSamplingParams(_Body):
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
         return clamp_logit_bias(v)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SglSamplingParams:
+        self.structured()  # at most one, well formed
+        return self
+
+    def structured(self) -> StructuredOutput | None:
+        """The constraint of `json_schema`, `regex` or `ebnf` (None: none)."""
+        if self.json_schema is None and self.regex is None and self.ebnf is None:
+            return None
+        return StructuredOutput(json_schema=self.json_schema, regex=self.regex,
+                                grammar=self.ebnf)
 
     @field_validator("min_new_tokens")
     @classmethod
@@ -105,6 +130,7 @@ class SglSamplingParams(_Body):
             top_p=self.top_p, top_k=self.top_k, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_new_tokens, min_p=self.min_p, logit_bias=self.logit_bias or {},
+            structured=self.structured(),
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             **({"seed_mode": self.seed_mode} if "seed_mode" in self.model_fields_set else {}))
 

@@ -8,7 +8,7 @@ SkyRL's remote inference client and prime-rl's token client sample only through
 vLLM's `SamplingParams` keys with vLLM's defaults (`max_tokens` 16 when given as nothing
 else; left out: what the context leaves, as vLLM's server sets it). Refused by name, as on
 the OpenAI routes: `allowed_token_ids`, `bad_words` (not built), string stops (the route is token-level: use `stop_token_ids`), `prompt_logprobs`
-(served by `/v1/completions` with `echo`), beam search and structured outputs; keys of
+(served by `/v1/completions` with `echo`), beam search; keys of
 `sampling_params` that vLLM's `SamplingParams` does not define (other unknown keys are
 ignored, as vLLM's server ignores them). A `seed`
 makes the request repeat bit for bit (keyed sampling by that seed, as on the OpenAI routes).
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
+from bubblespec.protocol.openai import VllmStructuredOutputs
 from bubblespec.protocol.sampling import SamplingParams, SeedMode, clamp_logit_bias
 
 DEFAULT_MAX_TOKENS = 16
@@ -75,7 +76,8 @@ class VllmSampling(_Body):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    structured_outputs: dict[str, Any] | None = None
+    structured_outputs: VllmStructuredOutputs | None = Field(None, description=(
+        "One of json, regex, choice, grammar, json_object: the samples are constrained to it."))
     extra_args: dict[str, Any] | None = None
     flat_logprobs: bool = Field(False, description="vLLM: a layout of its Python objects; "
                                                    "no effect on the JSON answer.")
@@ -100,7 +102,7 @@ class VllmSampling(_Body):
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
         return clamp_logit_bias(v)
 
-    @field_validator("allowed_token_ids", "bad_words", "structured_outputs", "extra_args",
+    @field_validator("allowed_token_ids", "bad_words", "extra_args",
                      "logprob_token_ids", "prompt_logprob_start", "prompt_logprob_token_ids",
                      "repetition_detection", "routed_experts_prompt_start",
                      "thinking_token_budget", "trace_decode_token_ids", "watermarking")
@@ -148,6 +150,8 @@ class VllmSampling(_Body):
             top_k=self.top_k, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_tokens, min_p=self.min_p, logit_bias=self.logit_bias or {},
+            structured=None if self.structured_outputs is None
+            else self.structured_outputs.constraint(),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, **kw)
 

@@ -4,6 +4,8 @@
 - POST /generate       SGLang-style token-in generation, single or batched (bearer token)
 - POST /v1/score      the prompt log-probs of token-id prompts, without generating (bearer
                        token); no step: the rank's state and pre-generation are untouched
+- POST /v1/check_sampling  would the engine take these sampling parameters (a structured-
+                       output constraint compiled by its backend)? 400 naming the field, or {}
 - POST /v1/abort_step  end this rank's shard of a step early (bearer token): its unfinished
                        samples return what they generated with finish reason abort
 - POST /v1/weights     validate, then reload weights from a directory (bearer token): 422
@@ -30,6 +32,7 @@ from bubblespec.http.edge import app_service, protected_router
 from bubblespec.metrics import CONTENT_TYPE_LATEST
 from bubblespec.protocol.rank import (
     AbortStep,
+    CheckSampling,
     DraftIndexBody,
     GenerateRequest,
     HeapBody,
@@ -103,6 +106,11 @@ async def generate(body: GenerateRequest, rank: Rank) -> JSONResponse:
 @protected.post("/v1/score")
 async def score(body: ScoreRequest, rank: Rank) -> JSONResponse:
     return JSONResponse(await rank.score(body))
+
+
+@protected.post("/v1/check_sampling")
+async def check_sampling(body: CheckSampling, rank: Rank) -> dict[str, Any]:
+    return rank.check_sampling(body)
 
 
 @protected.post("/v1/abort_step")

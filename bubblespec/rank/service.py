@@ -36,6 +36,7 @@ from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.rank import (
     ENGINE_DIED_HEADER,
     AbortStep,
+    CheckSampling,
     DraftIndexBody,
     GenerateRequest,
     HeapBody,
@@ -281,6 +282,16 @@ class RankService:
         self.metrics.request_latency.labels(self.rank_id, "generate").observe(
             time.monotonic() - t)
         return outs if batched or body.n > 1 else outs[0]
+
+    def check_sampling(self, body: CheckSampling) -> dict[str, Any]:
+        """POST /v1/check_sampling: the engine's checks of `body.sampling_params` (a
+        structured-output constraint compiled by vLLM's backend), a 400 naming the field it
+        refuses; nothing runs."""
+        worker = self._ready()
+        sp = body.sampling_params.model_copy(update={"max_new_tokens": 1, "min_tokens": 0})
+        self._validate(worker.engine, [GenRequest(input_ids=[0], sampling=sp, seeds=[0])],
+                       lambda _i, f: f)
+        return {}
 
     async def score(self, body: ScoreRequest) -> dict[str, Any]:
         """POST /v1/score: the prompts' log-probs (`GenRequest.score`), run by the engine

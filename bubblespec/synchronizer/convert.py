@@ -6,6 +6,7 @@ agree by construction. Unset `optional` proto fields become None (or the documen
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections.abc import Iterable, Sequence
 
@@ -83,14 +84,25 @@ def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
     wire = {f: getattr(s, f) for f in _SAMPLING_FIELDS}
     return pb.SamplingParams(**{**wire, "seed_mode": s.seed_mode.value},
                              stop_token_ids=list(s.stop_token_ids),
-                             logit_bias=dict(s.logit_bias))
+                             logit_bias=dict(s.logit_bias),
+                             structured=None if s.structured is None
+                             else s.structured.model_dump_json(exclude_defaults=True))
 
 
 def sampling_from_pb(m: pb.SamplingParams, max_new_tokens: int) -> SamplingParams:
     """Unset fields take the defaults (temperature 1, top_p 1, top_k off)."""
     given = {f: getattr(m, f) for f in _SAMPLING_FIELDS if m.HasField(f)}
+    if m.HasField("structured"):  # JSON text; what is not JSON is named by the model
+        given["structured"] = _json_or_text(m.structured)
     return SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(m.stop_token_ids),
                           logit_bias=dict(m.logit_bias), **given)
+
+
+def _json_or_text(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def task_to_pb(t: PregenTask) -> pb.PregenTask:

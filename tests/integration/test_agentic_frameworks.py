@@ -12,6 +12,8 @@ real 2-rank cluster serving the real chat model (SmolLM2-135M-Instruct), with th
 - a seeded request repeats bit for bit across 5 runs batched differently (vLLM's promise);
 - rLLM's distillation teacher (`echo` with a generated token and `logprobs: 1`) and vLLM's
   `prompt_logprobs`, values and ranks against transformers;
+- structured outputs (`response_format`, `structured_outputs`, SGLang's `regex`) in their
+  constraints, and a constraint the ranks cannot build a 400 of its own;
 - an overlong prompt is refused in vLLM's words (verifiers ends a rollout as overlong on
   "maximum context length"), with no internal route in the message.
 """
@@ -192,6 +194,55 @@ def test_echo_with_generation_and_prompt_logprobs_equal_transformers(
             assert alt is not None and abs(alt["logprob"] - float(best.values[k])) < 2e-3
             assert alt["rank"] == k + 1 or int(best.indices[k]) == t
     assert len(lp.top_logprobs[-1]) in (1, 2)  # the generated token: itself and the top 1
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"},
+                                           "why": {"type": "string", "maxLength": 40}},
+          "required": ["answer", "why"], "additionalProperties": False}
+
+
+def test_structured_outputs_follow_their_constraint(client: Any, http: httpx.Client) -> None:
+    """`response_format` json_schema and json_object, vLLM's `structured_outputs` (choice,
+    regex) and SGLang's `regex`, sampled on the speculating ranks, each in its constraint; a
+    constraint the ranks' backend cannot build is a 400 naming its field, and a request
+    beside it in the same moment is answered."""
+    import json
+    import re
+
+    async def both() -> list[Any]:
+        async with openai.AsyncOpenAI(base_url=str(http.base_url).rstrip("/") + "/v1",
+                                      api_key="x",
+                                      timeout=300, max_retries=0) as ac:
+            good = ac.chat.completions.create(
+                model="m", messages=CHAT, max_tokens=60, seed=3, n=2,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "a", "schema": SCHEMA}})
+            bad = ac.chat.completions.create(
+                model="m", messages=CHAT, max_tokens=8,
+                extra_body={"structured_outputs": {"grammar": "root ::= (((("}})
+            return await asyncio.gather(good, bad, return_exceptions=True)
+
+    good, bad = asyncio.run(both())
+    assert isinstance(bad, openai.BadRequestError) and bad.param == "structured_outputs", bad
+    for ch in good.choices:
+        if ch.finish_reason == "stop":
+            got = json.loads(ch.message.content)
+            assert set(got) == {"answer", "why"} and isinstance(got["answer"], int)
+        else:  # cut by max_tokens: still a prefix of such an object
+            assert ch.message.content.startswith('{"answer"') or \
+                ch.message.content.startswith('{ "answer"')
+    r = client.chat.completions.create(model="m", messages=CHAT, max_tokens=40, seed=4,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = client.completions.create(model="m", prompt="The best prime is", max_tokens=8,
+                                  extra_body={"structured_outputs": {"choice": [" two",
+                                                                               " seven"]}})
+    assert r.choices[0].text in (" two", " seven")
+    out = http.post("/generate", json={"text": "Count: ", "sampling_params": {
+        "max_new_tokens": 12, "regex": "[0-9]{3}-[0-9]{2}"}})
+    assert out.status_code == 200, out.text
+    assert re.fullmatch("[0-9]{3}-[0-9]{2}", out.json()["text"]), out.json()["text"]
 
 
 def test_seeded_requests_repeat_batched_differently(cluster: LocalCluster,

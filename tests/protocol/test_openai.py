@@ -167,7 +167,15 @@ def test_chat_body_and_messages_for_the_template() -> None:
     ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": "required"}, "tool_choice"),
     ({**CHAT, "tool_choice": "auto"}, "tool_choice"),
-    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**CHAT, "response_format": {"type": "structural_tag"}}, "response_format"),
+    ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
+    ({**CHAT, "response_format": {"type": "json_object"},
+      "structured_outputs": {"regex": "a"}}, "structured_outputs"),
+    ({**CHAT, "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({**CHAT, "structured_outputs": {"json": "{not json"}}, "structured_outputs"),
+    ({**CHAT, "structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+    ({**CHAT, "structured_outputs": {"regex": "a", "whitespace_pattern": " "}},
+     "structured_outputs.whitespace_pattern"),
     ({**CHAT, "continue_final_message": True}, "continue_final_message"),
     ({**CHAT, "presence_penalty": 3}, "presence_penalty"),
     ({**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
@@ -208,3 +216,25 @@ def test_answers_parse_as_the_openai_types() -> None:
     OaiModel.model_validate(ModelList(data=[ModelCard(id="m", created=1)]).data[0].model_dump())
     err = ErrorOut(error=ErrorDetail(message="bad", type="BadRequestError", param="n", code=400))
     assert err.model_dump()["error"]["param"] == "n"
+
+
+@pytest.mark.parametrize(("extra", "want"), [
+    ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "object", "properties": {"b": {"type": "integer"},
+                                                                  "a": {"type": "string"}}}}}},
+     {"json_schema": '{"type":"object","properties":{"b":{"type":"integer"},'
+                     '"a":{"type":"string"}}}'}),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, {"regex": "[0-9]+"}),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": ("yes", "no")}),
+    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, {"grammar": 'root ::= "a"'}),
+    ({"structured_outputs": {"json": {"type": "array"}}}, {"json_schema": '{"type":"array"}'}),
+    ({"structured_outputs": {"json_object": True}}, {"json_object": True}),
+    ({"response_format": {"type": "text"}}, None),
+])
+def test_constraints_reach_the_sampling_params(extra: dict[str, Any], want: Any) -> None:
+    """Each spelling becomes one `StructuredOutput`; a schema keeps its key order (it orders
+    the output's properties)."""
+    for model, body in ((CompletionIn, {"prompt": [1]}), (ChatCompletionIn, CHAT)):
+        got = model.model_validate({**body, **extra}).to_sampling(8).structured
+        assert (None if got is None else got.model_dump(exclude_defaults=True)) == want

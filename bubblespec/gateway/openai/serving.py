@@ -99,6 +99,7 @@ class OpenAiServing:
             f.check_quarantine([prep.prompts[i] for i in mine], sampling,
                                lambda j, mine=mine: names.of(f"prompts[{mine[j]}]")
                                if names.batched else names.prompt)
+        await f.check_constraint(next(iter(samplings.values())), body.structured_field)
         for j, batch in enumerate(prep.next_batches):
             f.batcher.add_next(batch, ahead=j)
         rid = uuid.uuid4().hex

@@ -77,6 +77,7 @@ class SglangServing:
         sampling = sp.to_sampling()
         top = (body.top_logprobs_num or 0) if body.return_logprob else 0
         f.check_quarantine(body.prompts(), sampling, self._where(body))
+        await f.check_constraint(sampling, "sampling_params")
         asks = []
         for prompt, rid in zip(body.prompts(), body.rids()):
             base = rid or uuid.uuid4().hex

@@ -79,6 +79,7 @@ class TokensServing:
                                 f"budget ({budget})", "sampling_params.min_tokens")
         sampling = sp.to_sampling(budget)
         f.check_quarantine([prompt], sampling, lambda i: "token_ids")
+        await f.check_constraint(sampling, "sampling_params.structured_outputs")
         if body.next_prompts:
             f.batcher.add_next([list(p) for p in body.next_prompts])
         rid = body.request_id or uuid.uuid4().hex
