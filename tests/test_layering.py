@@ -48,6 +48,8 @@ PUBLIC_VLLM: dict[str, set[str]] = {
     "vllm.inputs": {"TokensPrompt"},
     "vllm.engine.arg_utils": {"AsyncEngineArgs"},
     "vllm.v1.engine.async_llm": {"AsyncLLM"},
+    # vLLM's tool-parser registry (its plugin API, `--tool-parser-plugin`)
+    "vllm.tool_parsers": {"ToolParserManager"},
     # the request bodies of vLLM's HTTP API (its wire contract), which the field-parity test
     # (tests/protocol/test_vllm_fields.py) holds the gateway's bodies against
     "vllm.entrypoints.openai.completion.protocol": {"CompletionRequest"},

@@ -311,6 +311,12 @@ class RolloutEngine:
         return f"{type(err).__name__}: {err}".rstrip(": ")
 
     # ------------------------------------------------------------------ generate
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer as vLLM loaded it (its tool parsers and structured-output
+        backends take it)."""
+        return self.llm.tokenizer
+
     def validate(self, req: GenRequest) -> None:
         """InvalidRequest naming the first field of `req` this engine cannot run
         (`validate.validate_request`: vocabulary, model length, one seed per sample; a

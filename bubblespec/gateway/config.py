@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from bubblespec.config import BaseConfig
 from bubblespec.protocol.sampling import PregenWindow, SeedMode
@@ -100,6 +100,13 @@ class GatewayConfig(BaseConfig, TlsSettings):
     """Most prompt keys whose response length is remembered (oldest forgotten first)."""
     split_samples: bool = True
     """When a batch has fewer prompts than live ranks, split a prompt's samples over ranks."""
+    enable_auto_tool_choice: bool = False
+    """Serve tool_choice "auto" on /v1/chat/completions (the default when `tools` are
+    given): each choice is parsed by vLLM's tool parser `tool_call_parser` on a rank (vLLM's
+    `--enable-auto-tool-choice`). Without it "auto" is refused, as vLLM refuses it."""
+    tool_call_parser: str = Field("", max_length=256)
+    """vLLM's tool-call parser for tool_choice "auto" (vLLM's `--tool-call-parser`, e.g.
+    hermes, llama3_json, pythonic, mistral), run by the ranks' vLLM."""
     sglang_quiet_s: float = Field(0.05, gt=0, le=60)
     """SGLang-compatible /generate: queued requests become one step once none arrived for
     this long (seconds)."""
@@ -109,3 +116,10 @@ class GatewayConfig(BaseConfig, TlsSettings):
     """Rollout summaries kept for GET /v1/steps/{step}."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level."""
+
+    @model_validator(mode="after")
+    def _parser_for_auto(self) -> GatewayConfig:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (vLLM's "
+                             "--enable-auto-tool-choice requires --tool-call-parser)")
+        return self

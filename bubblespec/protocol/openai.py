@@ -20,11 +20,13 @@ never ignored:
 - `max_tokens: 0` without `echo` (with `echo` it scores the prompt, `gateway/scoring.py`),
   `prompt_logprobs` -1 (the whole vocabulary: vLLM refuses more than 20 too) and
   `prompt_logprobs` > 0 when streaming (as vLLM);
-- `tool_choice` "auto" (the default with `tools`), "required" or a named tool: they need a
-  tool-call parser (vLLM's server refuses them too when run without `--tool-call-parser`);
-  `tools` with `tool_choice: "none"` are rendered by the chat template, as are the
-  `tool_calls` and `tool` turns of the history;
-- response formats other than text, non-text message content: not built;
+- `tool_choice` "auto" (the default with `tools`) when the gateway runs without
+  `--enable-auto-tool-choice --tool-call-parser NAME`, in vLLM's words (vLLM's server
+  refuses it the same way); "required" and a named tool are served as vLLM serves them (the
+  output constrained to the tool calls' JSON schema), auto with the parser (vLLM's own, run
+  on a rank); `tools` are rendered by the chat template, as are the `tool_calls` and `tool`
+  turns of the history;
+- `response_format` structural_tag, non-text message content: not built;
 
 Keys these models do not define are ignored, as vLLM's server ignores them (logged at
 debug). Accepted and without effect on sampling: `model` (echoed back; the gateway serves one
@@ -94,9 +96,9 @@ class _Reply(BaseModel):
 
 
 AUTO_TOOLS_REFUSED = ('"auto" tool choice requires --enable-auto-tool-choice and '
-                      "--tool-call-parser to be set (the gateway parses no tool calls: "
-                      'send tool_choice "none")')
-"""vLLM's answer to tool_choice "auto" (the default with tools) without a tool-call parser."""
+                      "--tool-call-parser to be set")
+"""vLLM's answer to tool_choice "auto" (the default with tools) without a tool-call parser
+(the gateway's `--enable-auto-tool-choice --tool-call-parser NAME` turn it on)."""
 NOT_BUILT = {
     "allowed_token_ids": "token masks are not built",
     "bad_words": "token masks are not built",
@@ -119,6 +121,35 @@ def _unset(value: Any, name: str, why: str) -> Any:
     if value not in (None, False) and value != [] and value != {}:
         raise ValueError(f"{name} is not supported by bubblespec: {why}")
     return value
+
+
+def tool_calls_schema(tools: list[dict[str, Any]], named: str | None,
+                      parallel: bool | None) -> dict[str, Any]:
+    """vLLM's JSON schema of the output for tool_choice "required" (an array of at least
+    one {name, parameters}, at most one when `parallel` is false) or for the `named` tool
+    (its parameters)."""
+    def params(fn: dict[str, Any]) -> dict[str, Any]:
+        p = fn.get("parameters")
+        return p if isinstance(p, dict) and p else {"type": "object", "properties": {}}
+
+    fns = [t["function"] for t in tools]
+    if named is not None:
+        return params(next(f for f in fns if f["name"] == named))
+    defs: dict[str, Any] = {}
+    items = []
+    for f in fns:
+        p = dict(params(f))
+        defs.update(p.pop("$defs", {}) or {})
+        items.append({"properties": {"name": {"type": "string", "enum": [f["name"]]},
+                                     "parameters": p},
+                      "required": ["name", "parameters"]})
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "object", "anyOf": items}}
+    if parallel is False:
+        schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return schema
 
 
 class StreamOptions(_Body):
@@ -597,29 +628,70 @@ class ChatCompletionIn(SamplingFields):
             return v
         return _unset(v, str(info.field_name), "not built on chat")
 
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v == []:
+            raise ValueError("`tools` must not be an empty array. Either provide at least "
+                             "one tool or omit the field entirely.")
+        for i, t in enumerate(v or []):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ValueError(f"tools[{i}] needs function.name")  # noqa: TRY004 (pydantic)
+        return v
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, v: Any, info: ValidationInfo) -> Any:
-        """As vLLM's server run without `--tool-call-parser` answers: "none" (or no tools)
-        samples plain text; "auto" (the default when tools are given) and "required" or a
-        named tool need a tool-call parser, which the gateway does not run."""
+        """vLLM's checks: "none", "auto", "required" or a named tool among `tools`."""
         tools = info.data.get("tools")
         if v in (None, "none"):
             return v
         if not tools:
             raise ValueError("When using `tool_choice`, `tools` must be set.")
-        if v == "auto":
-            raise ValueError(AUTO_TOOLS_REFUSED)
-        which = f'function "{v.get("function", {}).get("name")}"' if isinstance(v, dict) \
-            else f'"{v}"'
-        raise ValueError(f"tool_choice={which} requires --tool-call-parser to be set (the "
-                         'gateway parses no tool calls: send tool_choice "none")')
+        fmt = info.data.get("response_format")  # vLLM refuses a constraint beside a named
+        # tool; "required"'s schema of the calls replaces one (vLLM's to_sampling_params)
+        if isinstance(v, dict) and (info.data.get("structured_outputs") is not None or (
+                fmt is not None and fmt.type != "text")):
+            raise ValueError("You can only either use constraints for structured outputs or "
+                             "tools, not both.")
+        if v in ("auto", "required"):
+            return v
+        if not isinstance(v, dict):
+            raise ValueError(  # noqa: TRY004 (pydantic reports ValueErrors only)
+                f"Invalid value for `tool_choice`: {v}! Only named tools, "
+                '"none", "auto" or "required" are supported.')
+        fn = v.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError('Invalid `function` in `tool_choice`! Correct usage: '
+                             '`{"type": "function", "function": {"name": "my_function"}}`')
+        if fn["name"] not in {t["function"]["name"] for t in tools}:
+            raise ValueError("The tool specified in `tool_choice` does not match any of the "
+                             "specified `tools`")
+        return v
 
     @property
-    def tool_choice_refused(self) -> str | None:
-        """vLLM's refusal of `tools` given without `tool_choice` (the default is "auto",
-        which needs a tool-call parser); None when the request is served."""
-        return AUTO_TOOLS_REFUSED if self.tools and self.tool_choice is None else None
+    def tool_mode(self) -> Literal["none", "auto", "required", "named"]:
+        """How tools are used: `tools` without `tool_choice` is "auto" (vLLM's default)."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if self.tool_choice in (None, "auto"):
+            return "auto"
+        return "required" if self.tool_choice == "required" else "named"
+
+    @property
+    def named_tool(self) -> str | None:
+        return self.tool_choice["function"]["name"] if self.tool_mode == "named" else None
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        """The constraint of `response_format` / `structured_outputs`, or, for tool_choice
+        "required" or a named tool, vLLM's JSON schema of the tool calls."""
+        if self.tool_mode in ("required", "named"):
+            return StructuredOutput(json_schema=tool_calls_schema(
+                self.tools or [], self.named_tool, self.parallel_tool_calls))
+        return super().structured
+
 
     def template_kwargs(self) -> dict[str, Any]:
         """The chat template's extra variables, as vLLM builds them: `reasoning_effort`
@@ -711,9 +783,21 @@ class ChatLogprobs(_Reply):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCallOut(_Reply):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Reply):
+    id: str
+    type: str = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(_Reply):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(_Reply):

@@ -8,7 +8,7 @@ keys it does not know, so that a gateway reads the samples of a newer rank.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -126,6 +126,35 @@ class CheckSampling(_Body):
     field it refuses; 200 `{}` when it takes them. Nothing runs."""
 
     sampling_params: SamplingParams
+
+
+class ParseToolCalls(_Body):
+    """POST /v1/tool_calls: vLLM's tool parser `parser` over each output of a chat request
+    (`request`, the body as the caller sent it to /v1/chat/completions), as vLLM's server
+    parses tool_choice "auto": the parser adjusts the request, the output's tokens are
+    decoded as the adjusted request says, and the parser extracts the calls."""
+
+    parser: str = Field(..., min_length=1, max_length=256)
+    request: dict[str, Any]
+    outputs: Annotated[list[TokenIds], Field(max_length=L.MAX_N)]
+
+
+class ParsedToolCall(_Body):
+    id: str
+    name: str
+    arguments: str
+
+
+class ParsedOutput(_Body):
+    """One output parsed: its tool calls (none: `tools_called` false) and its content."""
+
+    tools_called: bool
+    tool_calls: list[ParsedToolCall]
+    content: str | None
+
+
+class ParsedToolCalls(_Body):
+    results: list[ParsedOutput]
 
 
 class ScoredPrompt(_Body):

@@ -6,6 +6,7 @@
                        token); no step: the rank's state and pre-generation are untouched
 - POST /v1/check_sampling  would the engine take these sampling parameters (a structured-
                        output constraint compiled by its backend)? 400 naming the field, or {}
+- POST /v1/tool_calls  vLLM's tool parser over chat outputs (the gateway's tool_choice auto)
 - POST /v1/abort_step  end this rank's shard of a step early (bearer token): its unfinished
                        samples return what they generated with finish reason abort
 - POST /v1/weights     validate, then reload weights from a directory (bearer token): 422
@@ -37,6 +38,7 @@ from bubblespec.protocol.rank import (
     GenerateRequest,
     HeapBody,
     PaceBody,
+    ParseToolCalls,
     RankStateBody,
     ScoreRequest,
     StepShard,
@@ -111,6 +113,11 @@ async def score(body: ScoreRequest, rank: Rank) -> JSONResponse:
 @protected.post("/v1/check_sampling")
 async def check_sampling(body: CheckSampling, rank: Rank) -> dict[str, Any]:
     return rank.check_sampling(body)
+
+
+@protected.post("/v1/tool_calls")
+async def tool_calls(body: ParseToolCalls, rank: Rank) -> dict[str, Any]:
+    return rank.tool_calls(body)
 
 
 @protected.post("/v1/abort_step")

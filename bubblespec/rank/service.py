@@ -41,6 +41,7 @@ from bubblespec.protocol.rank import (
     GenerateRequest,
     HeapBody,
     PaceBody,
+    ParseToolCalls,
     RankStateBody,
     ScoredPrompt,
     ScoreRequest,
@@ -50,6 +51,7 @@ from bubblespec.protocol.rank import (
     WeightUpdate,
 )
 from bubblespec.rank.config import RankConfig
+from bubblespec.rank.tool_calls import parse_tool_calls
 from bubblespec.rank.worker import RankWorker, to_gen_request, to_sample_out
 
 log = logging.getLogger("bubblespec.rank")
@@ -282,6 +284,12 @@ class RankService:
         self.metrics.request_latency.labels(self.rank_id, "generate").observe(
             time.monotonic() - t)
         return outs if batched or body.n > 1 else outs[0]
+
+    def tool_calls(self, body: ParseToolCalls) -> dict[str, Any]:
+        """POST /v1/tool_calls: vLLM's tool parser over chat outputs (`tool_calls.py`),
+        with the engine's tokenizer."""
+        worker = self._ready()
+        return parse_tool_calls(body, worker.engine.tokenizer).model_dump()
 
     def check_sampling(self, body: CheckSampling) -> dict[str, Any]:
         """POST /v1/check_sampling: the engine's checks of `body.sampling_params` (a

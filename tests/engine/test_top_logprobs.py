@@ -71,3 +71,39 @@ def test_keyed_top_logprobs_equal_with_speculation_on_and_off(loop_runner, plain
                 drift = max(drift, *(abs(p[t] - q[t]) for t in p))
     print(f"top log-probs, speculation off vs on: largest difference {drift:.2e}")
     assert drift <= 1e-4  # fp32 reduction order at most (bit-identical as measured so far)
+
+
+def test_plain_top_logprobs_with_speculation_are_the_models(loop_runner, plain_engine,
+                                                            spec_engine) -> None:
+    """Plain sampling (vLLM's sampler) draws other tokens with speculation on than off, so
+    its alternatives cannot be compared run to run; instead each position's alternatives,
+    drafted or not, must be the model's distribution after that output's prefix: the
+    engine's own scoring of prompt + output (prompt log-probs with the top TOP, no
+    speculation involved) at the same position. A shifted position, a wrong rank or the
+    processed (temperature) distribution instead of the raw one fails."""
+    reqs = _reqs(1.0)
+    base = loop_runner.run(plain_engine.generate(reqs))
+    spec = _spec_run(loop_runner, spec_engine, reqs, base)
+    _check_shape(spec)
+    drafted = sum(s.num_accepted_tokens for r in spec for s in r.samples)
+    assert drafted > 0
+    full = [(r.input_ids, s) for r, res in zip(reqs, spec) for s in res.samples]
+    scored = loop_runner.run(plain_engine.generate(
+        [GenRequest(input_ids=list(p) + s.output_ids, score=True, top_logprobs=TOP)
+         for p, s in full]))
+    worst = 0.0
+    for (p, s), sc in zip(full, scored):
+        ref = sc.samples[0].prompt_top_logprobs
+        for i, (t, pos) in enumerate(zip(s.output_ids, s.top_logprobs)):
+            want = ref[len(p) + i]
+            assert next(iter(want)) == t  # the scored token is the sampled one
+            worst = max(worst, abs(pos[t] - want[t]))
+            got_alts = sorted((lp for a, lp in list(pos.items())[1:]), reverse=True)
+            want_alts = sorted((lp for a, lp in list(want.items())[1:]), reverse=True)
+            assert len(got_alts) == len(want_alts)
+            worst = max(worst, *(abs(x - y) for x, y in zip(got_alts, want_alts)))
+            for a, lp in pos.items():  # each alternative's value, where scoring lists it
+                if a in want:
+                    worst = max(worst, abs(lp - want[a]))
+    print(f"plain top log-probs vs the scored prefix: largest difference {worst:.2e}")
+    assert worst < 2e-3

@@ -42,8 +42,10 @@ def real_dir() -> Path:
 def chat_cluster(real_dir: Path, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[LocalCluster]:
     """A 2-rank cluster on the real chat model, shared by the chat and agentic-framework
-    modules."""
+    modules; its gateway parses tool calls with vLLM's hermes parser, as a vLLM server
+    started with `--enable-auto-tool-choice --tool-call-parser hermes` does."""
     with LocalCluster(ranks=2, model=str(real_dir), start_timeout_s=300,
+                      gateway_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
                       log_dir=tmp_path_factory.mktemp("chat-cluster-logs")) as c:
         yield c
 

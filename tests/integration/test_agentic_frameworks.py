@@ -14,6 +14,7 @@ real 2-rank cluster serving the real chat model (SmolLM2-135M-Instruct), with th
   `prompt_logprobs`, values and ranks against transformers;
 - structured outputs (`response_format`, `structured_outputs`, SGLang's `regex`) in their
   constraints, and a constraint the ranks cannot build a 400 of its own;
+- tool calls: tool_choice "required", a named tool, and "auto" through vLLM's hermes parser;
 - an overlong prompt is refused in vLLM's words (verifiers ends a rollout as overlong on
   "maximum context length"), with no internal route in the message.
 """
@@ -243,6 +244,58 @@ def test_structured_outputs_follow_their_constraint(client: Any, http: httpx.Cli
         "max_new_tokens": 12, "regex": "[0-9]{3}-[0-9]{2}"}})
     assert out.status_code == 200, out.text
     assert re.fullmatch("[0-9]{3}-[0-9]{2}", out.json()["text"]), out.json()["text"]
+
+
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"], "additionalProperties": False}}}
+NOW = {"type": "function", "function": {"name": "now", "description": "The time."}}
+ASK = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
+
+
+def test_tool_calls_as_vllm_answers_them(client: Any) -> None:
+    """ART's and verifiers' tool environments: tool_choice "required" and a named tool
+    (constrained to vLLM's schema of the calls), and "auto" through vLLM's hermes parser on
+    a rank. The small chat model does not emit hermes calls by itself, so the "auto" call is
+    steered into the hermes format with a structured-output regex (vLLM serves that pair
+    too): the parser must find the call in what the model sampled. A plain "auto" answer
+    without a call keeps its content."""
+    import json
+
+    named = client.chat.completions.create(
+        model="m", messages=ASK, tools=[ADD, NOW], max_tokens=40, seed=1,
+        tool_choice={"type": "function", "function": {"name": "add"}})
+    c = named.choices[0]
+    assert c.message.content == "" and len(c.message.tool_calls) == 1
+    call = c.message.tool_calls[0]
+    assert call.function.name == "add" and call.id.startswith("chatcmpl-tool-")
+    if c.finish_reason == "stop":  # named: the choice's own finish reason
+        assert set(json.loads(call.function.arguments)) == {"a", "b"}
+    req = client.chat.completions.create(model="m", messages=ASK, tools=[ADD, NOW],
+                                         max_tokens=60, seed=2, tool_choice="required")
+    c = req.choices[0]
+    if c.finish_reason == "tool_calls":
+        assert c.message.tool_calls and {t.function.name for t in c.message.tool_calls} <= \
+            {"add", "now"}
+        for t in c.message.tool_calls:
+            json.loads(t.function.arguments)
+    else:
+        assert c.finish_reason == "length" and c.message.tool_calls == []
+    steer = '<tool_call>\\{"name": "add", "arguments": \\{"a": [0-9], "b": [0-9]\\}\\}</tool_call>'
+    auto = client.chat.completions.create(
+        model="m", messages=ASK, tools=[ADD], max_tokens=60, seed=3,
+        extra_body={"structured_outputs": {"regex": steer}})
+    c = auto.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    (call,) = c.message.tool_calls
+    assert call.function.name == "add" and set(json.loads(call.function.arguments)) == {"a", "b"}
+    plain = client.chat.completions.create(model="m", messages=CHAT, tools=[ADD],
+                                           max_tokens=12, seed=4)
+    c = plain.choices[0]
+    assert c.message.tool_calls in (None, []) and c.message.content
+    assert c.finish_reason in ("stop", "length")
 
 
 def test_seeded_requests_repeat_batched_differently(cluster: LocalCluster,

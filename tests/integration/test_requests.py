@@ -137,6 +137,9 @@ def sglang_requests(draw: st.DrawFn, vocab: int, eos: int, bos: int) -> dict[str
     output-formatting flags slime and AReaL send."""
     sp = draw(sampling(vocab, eos, exclude=POISON))
     sp["min_new_tokens"] = sp.pop("min_tokens")  # SGLang's name
+    c = sp.pop("structured")  # SGLang's constraints: regex (a choice as one), ebnf, json
+    if c is not None:
+        sp["regex"] = c.get("regex") or "(" + "|".join(c["choice"]) + ")"
     sp.update(n=draw(st.integers(1, 3)), no_stop_trim=draw(st.booleans()),
               skip_special_tokens=draw(st.booleans()))
     if draw(st.booleans()):

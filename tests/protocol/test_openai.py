@@ -145,9 +145,9 @@ def test_chat_body_and_messages_for_the_template() -> None:
             {"id": "c1", "type": "function",
              "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "5"}]})
-    assert agent.template_kwargs() == {"tools": [tool]} and agent.tool_choice_refused is None
+    assert agent.template_kwargs() == {"tools": [tool]} and agent.tool_mode == "none"
     auto = ChatCompletionIn.model_validate({**CHAT, "tools": [tool]})  # "auto" by default
-    assert auto.tool_choice_refused and "--tool-call-parser" in auto.tool_choice_refused
+    assert auto.tool_mode == "auto" and auto.structured is None
     turns = [m.template_dict() for m in agent.messages]
     assert turns[1]["tool_calls"][0]["function"]["arguments"] == {"a": 2, "b": 3}  # as vLLM
     assert turns[2] == {"role": "tool", "tool_call_id": "c1", "content": "5"}
@@ -165,8 +165,8 @@ def test_chat_body_and_messages_for_the_template() -> None:
     ({**CHAT, "top_logprobs": 2}, "top_logprobs"),
     ({**CHAT, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
-      "tool_choice": "required"}, "tool_choice"),
-    ({**CHAT, "tool_choice": "auto"}, "tool_choice"),
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({**CHAT, "tool_choice": "auto"}, "tool_choice"),  # no tools
     ({**CHAT, "response_format": {"type": "structural_tag"}}, "response_format"),
     ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
     ({**CHAT, "response_format": {"type": "json_object"},
@@ -238,3 +238,43 @@ def test_constraints_reach_the_sampling_params(extra: dict[str, Any], want: Any)
     for model, body in ((CompletionIn, {"prompt": [1]}), (ChatCompletionIn, CHAT)):
         got = model.model_validate({**body, **extra}).to_sampling(8).structured
         assert (None if got is None else got.model_dump(exclude_defaults=True)) == want
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"]}}},
+         {"type": "function", "function": {"name": "now"}}]
+
+
+def test_required_and_named_tool_choice_constrain_to_vllms_schema() -> None:
+    """"required": an array of at least one {name, parameters} of the given tools (at most
+    one without parallel calls); a named tool: its parameters (an empty object schema for a
+    tool without parameters), as vLLM's `get_json_schema_from_tools` builds them."""
+    import json
+
+    req = ChatCompletionIn.model_validate({**CHAT, "tools": TOOLS, "tool_choice": "required",
+                                          "parallel_tool_calls": False})
+    schema = json.loads(req.to_sampling(8).structured.json_schema)
+    assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 1
+    names = [i["properties"]["name"]["enum"] for i in schema["items"]["anyOf"]]
+    assert names == [["add"], ["now"]]
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {
+        "type": "object", "properties": {}}
+    named = ChatCompletionIn.model_validate({**CHAT, "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "add"}}})
+    assert named.tool_mode == "named" and named.named_tool == "add"
+    assert json.loads(named.to_sampling(8).structured.json_schema) == \
+        TOOLS[0]["function"]["parameters"]
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"tool_choice": "required"}, "tool_choice"),  # no tools
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "sub"}}},
+     "tool_choice"),
+    ({"tools": []}, "tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "now"}},
+      "response_format": {"type": "json_object"}}, "tool_choice"),
+])
+def test_tool_choice_refusals(extra: dict[str, Any], field: str) -> None:
+    assert field_of(ChatCompletionIn, {**CHAT, **extra}) == field

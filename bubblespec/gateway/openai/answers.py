@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from bubblespec.gateway.fronts import FrontServices, chat_logprobs, position_entries, sse
 from bubblespec.gateway.fronts import clamp_logprob as _lp
 from bubblespec.gateway.openai.choice import Choice
+from bubblespec.gateway.openai.tools import ToolAnswer, tool_call_deltas
 from bubblespec.gateway.scoring import PromptScore
 from bubblespec.protocol.openai import (
     ChatChoice,
@@ -120,10 +121,13 @@ def completion_choice(f: FrontServices, body: CompletionIn, ch: Choice, echo: st
         bubblespec=ch.meta)
 
 
-def chat_choice(f: FrontServices, body: ChatCompletionIn, ch: Choice) -> ChatChoice:
+def chat_choice(f: FrontServices, body: ChatCompletionIn, ch: Choice,
+                tools: ToolAnswer) -> ChatChoice:
+    """One choice as vLLM answers it; its message's content and tool calls as the request's
+    tool choice shapes them (`tools.py`)."""
     return ChatChoice(
-        index=ch.index, message=ChatMessageOut(content=ch.text),
-        finish_reason=ch.finish_reason, stop_reason=ch.stop_reason,
+        index=ch.index, message=ChatMessageOut(content=tools.content, tool_calls=tools.calls),
+        finish_reason=tools.finish_reason or ch.finish_reason, stop_reason=ch.stop_reason,
         logprobs=chat_logprobs(f, ch.ids, ch.logprobs, ch.top, body.num_top_logprobs,
                                body.return_tokens_as_token_ids)
         if body.logprobs else None,
@@ -154,7 +158,10 @@ def chat_stream(out: ChatCompletionOut, body: ChatCompletionIn) -> StreamingResp
             "logprobs": None, "finish_reason": None}]}
         if body.return_token_ids and not chunks:
             first["prompt_token_ids"] = out.prompt_token_ids
-        last = {"index": c.index, "delta": {"content": c.message.content},
+        delta: dict[str, Any] = {"content": c.message.content}
+        if c.message.tool_calls:
+            delta["tool_calls"] = tool_call_deltas(c.message.tool_calls)
+        last = {"index": c.index, "delta": delta,
                 "logprobs": None if c.logprobs is None else c.logprobs.model_dump(),
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
         if c.token_ids is not None:

@@ -60,6 +60,9 @@ class Choice:
     top: TopLogprobs | None = None
     """Per token, [token id, log-prob] of the sampled token and the most likely ones
     (vLLM's order), when the request asked for top alternatives."""
+    text_ids: list[int] = field(default_factory=list)
+    """The tokens `text` was decoded from (the stop token left out, as vLLM's text leaves
+    it out)."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from bubblespec.gateway.chat_template import ChatTemplateError
 from bubblespec.gateway.fronts import FrontServices, for_caller
 from bubblespec.gateway.openai.answers import chat_choice, completion_choice
 from bubblespec.gateway.openai.choice import Choice, Names, Sampled
+from bubblespec.gateway.openai.tools import check_tools, tool_answers
 from bubblespec.gateway.scoring import Scored
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import PromptIn, RolloutRequest
@@ -145,10 +146,11 @@ class OpenAiServing:
         if cut is not None:
             last, text, stop = cut
             return Choice(index, prompt_ids, ids[:last + 1], lps[:last + 1], text, "stop", stop,
-                          ans.step, meta, None if top is None else top[:last + 1])
+                          ans.step, meta, None if top is None else top[:last + 1],
+                          text_ids[:last + 1])
         return Choice(index, prompt_ids, ids, lps,
                       self.fronts.decode(text_ids, body.skip_special_tokens), reason,
-                      stop_reason, ans.step, meta, top)
+                      stop_reason, ans.step, meta, top, text_ids)
 
     def cut_at_stop(self, ids: list[int], stops: list[str], skip_special_tokens: bool,
                     include: bool) -> tuple[int, str, str] | None:
@@ -221,8 +223,7 @@ class OpenAiServing:
 
     async def chat_completions(self, body: ChatCompletionIn) -> ChatCompletionOut:
         f = self.fronts
-        if body.tool_choice_refused:
-            raise ApiError(400, body.tool_choice_refused, "tool_choice")
+        check_tools(f, body)
         template = f.chat_template()
         if template is None:
             raise ApiError(400, "the model has no chat template (its tokenizer_config.json "
@@ -237,8 +238,10 @@ class OpenAiServing:
             raise ApiError(400, "the rendered conversation is empty", "messages")
         got = await self.sample([ids], body, body.budget,
                                 Names("messages", body.max_tokens_field))
+        tools = await tool_answers(f, body, got.choices)
         return ChatCompletionOut(
             id=f"chatcmpl-{body.request_id or uuid.uuid4().hex}", created=int(time.time()),
             model=body.model or await f.model_id(),
-            choices=[chat_choice(f, body, ch) for ch in got.choices], usage=got.usage(),
+            choices=[chat_choice(f, body, ch, t) for ch, t in zip(got.choices, tools)],
+            usage=got.usage(),
             prompt_token_ids=got.prompts[0] if body.return_token_ids else None)
