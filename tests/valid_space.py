@@ -55,6 +55,9 @@ def sampling(draw: st.DrawFn, vocab: int, eos: int, max_new: int = 40, exclude: 
             token_ids(vocab, exclude),
             st.sampled_from([-L.MAX_LOGIT_BIAS, -5.0, 0.0, 2.5, L.MAX_LOGIT_BIAS]),
             min_size=1, max_size=3))),
+        "allowed_token_ids": draw(st.one_of(st.just([]), st.just([]), st.lists(
+            token_ids(vocab, exclude), min_size=1, max_size=12, unique=True))),
+        "bad_words": draw(st.sampled_from([[], [], [], ["7"], [";", "+ 3"], ["1 2"]])),
         # structured outputs the embedded model's word-level vocabulary can satisfy
         "structured": draw(st.sampled_from([None, None, None, {"choice": ["9", "34", "123"]},
                                             {"regex": "[0-9]{1,4}"}])),

@@ -29,7 +29,7 @@ from bubblespec.engine.types import BatchProgress, GenRequest, GenResult, Sample
 from bubblespec.engine.validate import bad_token, validate_request
 from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.keys import group_token, make_request_id
-from bubblespec.protocol.limits import MAX_WEIGHT_VERSION
+from bubblespec.protocol.limits import MAX_WEIGHT_VERSION, clamp_logprob
 from bubblespec.protocol.sample import SampleMeta
 
 log = logging.getLogger(__name__)
@@ -320,13 +320,18 @@ class RolloutEngine:
     def validate(self, req: GenRequest) -> None:
         """InvalidRequest naming the first field of `req` this engine cannot run
         (`validate.validate_request`: vocabulary, model length, one seed per sample; a
-        structured-output constraint vLLM's backend cannot build)."""
+        structured-output constraint vLLM's backend cannot build, bad words that do not
+        tokenize)."""
         validate_request(req, self.vocab_size, self.max_model_len)
-        if req.sampling.structured is not None and not req.score:
+        s = req.sampling
+        if (s.structured is not None or s.bad_words) and not req.score:
             seed = req.seeds[0] if req.seeds else None
-            why = vllm_glue.check_sampling(self.llm, vllm_sampling(req.sampling, seed))
-            if why is not None:
-                raise InvalidRequest("sampling_params.structured", why)
+            refused = vllm_glue.check_sampling(self.llm, vllm_sampling(s, seed))
+            if refused is not None:
+                param, why = refused
+                bad_words = param == "bad_words" or s.structured is None
+                raise InvalidRequest("sampling_params.bad_words" if bad_words
+                                     else "sampling_params.structured", why)
 
     async def generate(self, requests: list[GenRequest], should_stop: StopHook | None = None,
                        poll_every: int = 8, counters: bool = True,
@@ -394,13 +399,13 @@ class RolloutEngine:
                 self.tokens_generated += len(comp.token_ids)
                 if shape is not None:
                     shape.grew(len(comp.token_ids))
-                if comp.logprobs:
-                    sub.logprobs.extend(next(iter(lp.values())).logprob if len(lp) == 1
-                                        else lp[t].logprob
-                                        for t, lp in zip(comp.token_ids, comp.logprobs))
+                if comp.logprobs:  # NaN / -inf (every token masked) as MIN_LOGPROB
+                    sub.logprobs.extend(clamp_logprob(
+                        next(iter(lp.values())).logprob if len(lp) == 1 else lp[t].logprob)
+                        for t, lp in zip(comp.token_ids, comp.logprobs))
                     if sub.top is not None:
-                        sub.top.extend({int(t): x.logprob for t, x in lp.items()}
-                                       for lp in comp.logprobs)
+                        sub.top.extend({int(t): clamp_logprob(x.logprob)
+                                        for t, x in lp.items()} for lp in comp.logprobs)
                 sub.steps_seen += 1
                 if observe is not None:
                     observe(sub.sample_index, sub.ids, sub.top)

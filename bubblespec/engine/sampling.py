@@ -60,6 +60,8 @@ def vllm_sampling(sp: SamplingParams, seed: int | None, start: int = 0,
         frequency_penalty=sp.frequency_penalty, min_tokens=sp.min_tokens,
         max_tokens=sp.max_new_tokens, stop_token_ids=list(sp.stop_token_ids),
         ignore_eos=sp.ignore_eos, seed=None if sp.keyed else seed, logprobs=top_logprobs,
+        allowed_token_ids=list(sp.allowed_token_ids) or None,
+        bad_words=list(sp.bad_words) or None,
         structured_outputs=None if sp.structured is None
         else StructuredOutputsParams(**sp.structured.vllm_kwargs()),
         detokenize=False, output_kind=RequestOutputKind.DELTA,

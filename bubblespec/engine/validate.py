@@ -62,6 +62,10 @@ def validate_request(req: GenRequest, vocab_size: int, max_model_len: int) -> No
             raise InvalidRequest("sampling_params.logit_bias",
                                  f"token_id(s) [{t}] in logit_bias contain out-of-vocab token "
                                  f"ids. Vocabulary size: {vocab_size}")
+    i = bad_token(s.allowed_token_ids, vocab_size)
+    if i is not None:
+        raise InvalidRequest(f"sampling_params.allowed_token_ids[{i}]",
+                             f"token id {s.allowed_token_ids[i]!r} outside [0, {vocab_size})")
     if s.keyed and req.seeds is None:
         raise InvalidRequest("seeds", f"seed_mode '{s.seed_mode.value}' needs one seed per "
                                       "sample")

@@ -285,20 +285,25 @@ def processed_logits(runner: Any, masked: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def check_sampling(llm: Any, params: Any) -> str | None:
-    """What vLLM's front end says of `params` (a copy is checked: the check rewrites a
-    structured-output constraint in place), None when it takes them: the checks
+def check_sampling(llm: Any, params: Any) -> tuple[str, str] | None:
+    """(the parameter vLLM names or "", what vLLM says) of `params` (a copy is checked:
+    the check rewrites a structured-output constraint in place), None when it takes them: the checks
     `AsyncLLM.add_request` runs, a structured-output constraint compiled by the engine's
-    backend among them, so that a constraint it cannot build is the caller's error before
-    the request runs."""
+    backend and the bad words tokenized among them, so that what it cannot build is the
+    caller's error before the request runs."""
     from vllm.exceptions import VLLMValidationError
 
     cfg = llm.vllm_config
     try:
-        copy.deepcopy(params).verify(llm.model_config, cfg.speculative_config,
-                                     cfg.structured_outputs_config, llm.tokenizer)
-    except (VLLMValidationError, ValueError) as e:
-        return str(e)
+        checked = copy.deepcopy(params)
+        checked.verify(llm.model_config, cfg.speculative_config,
+                       cfg.structured_outputs_config, llm.tokenizer)
+        if llm.tokenizer is not None:
+            checked.update_from_tokenizer(llm.tokenizer)  # bad words must tokenize
+    except VLLMValidationError as e:
+        return str(getattr(e, "parameter", None) or ""), str(e)
+    except ValueError as e:
+        return "", str(e)
     return None
 
 

@@ -1,4 +1,4 @@
-"""Structured-output constraints checked on a rank before a step takes them.
+"""Structured-output constraints (and bad words) checked on a rank before a step takes them.
 
 Whether a constraint (a JSON schema, a regex, a grammar) can be built is the ranks' vLLM
 backend's to say, and the gateway runs no vLLM. A step shard the rank refuses fails the
@@ -6,7 +6,8 @@ whole step, every caller batched into it, so a request with a constraint is firs
 one ready rank (`POST /v1/check_sampling`, nothing runs there): a constraint the backend
 cannot build is that caller's 400, naming the caller's field, and never reaches a step. The
 answer is kept per constraint (every rank serves the same model with the same backend), so
-a constraint sent again costs nothing.
+a constraint sent again costs nothing. Bad words are the same case: the ranks' tokenizer
+decides whether each one tokenizes.
 """
 
 from __future__ import annotations
@@ -43,27 +44,32 @@ class ConstraintCheck:
 
     def __init__(self, ranks: ConstraintRanks) -> None:
         self.ranks = ranks
-        self.kept: OrderedDict[StructuredOutput, str | None] = OrderedDict()
+        self.kept: OrderedDict[tuple[StructuredOutput | None, tuple[str, ...]],
+                              tuple[str, str] | None] = OrderedDict()
         self.asked = 0
         """Checks that went to a rank."""
 
-    async def check(self, sp: SamplingParams, field: str) -> None:
+    async def check(self, sp: SamplingParams, field: str,
+                    bad_words_field: str = "bad_words") -> None:
         """ApiError 400 naming `field` when the ranks' backend cannot build `sp`'s
-        constraint; 503 when no rank is ready or none answered."""
-        c = sp.structured
-        if c is None:
+        constraint, `bad_words_field` when a bad word does not tokenize; 503 when no rank
+        is ready or none answered."""
+        if sp.structured is None and not sp.bad_words:
             return
+        c = (sp.structured, sp.bad_words)
         if c not in self.kept:
             self.kept[c] = await self._ask(sp)
             while len(self.kept) > KEPT:
                 self.kept.popitem(last=False)
         self.kept.move_to_end(c)
-        why = self.kept[c]
-        if why is not None:
-            raise ApiError(400, f"{field}: {why}", field)
+        refused = self.kept[c]
+        if refused is not None:
+            which, why = refused
+            where = bad_words_field if which.endswith("bad_words") else field
+            raise ApiError(400, f"{where}: {why}", where)
 
-    async def _ask(self, sp: SamplingParams) -> str | None:
-        """The ranks' refusal of `sp`'s constraint (None: taken)."""
+    async def _ask(self, sp: SamplingParams) -> tuple[str, str] | None:
+        """(the rank's field, its refusal) of `sp` (None: taken)."""
         ranks = self.ranks
         d = await ranks.discover()
         if not d.ready:
@@ -79,7 +85,7 @@ class ConstraintCheck:
             except RankCallError as e:
                 if e.bad_request:
                     self.asked += 1
-                    return e.message.split(": ", 2)[-1].removeprefix(f"{e.field}: ")
+                    return e.field, e.message.split(": ", 2)[-1].removeprefix(f"{e.field}: ")
                 log.warning("constraint check on rank %s failed: %s", ep.rank_id, e.message)
                 errors.append(str(e))
                 continue

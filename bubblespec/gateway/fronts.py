@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,7 +40,7 @@ from bubblespec.gateway.steps import step_batcher
 from bubblespec.http.errors import error_field
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import RolloutRequest, RolloutResponse
-from bubblespec.protocol.limits import TopLogprobs
+from bubblespec.protocol.limits import TopLogprobs, clamp_logprob
 from bubblespec.protocol.openai import ChatLogprobs, ChatTokenLogprob, ErrorDetail, ErrorOut
 from bubblespec.protocol.sampling import SamplingParams
 
@@ -101,13 +100,6 @@ def oai_error(status: int, message: str, param: str = "") -> JSONResponse:
     return JSONResponse({**body, "detail": message, "field": param}, status_code=status)
 
 
-MIN_LOGPROB = -9999.0
-"""Log-probs below this (-inf) and NaN are sent as this, as vLLM and OpenAI do (JSON has no
-inf)."""
-
-
-def clamp_logprob(x: float) -> float:
-    return MIN_LOGPROB if math.isnan(x) else max(float(x), MIN_LOGPROB)
 
 
 def position_entries(top: TopLogprobs | None, i: int, token: int,
@@ -209,14 +201,16 @@ class FrontServices:
             self._scorer = Scorer(self.rollouts)
         return self._scorer
 
-    async def check_constraint(self, sampling: SamplingParams, field: str) -> None:
+    async def check_constraint(self, sampling: SamplingParams, field: str,
+                               bad_words_field: str = "bad_words") -> None:
         """A 400 naming `field` when the ranks cannot build `sampling`'s structured-output
-        constraint (`constraints.py`), before a step takes it."""
-        if sampling.structured is None:
+        constraint, `bad_words_field` when they cannot tokenize a bad word
+        (`constraints.py`), before a step takes it."""
+        if sampling.structured is None and not sampling.bad_words:
             return
         if self._constraints is None:
             self._constraints = ConstraintCheck(self.rollouts)
-        await self._constraints.check(sampling, field)
+        await self._constraints.check(sampling, field, bad_words_field)
 
     # ------------------------------------------------------------------ the tokenizer
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -158,6 +158,10 @@ class Preparer:
             if t < 0 or (vocab is not None and t >= vocab):
                 raise ApiError(422, f"token id {t} outside [0, {vocab})",
                                    f"sampling_params.stop_token_ids[{j}]")
+        for j, t in enumerate(sp.allowed_token_ids):
+            if vocab is not None and t >= vocab:
+                raise ApiError(422, f"token id {t} outside [0, {vocab})",
+                                   f"sampling_params.allowed_token_ids[{j}]")
         for t, _ in sp.logit_bias:
             if vocab is not None and t >= vocab:
                 raise ApiError(422, f"token id {t} outside [0, {vocab})",

@@ -18,6 +18,7 @@ INVALID_ARGUMENT naming the field path; nothing out of range is stored.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import Field
@@ -64,8 +65,14 @@ MAX_LOGIT_BIAS_ENTRIES = 2**18
 MAX_STRUCTURED_CHARS = 2**20
 """Longest structured-output constraint (a JSON schema's text, a regex, a grammar, all the
 choices together), characters."""
+MAX_BAD_WORDS = 1024
+"""Most bad words of one request."""
 MAX_STOP_TOKEN_IDS = 1024
 """Most stop token ids of one request."""
+MIN_LOGPROB = -9999.0
+"""Log-probs below this (-inf) and NaN (a position where every token was masked: a
+constraint the vocabulary cannot satisfy) cross every boundary as this, as vLLM's server and
+OpenAI send them (JSON has neither)."""
 MAX_TOP_LOGPROBS = 20
 """Most top alternatives per generated token (vLLM's default `max_logprobs`)."""
 MAX_PROMPT_TOKENS = 2**24
@@ -91,3 +98,8 @@ TopLogprobs = list[list[tuple[int, float]]]
 """Per generated token, [token id, log-prob] of the most likely tokens, as the engine gives
 them (vLLM's order: the sampled token first, then the top tokens by rank; the sampled token
 once)."""
+
+
+def clamp_logprob(x: float) -> float:
+    """`x` as it crosses a boundary: NaN and anything below MIN_LOGPROB as MIN_LOGPROB."""
+    return MIN_LOGPROB if math.isnan(x) else max(float(x), MIN_LOGPROB)

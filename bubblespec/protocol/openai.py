@@ -100,8 +100,6 @@ AUTO_TOOLS_REFUSED = ('"auto" tool choice requires --enable-auto-tool-choice and
 """vLLM's answer to tool_choice "auto" (the default with tools) without a tool-call parser
 (the gateway's `--enable-auto-tool-choice --tool-call-parser NAME` turn it on)."""
 NOT_BUILT = {
-    "allowed_token_ids": "token masks are not built",
-    "bad_words": "token masks are not built",
     "logprob_token_ids": "log-probs of chosen tokens are not built (top_logprobs is)",
     "repetition_detection": "not built",
     "thinking_token_budget": "reasoning budgets are not built",
@@ -281,8 +279,11 @@ class SamplingFields(_Body):
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="vLLM: which end truncate_prompt_tokens cuts (default left).")
     length_penalty: float = Field(1.0, description="vLLM: beam search only; only 1.")
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
+    allowed_token_ids: list[L.TokenId] | None = Field(
+        None, max_length=L.MAX_LOGIT_BIAS_ENTRIES,
+        description="vLLM: only these tokens are sampled.")
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        None, max_length=L.MAX_BAD_WORDS, description="vLLM: words that are not sampled.")
     logprob_token_ids: list[int] | None = None
     response_format: ResponseFormat | None = Field(None, description=(
         "text, json_object or json_schema: the choices are constrained to it."))
@@ -336,7 +337,14 @@ class SamplingFields(_Body):
         return "structured_outputs" if self.structured_outputs is not None else \
             "response_format"
 
-    @field_validator("allowed_token_ids", "bad_words", "logprob_token_ids",
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _allowed_not_empty(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and not v:
+            raise ValueError("allowed_token_ids is not None and empty!")  # vLLM's words
+        return v
+
+    @field_validator("logprob_token_ids",
                      "repetition_detection", "thinking_token_budget",
                      "watermarking", "vllm_xargs", "kv_transfer_params", "ec_transfer_params",
                      "mm_payload", "return_mm_kwargs", "return_token_offsets",
@@ -397,6 +405,8 @@ class SamplingFields(_Body):
             "frequency_penalty": self.frequency_penalty or 0.0,
             "min_tokens": self.min_tokens, "min_p": self.min_p or 0.0,
             "structured": self.structured,
+            "allowed_token_ids": tuple(self.allowed_token_ids or ()),
+            "bad_words": tuple(self.bad_words or ()),
             "logit_bias": self.logit_bias or {},
             "stop_token_ids": tuple(self.stop_token_ids or ()), "ignore_eos": self.ignore_eos}
         if self.seed_mode is not None:

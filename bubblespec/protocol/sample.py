@@ -27,8 +27,9 @@ class SampleMeta(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     finish_reason: str = Field("", description=(
-        "stop (a stop token or EOS), length (max_new_tokens) or abort (the step was "
-        "aborted; the tokens generated so far are returned)."))
+        "stop (a stop token or EOS), length (max_new_tokens), abort (the step was "
+        "aborted; the tokens generated so far are returned) or error (vLLM could not go "
+        "on: a structured-output constraint no token satisfies; the tokens so far)."))
     weight_version: int = Field(0, description="Weight version of the engine that sampled it.")
     completion_tokens: int = Field(0, description="Output tokens (the length of output_ids).")
     decode_steps: int = Field(0, description=(

@@ -147,6 +147,14 @@ class SamplingParams(BaseModel):
             "(token id, bias) pairs, each bias in [-100, 100] added to that token's logit "
             "before penalties and temperature (vLLM's logit_bias; a mapping is taken too). "
             "A sample with it decodes without drafts (`drafts_off`)."))
+    allowed_token_ids: tuple[L.TokenId, ...] = Field(
+        (), max_length=L.MAX_LOGIT_BIAS_ENTRIES, description=(
+            "Only these tokens are sampled (vLLM's allowed_token_ids; empty: any token). "
+            "vLLM masks the others at drafted positions too: exact under speculation."))
+    bad_words: tuple[Annotated[str, Field(min_length=1, max_length=4096)], ...] = Field(
+        (), max_length=L.MAX_BAD_WORDS, description=(
+            "Words whose tokens are not sampled where they would complete the word (vLLM's "
+            "bad_words, tokenized by the ranks; applied at drafted positions too)."))
     structured: StructuredOutput | None = Field(None, description=(
         "A constraint on the response (JSON schema, JSON object, regex, choice, grammar), "
         "applied by the ranks' vLLM at every sampled and verified position."))

@@ -7,7 +7,7 @@ SkyRL's remote inference client and prime-rl's token client sample only through
 `/inference/v1/generate`: token ids in, token ids and log-probs out. `sampling_params` takes
 vLLM's `SamplingParams` keys with vLLM's defaults (`max_tokens` 16 when given as nothing
 else; left out: what the context leaves, as vLLM's server sets it). Refused by name, as on
-the OpenAI routes: `allowed_token_ids`, `bad_words` (not built), string stops (the route is token-level: use `stop_token_ids`), `prompt_logprobs`
+the OpenAI routes: string stops (the route is token-level: use `stop_token_ids`), `prompt_logprobs`
 (served by `/v1/completions` with `echo`), beam search; keys of
 `sampling_params` that vLLM's `SamplingParams` does not define (other unknown keys are
 ignored, as vLLM's server ignores them). A `seed`
@@ -74,8 +74,10 @@ class VllmSampling(_Body):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
+    allowed_token_ids: list[L.TokenId] | None = Field(None,
+                                                      max_length=L.MAX_LOGIT_BIAS_ENTRIES)
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        None, max_length=L.MAX_BAD_WORDS)
     structured_outputs: VllmStructuredOutputs | None = Field(None, description=(
         "One of json, regex, choice, grammar, json_object: the samples are constrained to it."))
     extra_args: dict[str, Any] | None = None
@@ -102,7 +104,14 @@ class VllmSampling(_Body):
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
         return clamp_logit_bias(v)
 
-    @field_validator("allowed_token_ids", "bad_words", "extra_args",
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _allowed_not_empty(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and not v:
+            raise ValueError("allowed_token_ids is not None and empty!")  # vLLM's words
+        return v
+
+    @field_validator("extra_args",
                      "logprob_token_ids", "prompt_logprob_start", "prompt_logprob_token_ids",
                      "repetition_detection", "routed_experts_prompt_start",
                      "thinking_token_budget", "trace_decode_token_ids", "watermarking")
@@ -152,6 +161,8 @@ class VllmSampling(_Body):
             min_tokens=self.min_tokens, min_p=self.min_p, logit_bias=self.logit_bias or {},
             structured=None if self.structured_outputs is None
             else self.structured_outputs.constraint(),
+            allowed_token_ids=tuple(self.allowed_token_ids or ()),
+            bad_words=tuple(self.bad_words or ()),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, **kw)
 

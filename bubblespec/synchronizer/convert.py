@@ -85,6 +85,8 @@ def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
     return pb.SamplingParams(**{**wire, "seed_mode": s.seed_mode.value},
                              stop_token_ids=list(s.stop_token_ids),
                              logit_bias=dict(s.logit_bias),
+                             allowed_token_ids=list(s.allowed_token_ids),
+                             bad_words=list(s.bad_words),
                              structured=None if s.structured is None
                              else s.structured.model_dump_json(exclude_defaults=True))
 
@@ -95,7 +97,9 @@ def sampling_from_pb(m: pb.SamplingParams, max_new_tokens: int) -> SamplingParam
     if m.HasField("structured"):  # JSON text; what is not JSON is named by the model
         given["structured"] = _json_or_text(m.structured)
     return SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(m.stop_token_ids),
-                          logit_bias=dict(m.logit_bias), **given)
+                          logit_bias=dict(m.logit_bias),
+                          allowed_token_ids=tuple(m.allowed_token_ids),
+                          bad_words=tuple(m.bad_words), **given)
 
 
 def _json_or_text(text: str) -> object:

@@ -176,6 +176,8 @@ class Validator:
         self.tokens(sp.stop_token_ids, f"{path}.sampling.stop_token_ids", L.MAX_STOP_TOKEN_IDS)
         self.tokens(sorted(sp.logit_bias), f"{path}.sampling.logit_bias",
                     L.MAX_LOGIT_BIAS_ENTRIES)
+        self.tokens(sp.allowed_token_ids, f"{path}.sampling.allowed_token_ids",
+                    L.MAX_LOGIT_BIAS_ENTRIES)
         if not p.samples:
             raise invalid(f"{path}.samples", "must hold at least one sample")
         indices: set[int] = set()

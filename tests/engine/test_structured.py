@@ -11,6 +11,7 @@ the same requests without the constraint sample other tokens.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 
@@ -98,3 +99,22 @@ def test_a_constraint_the_backend_cannot_build_is_refused(spec_engine) -> None:
     with pytest.raises(InvalidRequest) as e:
         spec_engine.validate(GenRequest(input_ids=[1, 2, 3], sampling=sp))
     assert e.value.field == "sampling_params.structured"
+
+
+def test_a_constraint_no_token_satisfies_ends_well_formed(loop_runner, spec_engine) -> None:
+    """A legal request whose constraint leaves no token (a choice outside the allowed
+    tokens): vLLM masks every token and samples from nothing; the sample ends, its
+    log-probs are numbers (MIN_LOGPROB, as vLLM's server sends -inf, never NaN: JSON has
+    neither), and the engine serves the next request."""
+    from bubblespec.protocol.limits import MIN_LOGPROB
+
+    task = default_task()
+    sp = SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=[task.eos_id],
+                        structured={"choice": ["9"]}, allowed_token_ids=(8,))
+    (r,) = loop_runner.run(spec_engine.generate([GenRequest(input_ids=[1, 10, 4, 11, 6],
+                                                            sampling=sp, seeds=[1])]))
+    lps = r.samples[0].output_logprobs
+    assert lps and not any(math.isnan(lp) for lp in lps) and min(lps) >= MIN_LOGPROB
+    assert spec_engine.alive
+    ok = loop_runner.run(spec_engine.generate(_reqs([SamplingParams(max_new_tokens=4)], False)))
+    assert ok[0].samples[0].output_ids

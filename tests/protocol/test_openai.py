@@ -118,7 +118,8 @@ def test_min_p_and_logit_bias_reach_the_sampling_params_as_vllm_reads_them() -> 
     ({"prompt": [1], "seed_mode": "lucky"}, "seed_mode"),
     ({"prompt": [1], "next_prompts": [[]]}, "next_prompts"),
     ({"prompt": [1], "guided_json": {"type": "object"}}, "guided_json"),
-    ({"prompt": [1], "allowed_token_ids": [1]}, "allowed_token_ids"),
+    ({"prompt": [1], "allowed_token_ids": []}, "allowed_token_ids"),
+    ({"prompt": [1], "bad_words": [""]}, "bad_words[0]"),
 ])
 def test_completion_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
     assert field_of(CompletionIn, body) == field

@@ -8,10 +8,10 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from bubblespec.gateway.fronts import FrontServices, chat_logprobs, position_entries, sse
-from bubblespec.gateway.fronts import clamp_logprob as _lp
 from bubblespec.gateway.openai.choice import Choice
 from bubblespec.gateway.openai.tools import ToolAnswer, tool_call_deltas
 from bubblespec.gateway.scoring import PromptScore
+from bubblespec.protocol.limits import clamp_logprob as _lp
 from bubblespec.protocol.openai import (
     ChatChoice,
     ChatCompletionIn,

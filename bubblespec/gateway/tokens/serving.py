@@ -11,10 +11,10 @@ from typing import Any
 from bubblespec.batching import Answer, Ask
 from bubblespec.gateway.chat_template import ChatTemplateError
 from bubblespec.gateway.fronts import FrontServices, chat_logprobs, for_caller, position_entries
-from bubblespec.gateway.fronts import clamp_logprob as _lp
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import PromptIn, RolloutRequest
 from bubblespec.protocol.limits import TopLogprobs
+from bubblespec.protocol.limits import clamp_logprob as _lp
 from bubblespec.protocol.tokens import (
     DetokenizeIn,
     GenerateLogProb,
@@ -79,7 +79,8 @@ class TokensServing:
                                 f"budget ({budget})", "sampling_params.min_tokens")
         sampling = sp.to_sampling(budget)
         f.check_quarantine([prompt], sampling, lambda i: "token_ids")
-        await f.check_constraint(sampling, "sampling_params.structured_outputs")
+        await f.check_constraint(sampling, "sampling_params.structured_outputs",
+                                 "sampling_params.bad_words")
         if body.next_prompts:
             f.batcher.add_next([list(p) for p in body.next_prompts])
         rid = body.request_id or uuid.uuid4().hex
