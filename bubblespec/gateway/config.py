@@ -100,6 +100,10 @@ class GatewayConfig(BaseConfig, TlsSettings):
     """Most prompt keys whose response length is remembered (oldest forgotten first)."""
     split_samples: bool = True
     """When a batch has fewer prompts than live ranks, split a prompt's samples over ranks."""
+    return_token_ids: bool = False
+    """Answer every OpenAI-API request with its token ids, as if it sent vLLM's
+    `return_token_ids: true` (a request that sends false keeps false): ART runs vLLM patched
+    this way, so its clients never send the field."""
     enable_auto_tool_choice: bool = False
     """Serve tool_choice "auto" on /v1/chat/completions (the default when `tools` are
     given): each choice is parsed by vLLM's tool parser `tool_call_parser` on a rank (vLLM's

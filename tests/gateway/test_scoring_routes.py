@@ -84,3 +84,15 @@ def test_openai_echo_without_ranks(gw: TestClient) -> None:
     assert [c["finish_reason"] for c in out["choices"]] == ["length", "length"]
     assert out["choices"][0]["logprobs"] is None and out["choices"][0]["text"]
     assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+
+
+def test_return_token_ids_by_default_as_arts_vllm() -> None:
+    """`--return-token-ids`: every OpenAI answer carries token ids unless the request says
+    false (ART's vLLM is patched this way, its clients never send the field)."""
+    with gateway(return_token_ids=True) as c:
+        body = {**ECHO, "logprobs": None}  # echo, nothing generated: no rank is called
+        got = c.post("/v1/completions", json=body).json()["choices"][0]
+        assert got["prompt_token_ids"] == [1, 5, 6] and got["token_ids"] == []
+        assert got["text"] == ""  # echo with token ids: vLLM leaves the prompt text out
+        off = c.post("/v1/completions", json={**body, "return_token_ids": False})
+        assert "prompt_token_ids" not in off.json()["choices"][0]

@@ -31,6 +31,9 @@ async def _answer(request: Request, model: type[Any],
     kept on every choice (the openai client reads the key)."""
     try:
         body = await parse(request, model)
+        if serving(request).fronts.config.return_token_ids and \
+                "return_token_ids" not in body.model_fields_set:
+            body = body.model_copy(update={"return_token_ids": True})
         out = await run(serving(request), body)
     except ApiError as e:
         e = for_caller(e)
