@@ -104,9 +104,17 @@ class ChatTemplate:
         return cls(source, tokens)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               extra: dict[str, Any] | None = None) -> str:
+               extra: dict[str, Any] | None = None, continue_final: bool = False) -> str:
         """The conversation as the prompt text; ChatTemplateError when the template refuses
-        it or fails on it."""
+        it or fails on it. `continue_final`: the text ends where the final message's content
+        ends (what closes its turn cut off), as transformers' `continue_final_message` cuts
+        it, so that the model continues that message."""
+        if not continue_final:
+            return self._render(messages, add_generation_prompt, extra)
+        return _cut_at_tag(self._render(_tagged(messages), add_generation_prompt, extra))
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                extra: dict[str, Any] | None) -> str:
         from jinja2 import TemplateError
 
         variables = {**self.special_tokens, **(extra or {}), "messages": messages,
@@ -119,3 +127,42 @@ class ChatTemplate:
                 IndexError, RecursionError) as e:
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}"
                                     ) from None
+
+
+
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+"""Appended to the final message's text to find where it ends (transformers' tag)."""
+
+
+def _tagged(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages, the final one's (last) text with `CONTINUE_TAG` appended."""
+    final = dict(messages[-1]) if messages else {}
+    content = final.get("content")
+    if isinstance(content, list):
+        blocks = [dict(b) if isinstance(b, dict) else b for b in content]
+        for b in reversed(blocks):
+            if isinstance(b, dict) and "text" in b:
+                b["text"] = str(b["text"]) + CONTINUE_TAG
+                break
+        else:
+            raise ChatTemplateError("continue_final_message is set but we could not find any "
+                                    "text to continue in the final message!")
+        final["content"] = blocks
+    elif isinstance(content, str):
+        final["content"] = content + CONTINUE_TAG
+    else:
+        raise ChatTemplateError('continue_final_message is set but the final message has no '
+                                '"content" to continue!')
+    return [*messages[:-1], final]
+
+
+def _cut_at_tag(text: str) -> str:
+    """`text` cut where the tag begins, as transformers' `continue_final_message` cuts it
+    (trailing spaces dropped when the template trimmed the tag's)."""
+    if CONTINUE_TAG.strip() not in text:
+        raise ChatTemplateError("continue_final_message is set but the final message does "
+                                "not appear in the chat after applying the chat template")
+    at = text.rindex(CONTINUE_TAG.strip())
+    if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG:
+        return text[:at]
+    return text[:at].rstrip()

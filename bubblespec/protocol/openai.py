@@ -150,6 +150,20 @@ def tool_calls_schema(tools: list[dict[str, Any]], named: str | None,
     return schema
 
 
+def _prompt_logprobs_range(v: int | None, stream: bool) -> int | None:
+    """vLLM's checks of `prompt_logprobs` (its default `max_logprobs` 20 bounds it)."""
+    if v is None:
+        return v
+    if v == -1 or v > L.MAX_TOP_LOGPROBS:  # -1: the whole vocabulary (vLLM's words)
+        raise ValueError(f"Requested prompt logprobs of {v}, which is greater than max "
+                         f"allowed: {L.MAX_TOP_LOGPROBS}")
+    if v < 0:
+        raise ValueError("`prompt_logprobs` must be a positive value or -1.")
+    if v > 0 and stream:
+        raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+    return v
+
+
 class StreamOptions(_Body):
     """`stream_options`: `include_usage` adds a last chunk with the usage."""
 
@@ -469,16 +483,7 @@ class CompletionIn(SamplingFields):
     @field_validator("prompt_logprobs")
     @classmethod
     def _prompt_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
-        if v is None:
-            return v
-        if v == -1 or v > L.MAX_TOP_LOGPROBS:  # -1: the whole vocabulary (vLLM's words)
-            raise ValueError(f"Requested prompt logprobs of {v}, which is greater than max "
-                             f"allowed: {L.MAX_TOP_LOGPROBS}")
-        if v < 0:
-            raise ValueError("`prompt_logprobs` must be a positive value or -1.")
-        if v > 0 and info.data.get("stream"):
-            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
-        return v
+        return _prompt_logprobs_range(v, bool(info.data.get("stream")))
 
     @field_validator("prompt_embeds")
     @classmethod
@@ -620,8 +625,24 @@ class ChatCompletionIn(SamplingFields):
 
     @field_validator("continue_final_message")
     @classmethod
-    def _no_continue(cls, v: bool) -> bool:
-        return _unset(v, "continue_final_message", "not built yet")
+    def _continue(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("add_generation_prompt", True):
+            raise ValueError("Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.")  # vLLM's words
+        return v
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _chat_prompt_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        return _prompt_logprobs_range(v, bool(info.data.get("stream")))
+
+    @property
+    def prompt_top(self) -> int | None:
+        """Top alternatives per prompt token the rendered prompt is scored with (vLLM's
+        rule: `prompt_logprobs`, else `top_logprobs` when echoing); None: not scored."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return (self.top_logprobs or 0) if self.echo and self.logprobs else None
 
     @field_validator("chat_template")
     @classmethod
@@ -630,12 +651,9 @@ class ChatCompletionIn(SamplingFields):
                                           "request's template too unless its server is run "
                                           "with --trust-request-chat-template)")
 
-    @field_validator("echo", "prompt_logprobs", "use_beam_search", "return_prompt_text",
-                     "media_io_kwargs", "mm_processor_kwargs")
+    @field_validator("use_beam_search", "media_io_kwargs", "mm_processor_kwargs")
     @classmethod
     def _chat_not_built(cls, v: Any, info: ValidationInfo) -> Any:
-        if info.field_name == "prompt_logprobs" and v is None:
-            return v
         return _unset(v, str(info.field_name), "not built on chat")
 
     @field_validator("tools")
@@ -829,6 +847,10 @@ class ChatCompletionOut(_Reply):
     choices: list[ChatChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = Field(None, description=(
+        "vLLM: with prompt_logprobs (or echo with logprobs), the rendered prompt's."))
+    prompt_text: str | None = Field(None, description="vLLM: with return_prompt_text, the "
+                                                      "rendered prompt.")
     system_fingerprint: str | None = None
 
 

@@ -115,3 +115,18 @@ def test_tools_and_tool_turns_render_as_transformers_does(real_dir: Path,
                                    add_generation_prompt=True, tokenize=False)
     assert got == want
     assert "<call add>a=2,b=3,</call>" in got and "[c1]" in got and "add:{" in got
+
+
+@pytest.mark.parametrize("final", ["The answer is", "The answer is ", "  Spaced   "])
+def test_continue_final_message_cuts_as_transformers_does(real_dir: Path, final: str) -> None:
+    """vLLM's `continue_final_message` (transformers' rule): the prompt ends where the final
+    assistant message's text ends, its turn left open."""
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(real_dir))
+    template = ChatTemplate.load(str(real_dir))
+    assert template is not None
+    conv = [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": final}]
+    want = tok.apply_chat_template(conv, add_generation_prompt=False, tokenize=False,
+                                   continue_final_message=True)
+    assert template.render(conv, False, continue_final=True) == want
+    assert template.render(conv, False).startswith(want)  # the closed turn goes on

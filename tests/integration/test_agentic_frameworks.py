@@ -15,6 +15,8 @@ real 2-rank cluster serving the real chat model (SmolLM2-135M-Instruct), with th
 - structured outputs (`response_format`, `structured_outputs`, SGLang's `regex`) in their
   constraints, and a constraint the ranks cannot build a 400 of its own;
 - tool calls: tool_choice "required", a named tool, and "auto" through vLLM's hermes parser;
+- a chat continuing an assistant turn (`continue_final_message`, `echo`) with its
+  `prompt_logprobs` and `return_prompt_text`;
 - an overlong prompt is refused in vLLM's words (verifiers ends a rollout as overlong on
   "maximum context length"), with no internal route in the message.
 """
@@ -296,6 +298,34 @@ def test_tool_calls_as_vllm_answers_them(client: Any) -> None:
     c = plain.choices[0]
     assert c.message.tool_calls in (None, []) and c.message.content
     assert c.finish_reason in ("stop", "length")
+
+
+def test_chat_continues_an_assistant_turn_with_prompt_logprobs(client: Any,
+                                                              http: httpx.Client) -> None:
+    """vLLM's `continue_final_message` + `echo`: the prompt ends inside the final assistant
+    turn (as transformers cuts it) and each answer begins with that turn's text; the
+    rendered prompt (`return_prompt_text`) and its `prompt_logprobs` come back, the latter
+    equal to the completions route's scoring of the same ids."""
+    msgs = [*CHAT, {"role": "assistant", "content": "The first prime is"}]
+    r = client.chat.completions.create(
+        model="m", messages=msgs, max_tokens=6, temperature=0, extra_body={
+            "continue_final_message": True, "add_generation_prompt": False, "echo": True,
+            "prompt_logprobs": 1, "return_prompt_text": True, "return_token_ids": True})
+    text = r.model_extra["prompt_text"]
+    assert text.endswith("The first prime is")
+    assert r.choices[0].message.content.startswith("The first prime is")
+    ids = r.model_extra["prompt_token_ids"]
+    pl = r.model_extra["prompt_logprobs"]
+    assert len(pl) == len(ids) and pl[0] is None
+    again = http.post("/v1/completions", json={"model": "m", "prompt": ids, "echo": True,
+                                               "max_tokens": 0, "logprobs": 0})
+    want = again.json()["choices"][0]["logprobs"]["token_logprobs"]
+    for i in range(1, len(ids)):
+        assert abs(pl[i][str(ids[i])]["logprob"] - want[i]) < 1e-4, i
+    with pytest.raises(openai.BadRequestError) as e:  # vLLM's refusal of both
+        client.chat.completions.create(model="m", messages=msgs, max_tokens=2,
+                                       extra_body={"continue_final_message": True})
+    assert e.value.param == "continue_final_message"
 
 
 def test_seeded_requests_repeat_batched_differently(cluster: LocalCluster,

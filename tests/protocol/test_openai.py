@@ -183,7 +183,8 @@ def test_chat_body_and_messages_for_the_template() -> None:
     ({**CHAT, "messages": [{"role": "assistant", "content": "x",
                             "tool_calls": [{"id": "1"}]}]},
      "messages[0].tool_calls[0].function"),
-    ({**CHAT, "echo": True}, "echo"),
+    ({**CHAT, "use_beam_search": True}, "use_beam_search"),
+    ({**CHAT, "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
 ])
 def test_chat_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
     assert field_of(ChatCompletionIn, body) == field

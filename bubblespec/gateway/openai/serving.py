@@ -14,7 +14,11 @@ from pydantic import ValidationError
 from bubblespec.batching import Answer, Ask
 from bubblespec.gateway.chat_template import ChatTemplateError
 from bubblespec.gateway.fronts import FrontServices, for_caller
-from bubblespec.gateway.openai.answers import chat_choice, completion_choice
+from bubblespec.gateway.openai.answers import (
+    chat_choice,
+    completion_choice,
+    vllm_prompt_logprobs,
+)
 from bubblespec.gateway.openai.choice import Choice, Names, Sampled
 from bubblespec.gateway.openai.tools import check_tools, tool_answers
 from bubblespec.gateway.scoring import Scored
@@ -230,7 +234,8 @@ class OpenAiServing:
                                 "has no chat_template): use /v1/completions", "messages")
         try:
             text = template.render([m.template_dict() for m in body.messages],
-                                   body.add_generation_prompt, body.template_kwargs())
+                                   body.add_generation_prompt, body.template_kwargs(),
+                                   continue_final=body.continue_final_message)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), "messages") from None
         ids = f.encode(text, "messages", add_special_tokens=bool(body.add_special_tokens))
@@ -239,9 +244,20 @@ class OpenAiServing:
         got = await self.sample([ids], body, body.budget,
                                 Names("messages", body.max_tokens_field))
         tools = await tool_answers(f, body, got.choices)
+        if body.echo:  # vLLM: the last message's text before each choice's, if it is the
+            last = body.messages[-1].template_dict()  # answer's role (a turn continued)
+            head = (last.get("content") or "") if last.get("role") == "assistant" else ""
+            for t in tools:
+                t.content = head + (t.content or "")
+        scored = None
+        if body.prompt_top is not None:
+            scored = (await self.score_prompts(got.prompts, body.prompt_top,
+                                               Names("messages", body.max_tokens_field)))
         return ChatCompletionOut(
             id=f"chatcmpl-{body.request_id or uuid.uuid4().hex}", created=int(time.time()),
             model=body.model or await f.model_id(),
             choices=[chat_choice(f, body, ch, t) for ch, t in zip(got.choices, tools)],
-            usage=got.usage(),
+            usage=got.usage(), prompt_text=text if body.return_prompt_text else None,
+            prompt_logprobs=None if scored is None else vllm_prompt_logprobs(
+                f, got.prompts[0], scored.prompt(0)),
             prompt_token_ids=got.prompts[0] if body.return_token_ids else None)
