@@ -59,13 +59,24 @@ def field_values(f: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
     raise AssertionError(f"field type {f.type} of {f.full_name} has no strategy")
 
 
+def _is_map(f: FieldDescriptor) -> bool:
+    return f.type == F.TYPE_MESSAGE and f.message_type.GetOptions().map_entry
+
+
 def messages(desc: Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
     """Messages of type `desc` with any subset of their fields set to hostile values."""
     cls = GetMessageClass(desc)
     if depth > 3:
         return st.just(cls())
     fields: dict[str, st.SearchStrategy[Any]] = {}
+    maps = {f.name for f in desc.fields if _is_map(f)}
     for f in desc.fields:
+        if f.name in maps:  # a map: hostile keys and values
+            entry = f.message_type
+            fields[f.name] = st.dictionaries(field_values(entry.fields_by_name["key"], depth),
+                                             field_values(entry.fields_by_name["value"], depth),
+                                             max_size=3)
+            continue
         one = field_values(f, depth)
         if f.is_repeated:
             many = st.lists(one, max_size=3)
@@ -79,7 +90,9 @@ def messages(desc: Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
         m = cls()
         for name, v in values.items():
             fd = desc.fields_by_name[name]
-            if fd.is_repeated:
+            if name in maps:
+                getattr(m, name).update(v)
+            elif fd.is_repeated:
                 getattr(m, name).extend(v)
             elif fd.type == F.TYPE_MESSAGE:
                 getattr(m, name).CopyFrom(v)
