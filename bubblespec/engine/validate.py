@@ -53,19 +53,17 @@ def validate_request(req: GenRequest, vocab_size: int, max_model_len: int) -> No
         raise InvalidRequest("sampling_params.max_new_tokens",
                              f"prompt ({len(ids)}) + max_new_tokens ({s.max_new_tokens}) "
                              f"exceeds the model length {max_model_len}")
-    i = bad_token(s.stop_token_ids, vocab_size)
-    if i is not None:
-        raise InvalidRequest(f"sampling_params.stop_token_ids[{i}]",
-                             f"token id {s.stop_token_ids[i]!r} outside [0, {vocab_size})")
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        listed = getattr(s, name)
+        i = bad_token(listed, vocab_size)
+        if i is not None:
+            raise InvalidRequest(f"sampling_params.{name}[{i}]",
+                                 f"token id {listed[i]!r} outside [0, {vocab_size})")
     for t, _ in s.logit_bias:
         if t >= vocab_size:  # vLLM's wording (its SamplingParams refuses these too)
             raise InvalidRequest("sampling_params.logit_bias",
                                  f"token_id(s) [{t}] in logit_bias contain out-of-vocab token "
                                  f"ids. Vocabulary size: {vocab_size}")
-    i = bad_token(s.allowed_token_ids, vocab_size)
-    if i is not None:
-        raise InvalidRequest(f"sampling_params.allowed_token_ids[{i}]",
-                             f"token id {s.allowed_token_ids[i]!r} outside [0, {vocab_size})")
     if s.keyed and req.seeds is None:
         raise InvalidRequest("seeds", f"seed_mode '{s.seed_mode.value}' needs one seed per "
                                       "sample")

@@ -51,6 +51,7 @@ from bubblespec.protocol.sampling import (
     SamplingParams,
     SeedMode,
     StructuredOutput,
+    allowed_not_empty,
     clamp_logit_bias,
 )
 
@@ -354,9 +355,7 @@ class SamplingFields(_Body):
     @field_validator("allowed_token_ids")
     @classmethod
     def _allowed_not_empty(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and not v:
-            raise ValueError("allowed_token_ids is not None and empty!")  # vLLM's words
-        return v
+        return allowed_not_empty(v)
 
     @field_validator("logprob_token_ids",
                      "repetition_detection", "thinking_token_budget",

@@ -222,6 +222,14 @@ class SamplingParams(BaseModel):
         return self.seed_mode is SeedMode.KEYED_CONTEXT and self.temperature > 0
 
 
+def allowed_not_empty(ids: list[int] | None) -> list[int] | None:
+    """An API's `allowed_token_ids`: None (any token) or a non-empty list, as vLLM's
+    `SamplingParams` refuses an empty one (in its words)."""
+    if ids is not None and not ids:
+        raise ValueError("allowed_token_ids is not None and empty!")
+    return ids
+
+
 def clamp_logit_bias(raw: dict[Any, float] | None) -> dict[int, float] | None:
     """An API's `logit_bias` as vLLM's `SamplingParams` reads it: keys converted to token
     ids (a key that is not an integer, or a negative one, is refused in vLLM's words; the

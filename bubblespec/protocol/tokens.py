@@ -23,7 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
 from bubblespec.protocol.openai import VllmStructuredOutputs
-from bubblespec.protocol.sampling import SamplingParams, SeedMode, clamp_logit_bias
+from bubblespec.protocol.sampling import (
+    SamplingParams,
+    SeedMode,
+    allowed_not_empty,
+    clamp_logit_bias,
+)
 
 DEFAULT_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default."""
@@ -107,9 +112,7 @@ class VllmSampling(_Body):
     @field_validator("allowed_token_ids")
     @classmethod
     def _allowed_not_empty(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and not v:
-            raise ValueError("allowed_token_ids is not None and empty!")  # vLLM's words
-        return v
+        return allowed_not_empty(v)
 
     @field_validator("extra_args",
                      "logprob_token_ids", "prompt_logprob_start", "prompt_logprob_token_ids",
