@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bubblespec.protocol.gateway import RolloutResponse, RolloutSample
-from bubblespec.protocol.sampling import SamplingParams
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 from bubblespec.protocol.shapes import is_batch_list
 
 log = logging.getLogger("bubblespec.batching")
@@ -106,6 +106,8 @@ class Step:
     asks: list[list[Ask]] = field(default_factory=list)
     next_prompts: list[list[list[int]]] | None = None
     """The future steps' prompt ids handed ahead with this step, the next step's first."""
+    pregen_window: PregenWindow | None = None
+    """How long this step's pre-generation may run (None: the gateway's setting)."""
 
     @property
     def size(self) -> int:
@@ -206,6 +208,10 @@ class StepBatcher:
         self.steps_run = 0
         self._next: list[dict[tuple[int, ...], None]] = []
         """Per future step (the next one first), the prompts handed ahead for it."""
+        self.pregen_window: PregenWindow | None = None
+        """The pre-generation window of the steps run from now on, as the callers that hand
+        prompts ahead set it (None: the gateway's); a slime trainer that trains between
+        rollouts asks for `training`, so that the drafts do not hang on the bubble's length."""
         self._expected: Expectation | None = None
         self._arrived: asyncio.Event | None = None
         self._resumed: asyncio.Event | None = None
@@ -315,6 +321,7 @@ class StepBatcher:
             batch, exp = closed
             steps = plan(batch, self.n_rule)
             for i, step in enumerate(steps):
+                step.pregen_window = self.pregen_window
                 if i == len(steps) - 1:
                     if exp is not None:
                         step.next_prompts = exp.next_prompts

@@ -9,7 +9,8 @@ import time
 
 from bubblespec.batching import Ask, Step, StepBatcher, equal_counts, gcd_of_counts, plan
 from bubblespec.protocol.gateway import PromptResult, RolloutResponse, RolloutSample
-from bubblespec.protocol.sampling import SamplingParams
+from bubblespec.gateway.steps import step_request
+from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 
 SP = SamplingParams(max_new_tokens=4)
 HOT = SamplingParams(max_new_tokens=4, temperature=0.5)
@@ -87,5 +88,22 @@ def test_next_prompts_go_with_the_last_step_of_a_batch_once() -> None:
         assert big.next_prompts is None and small.next_prompts == [[[9], [10]]]
         await b.generate([Ask([1], SP)])
         assert run.steps[2].next_prompts is None and b.steps_run == 3
+
+    asyncio.run(main())
+
+
+def test_the_callers_pregen_window_goes_with_every_step_until_set_again() -> None:
+    async def main() -> None:
+        run = Steps()
+        b = StepBatcher(run, gcd_of_counts, quiet_s=0.02)
+        await b.generate([Ask([1], SP)])
+        b.pregen_window = PregenWindow.TRAINING
+        await b.generate([Ask([1], SP), Ask([2], HOT)])
+        b.pregen_window = PregenWindow.BUBBLE
+        await b.generate([Ask([1], SP)])
+        assert [s.pregen_window for s in run.steps] == [
+            None, PregenWindow.TRAINING, PregenWindow.TRAINING, PregenWindow.BUBBLE]
+        assert step_request(run.steps[1]).pregen_window is PregenWindow.TRAINING
+        assert step_request(run.steps[0]).pregen_window is None  # the gateway's setting
 
     asyncio.run(main())

@@ -35,7 +35,8 @@ def step_request(step: Step) -> RolloutRequest:
         sampling_params=step.sampling, seeds=step.seeds,
         next_prompts=[[_prompt_in(p) for p in b] for b in step.next_prompts]
         if step.next_prompts else None,
-        return_logprobs=True, top_logprobs=step.top_logprobs)
+        return_logprobs=True, top_logprobs=step.top_logprobs,
+        pregen_window=step.pregen_window)
 
 
 def run_steps(run: RolloutFn) -> RunFn:

@@ -37,6 +37,7 @@ from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
 from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import (
+    PregenWindow,
     SamplingParams,
     SeedMode,
     StructuredOutput,
@@ -270,17 +271,27 @@ class NextPromptsIn(_Body):
     bubble of the next step that starts; or a list of the next steps' batches (the next
     step's first), which later bubbles go on to once the nearer steps are covered."""
 
-    input_ids: BatchIds | Annotated[list[BatchIds], Field(max_length=L.MAX_LOOKAHEAD)] = Field(
-        ..., min_length=1)
+    input_ids: BatchIds | Annotated[list[BatchIds], Field(max_length=L.MAX_LOOKAHEAD)] | None = (
+        Field(None, min_length=1, description="Required unless the body sets the window only."))
+    pregen_window: PregenWindow | None = Field(
+        None, description="How long the steps run from now on pre-generate: until the "
+        "slowest rank is done ('bubble') or on through the training window until the next "
+        "step or weight push ('training'); kept until set again. Default: the gateway's.")
 
     @field_validator("input_ids")
     @classmethod
-    def _not_empty(cls, v: list) -> list:
-        for b in cls._of(v):
+    def _not_empty(cls, v: list | None) -> list | None:
+        for b in cls._of(v or []):
             for p in b:
                 if not p:
                     raise ValueError("a prompt is empty")
         return v
+
+    @model_validator(mode="after")
+    def _something(self) -> NextPromptsIn:
+        if self.input_ids is None and self.pregen_window is None:
+            raise ValueError("give input_ids (or pregen_window alone)")
+        return self
 
     @staticmethod
     def _of(v: list) -> list[list[list[int]]]:
@@ -288,7 +299,7 @@ class NextPromptsIn(_Body):
 
     def batches(self) -> list[list[list[int]]]:
         """The prompts as a list of future steps' batches (one batch: a list of one)."""
-        return self._of(self.input_ids)
+        return self._of(self.input_ids) if self.input_ids else []
 
 
 class FinishReason(BaseModel):

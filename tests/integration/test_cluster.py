@@ -23,6 +23,7 @@ from bubblespec.tasks.addchain import MAX_STEPS
 from tests.cluster.drills import check_result, fault_mid_step
 from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import engine_model_dir
+from tests.integration.drafts import complete_draft
 
 pytestmark = pytest.mark.engine
 
@@ -153,7 +154,7 @@ def test_prompts_handed_two_steps_ahead_feed_both_steps(client: BubbleSpecClient
                        next_prompts=[b1, b2], next_seeds=[[[13]], [[14]]],
                        pregen_window="training")
     deadline = time.monotonic() + 120
-    while not _complete_draft(cluster, a.step + 2, list(b2[0].input_ids)):
+    while not complete_draft(cluster, a.step + 2, list(b2[0].input_ids)):
         assert time.monotonic() < deadline, "step + 2's draft was never pre-generated"
         time.sleep(0.25)
     r1 = client.rollout(b1, n=1, sampling_params=keyed, seeds=[[13]])
@@ -196,21 +197,6 @@ def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task
     assert first.bubble_s > 0 and 0 < first.bubble_fraction <= 1, rep.ranks
     assert first.pregen_s > 0 and first.pregen_tokens > 0, rep.ranks
     assert rep.pregen_tokens == sum(r.pregen_tokens for r in rep.ranks)
-
-
-def _complete_draft(cluster: LocalCluster, step: int, prompt: list[int]) -> bool:
-    """The synchronizer stores a complete draft of `prompt` (sample 0) for `step`."""
-    import asyncio
-
-    from bubblespec.protocol.keys import prompt_key
-    from bubblespec.synchronizer.client import SyncClient
-
-    async def fetch() -> bool:
-        async with SyncClient(cluster.sync_address, timeout_s=5.0) as sync:
-            drafts = await sync.fetch_drafts(step, [prompt_key(prompt)])
-        return any(d.complete and d.branch_at is None for d in drafts)
-
-    return asyncio.run(fetch())
 
 
 def _rank_counter(cluster: LocalCluster, name: str) -> float:

@@ -8,7 +8,8 @@ and `text`; a reward per sample; `POST /update_weights_from_disk` between rollou
 drain of `slime/backends/sglang_utils/server_control.py` (`GET /workers`, then
 `POST /abort_request {"abort_all": true}` and `GET /v1/loads` until idle). The next
 rollout's prompts are passed ahead with `POST /v1/next_prompts` (what a custom rollout
-function adds), and that rollout fetches pre-generated drafts (> 0 tokens).
+function adds; with `pregen_window: training`, as slime trains between rollouts), and that
+rollout fetches pre-generated drafts (> 0 tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 from bubblespec.cluster import LocalCluster
 from bubblespec.tasks.addchain import EOS_ID, MAX_STEPS
 from tests.deploy.helpers import engine_model_dir
+from tests.integration.drafts import complete_draft
 
 pytestmark = pytest.mark.engine
 
@@ -81,8 +83,13 @@ def test_slime_style_rollouts_with_weight_push_and_pregen(cluster: LocalCluster,
         # one long and one short prompt: the short one's rank has a bubble to pre-generate in
         now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
         nxt = [task.make_prompt(9, 4, 40), task.make_prompt(21, 2, 30)]
-        r = http.post("/v1/next_prompts", json={"input_ids": [list(p.input_ids) for p in nxt]})
-        assert r.json() == {"success": True, "next_prompts": 2, "next_batches": [2]}
+        # slime trains between rollouts: pre-generation goes on through that window until
+        # the weight push, so the drafts do not hang on how long this step's bubble is
+        # (unseeded samples at temperature 1: the long prompt may end early by chance)
+        r = http.post("/v1/next_prompts", json={"input_ids": [list(p.input_ids) for p in nxt],
+                                                "pregen_window": "training"})
+        assert r.json() == {"success": True, "next_prompts": 2, "next_batches": [2],
+                            "pregen_window": "training"}
 
         first = asyncio.run(rollout(url, [list(p.input_ids) for p in now]))
         for out, p in zip(first, [q for q in now for _ in range(N)]):
@@ -91,6 +98,10 @@ def test_slime_style_rollouts_with_weight_push_and_pregen(cluster: LocalCluster,
         steps = {o["meta_info"]["bubblespec"]["step"] for o in first}
         assert len(steps) == 1, steps  # the concurrent requests ran as one step
         (step,) = steps
+        deadline = time.monotonic() + 120  # the trainer's turn: the drafts are written
+        while not complete_draft(cluster, step + 1, nxt[0].input_ids):
+            assert time.monotonic() < deadline, "the next step's draft was never pre-generated"
+            time.sleep(0.25)
 
         model = engine_model_dir()
         r = http.post("/update_weights_from_disk",
@@ -106,6 +117,10 @@ def test_slime_style_rollouts_with_weight_push_and_pregen(cluster: LocalCluster,
         summary = http.get(f"/v1/steps/{step + 1}").json()["rollout"]
         print("SGLang route, step after the weight push:", summary["counters"])
         assert summary["counters"]["drafts_fetched_tokens"] > 0, summary
+        # the window is kept until set again: back to the gateway's for the other modules
+        r = http.post("/v1/next_prompts", json={"pregen_window": "bubble"})
+        assert r.json() == {"success": True, "next_prompts": 0, "next_batches": [],
+                            "pregen_window": "bubble"}
 
 
 def test_batched_n_greedy_abort_and_drain(cluster: LocalCluster, task: Any) -> None:

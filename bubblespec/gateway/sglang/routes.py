@@ -74,8 +74,12 @@ async def next_prompts(request: Request) -> JSONResponse:
     batcher = fronts(request).batcher
     for j, batch in enumerate(body.batches()):
         batcher.add_next(batch, ahead=j)
+    if body.pregen_window is not None:
+        batcher.pregen_window = body.pregen_window
+    window = batcher.pregen_window
     return JSONResponse({"success": True, "next_prompts": len(batcher.next_prompts),
-                         "next_batches": [len(b) for b in batcher.next_batches]})
+                         "next_batches": [len(b) for b in batcher.next_batches],
+                         "pregen_window": None if window is None else window.value})
 
 
 @protected.post("/update_weights_from_disk")

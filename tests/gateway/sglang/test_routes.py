@@ -114,11 +114,22 @@ def test_control_routes(gw: TestClient) -> None:
     assert gw.post("/flush_cache").text.startswith("Cache flushed")
     assert gw.get("/flush_cache").status_code == 200
     r = gw.post("/v1/next_prompts", json={"input_ids": [[1, 5], [1, 5], [1, 6]]})
-    assert r.json() == {"success": True, "next_prompts": 2, "next_batches": [2]}
+    assert r.json() == {"success": True, "next_prompts": 2, "next_batches": [2],
+                        "pregen_window": None}
     assert gw.get("/v1/loads").json()["next_prompts"] == 2
-    # the next steps' batches: merged per step with what is waiting
-    r = gw.post("/v1/next_prompts", json={"input_ids": [[[1, 6], [1, 7]], [[1, 8]]]})
-    assert r.json() == {"success": True, "next_prompts": 3, "next_batches": [3, 1]}
+    # the next steps' batches: merged per step with what is waiting; the window is kept
+    r = gw.post("/v1/next_prompts", json={"input_ids": [[[1, 6], [1, 7]], [[1, 8]]],
+                                          "pregen_window": "training"})
+    assert r.json() == {"success": True, "next_prompts": 3, "next_batches": [3, 1],
+                        "pregen_window": "training"}
+    r = gw.post("/v1/next_prompts", json={"input_ids": [[1, 9]]})
+    assert r.json()["pregen_window"] == "training"
+    sgl_error(gw.post("/v1/next_prompts", json={"input_ids": [[1]], "pregen_window": "later"}),
+              400, "pregen_window")
+    r = gw.post("/v1/next_prompts", json={"pregen_window": "bubble"})  # the window alone
+    assert r.json() == {"success": True, "next_prompts": 4, "next_batches": [4, 1],
+                        "pregen_window": "bubble"}
+    sgl_error(gw.post("/v1/next_prompts", json={}), 400, "body")
     sgl_error(gw.post("/v1/next_prompts", json={"input_ids": []}), 400, "input_ids")
     sgl_error(gw.post("/v1/next_prompts", json={"input_ids": [[[1], []]]}), 400, "input_ids")
 
