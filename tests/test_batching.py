@@ -8,8 +8,8 @@ import asyncio
 import time
 
 from bubblespec.batching import Ask, Step, StepBatcher, equal_counts, gcd_of_counts, plan
-from bubblespec.protocol.gateway import PromptResult, RolloutResponse, RolloutSample
 from bubblespec.gateway.steps import step_request
+from bubblespec.protocol.gateway import PromptResult, RolloutResponse, RolloutSample
 from bubblespec.protocol.sampling import PregenWindow, SamplingParams
 
 SP = SamplingParams(max_new_tokens=4)

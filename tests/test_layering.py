@@ -55,6 +55,10 @@ PUBLIC_VLLM: dict[str, set[str]] = {
     "vllm.entrypoints.openai.completion.protocol": {"CompletionRequest"},
     "vllm.entrypoints.openai.chat_completion.protocol": {"ChatCompletionRequest"},
     "vllm.entrypoints.scale_out.token_in_token_out.protocol": {"GenerateRequest"},
+    # vLLM's weight-transfer API for RL trainers: the engine base class a backend subclasses
+    # (registered through its `WeightTransferEngineFactory`, engine/weight_group.py)
+    "vllm.distributed.weight_transfer.base": {"WeightTransferEngine", "WeightTransferInitInfo",
+                                              "WeightTransferUpdateInfo"},
 }
 """vLLM modules (and their names) that any module may import: the public API."""
 

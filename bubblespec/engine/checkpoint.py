@@ -173,3 +173,40 @@ def validate_checkpoint(path: str | Path, manifest: Manifest) -> None:
     _compare(found, manifest)
     for f, tensors in per_file.items():
         _check_values(f, tensors)
+
+
+SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+                      "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
+                      "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
+                      "float8_e5m2": "F8_E5M2"}
+"""Torch dtype names (as trainers send them, `str(dtype)` without `torch.`) -> safetensors'."""
+
+
+def check_bucket(names: list[str], dtypes: list[str], shapes: list[list[int]],
+                 manifest: Manifest) -> tuple[str, str] | None:
+    """A pushed bucket's tensors against the running model's manifest: (field, why) for the
+    first problem (a name the model does not have, a repeated name, a wrong dtype or shape),
+    None when every tensor fits."""
+    seen: set[str] = set()
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        want = manifest.get(name)
+        if want is None:
+            return "names", f"tensor {name}: the model has no such tensor"
+        if name in seen:
+            return "names", f"tensor {name}: sent twice in one bucket"
+        seen.add(name)
+        if SAFETENSORS_DTYPES.get(dtype) != want.dtype:
+            return "dtypes", f"tensor {name}: dtype {dtype}, the model has {want.dtype}"
+        if tuple(shape) != want.shape:
+            return "shapes", (f"tensor {name}: shape {_fmt(tuple(shape))}, the model has "
+                              f"{_fmt(want.shape)}")
+    return None
+
+
+def missing_tensors(staged: list[str], manifest: Manifest) -> str | None:
+    """What a push leaves out of the model ('N tensor(s) ...: a, b'), None when whole."""
+    missing = sorted(set(manifest) - set(staged))
+    if not missing:
+        return None
+    more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+    return f"{len(missing)} tensor(s) of the model not sent: {', '.join(missing[:5])}{more}"

@@ -14,6 +14,7 @@ puts the last good checkpoint back. `alive` says whether the engine core still r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -22,10 +23,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubblespec.engine import vllm_glue
-from bubblespec.engine.checkpoint import CheckpointError, read_manifest, validate_checkpoint
+from bubblespec.engine.checkpoint import (
+    CheckpointError,
+    check_bucket,
+    missing_tensors,
+    read_manifest,
+    validate_checkpoint,
+)
 from bubblespec.engine.config import EngineConfig
 from bubblespec.engine.sampling import vllm_sampling, vllm_scoring
-from bubblespec.engine.types import BatchProgress, GenRequest, GenResult, SampleResult, SpecMode
+from bubblespec.engine.types import (
+    WEIGHT_GROUP_BACKEND,
+    BatchProgress,
+    GenRequest,
+    GenResult,
+    SampleResult,
+    SpecMode,
+)
 from bubblespec.engine.validate import bad_token, validate_request
 from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.keys import group_token, make_request_id
@@ -88,7 +102,14 @@ class RolloutEngine:
         """Names, dtypes and shapes of the model's tensors (what a checkpoint must match)."""
         self.weight_version = 0
         self.last_good_path = model_dir
-        """The checkpoint the engine runs now (the start model dir until a reload)."""
+        """The last checkpoint loaded from disk (the start model dir until a reload)."""
+        self.last_good_version = 0
+        """The version of `last_good_path` (a restarted engine comes back on it: weights
+        pushed over a process group since then are not on disk)."""
+        self.weight_group: str | None = None
+        """The trainer's weight group this engine joined (None: none open)."""
+        self.pending_version: int | None = None
+        """The version of the push being staged (None: nothing staged)."""
         self.tokens_generated = 0
         """Output tokens of every request so far (a progress counter for time splits)."""
         self.drafts_dropped = 0
@@ -118,6 +139,7 @@ class RolloutEngine:
             max_num_seqs=cfg.max_num_seqs, speculative_config=spec,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             worker_extension_cls="bubblespec.engine.worker_extension.WorkerExtension",
+            weight_transfer_config={"backend": WEIGHT_GROUP_BACKEND},
             enable_prefix_caching=True,
             kv_cache_memory_bytes=cfg.kv_cache_mib * 2**20 if cfg.kv_cache_mib else None)
         t0 = time.monotonic()
@@ -265,13 +287,14 @@ class RolloutEngine:
             except Exception as e:  # noqa: BLE001 (vLLM's loader raises anything)
                 await self._roll_back(path, e)
             await self.llm.reset_prefix_cache()
-            self.weight_version = new
+            self.weight_version = self.last_good_version = new
             self.last_good_path = path
         return self.weight_version
 
     async def _roll_back(self, path: str, error: BaseException) -> None:
-        """After a failed reload of a validated checkpoint: load the last good one back and
-        raise the 5xx that says what happened."""
+        """After a failed reload of a validated checkpoint (or of a pushed one): load the
+        last good checkpoint back, with its version, and raise the 5xx that says what
+        happened."""
         log.error("reload of %s failed: %s", path, error)
         if not self.alive:
             raise ApiError(503, f"the engine died reloading {path} ({error}); the rank "
@@ -279,6 +302,7 @@ class RolloutEngine:
         try:
             await vllm_glue.reload_weights(self.llm, self.last_good_path)
             await self.llm.reset_prefix_cache()
+            self.weight_version = self.last_good_version
         except Exception as e2:  # noqa: BLE001
             raise ApiError(500, f"reload of {path} failed ({error}), and so did reloading "
                                 f"the last good weights {self.last_good_path} ({e2})",
@@ -294,7 +318,110 @@ class RolloutEngine:
                 await vllm_glue.reload_weights(self.llm, path)
                 await self.llm.reset_prefix_cache()
             self.last_good_path = path
-        self.weight_version = version
+        self.weight_version = self.last_good_version = version
+
+    # ------------------------------------------------------ process-group weight pushes
+    async def open_weight_group(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's named gloo group (`weight_group.py`); what was staged from an
+        earlier group is dropped. Blocks until every member joined or the group's deadline
+        (an error: 504 field master_address)."""
+        self.pending_version = None
+        try:
+            await vllm_glue.open_weight_transfer(self.llm, init_info)
+        except Exception as e:  # noqa: BLE001 (the store's and gloo's errors vary)
+            self._check_alive(e, "joining the weight group")
+            raise ApiError(504, f"could not join weight group {init_info.get('group_name')!r} "
+                                f"at {init_info.get('master_address')}:"
+                                f"{init_info.get('master_port')}: {e}", "master_address") from None
+        self.weight_group = str(init_info.get("group_name"))
+
+    async def close_weight_group(self) -> None:
+        """Leave the group and drop anything staged (idempotent)."""
+        self.pending_version = None
+        self.weight_group = None
+        await vllm_glue.close_weight_transfer(self.llm)
+
+    async def receive_bucket(self, names: list[str], dtypes: list[str],
+                             shapes: list[list[int]], version: int) -> int:
+        """Receive one bucket of a push into staging (the model is untouched until
+        `commit_weights`); how many tensors are staged now. A bucket the model cannot take
+        (422 naming names/dtypes/shapes) or whose version does not go up (409) is still
+        received in full, so that the trainer's broadcast completes and the group stays in
+        step; a broken broadcast (a dead trainer) drops the staged push and closes the group
+        (502)."""
+        if self.weight_group is None:
+            raise ApiError(409, "no weight group is open on this rank: open one first",
+                           "group_name")
+        refusal = check_bucket(names, dtypes, shapes, self.manifest)
+        if refusal is None and (version <= self.weight_version or
+                                self.pending_version not in (None, version)):
+            refusal = ("weight_version", f"version {version} is not newer than the loaded "
+                       f"{self.weight_version}" if version <= self.weight_version else
+                       f"version {version} differs from the push being staged "
+                       f"({self.pending_version}); every bucket of a push has one version")
+        info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
+                "discard": refusal is not None}
+        async with self._weights_lock:
+            try:
+                await vllm_glue.receive_weight_bucket(self.llm, info)
+            except Exception as e:  # noqa: BLE001
+                self._check_alive(e, "receiving weights")
+                if "non-finite" in str(e):  # received in full: the group is in step
+                    await self._discard_staged()
+                    raise ApiError(422, f"push refused, nothing applied: {e}", "names") from None
+                await self._drop_push()
+                raise ApiError(502, f"the push broke off mid-bucket ({type(e).__name__}: {e}); "
+                                    "nothing of it was applied, weights stay at version "
+                                    f"{self.weight_version}; the group is closed: open it "
+                                    "again", "group_name") from None
+        if refusal is not None:
+            field, why = refusal
+            status = 409 if field == "weight_version" else 422
+            raise ApiError(status, f"bucket refused (received and dropped; weights stay at "
+                                   f"version {self.weight_version}): {why}", field)
+        self.pending_version = version
+        return len(await self.llm.collective_rpc("bubblespec_staged_weights"))
+
+    async def commit_weights(self) -> int:
+        """Load the staged push into the model at once, between batches, and take its
+        version; refused (422, nothing applied, the staged push dropped) when it does not
+        cover every tensor of the model. A load that fails puts the last checkpoint back."""
+        async with self._weights_lock:
+            if self.pending_version is None:
+                raise ApiError(409, "no pushed weights are staged on this rank",
+                               "weight_version")
+            staged = (await self.llm.collective_rpc("bubblespec_staged_weights"))[0]
+            missing = missing_tensors(staged, self.manifest)
+            if missing is not None:
+                await self._discard_staged()  # the group stays open
+                raise ApiError(422, f"push refused, nothing applied (weights stay at version "
+                                    f"{self.weight_version}): {missing}", "names")
+            await self._idle.wait()
+            try:
+                await self.llm.collective_rpc("bubblespec_commit_weights")
+            except Exception as e:  # noqa: BLE001 (vLLM's loader raises anything)
+                self.pending_version = None
+                await self._roll_back("the pushed weights", e)  # raises
+            await self.llm.reset_prefix_cache()
+            self.weight_version, self.pending_version = self.pending_version, None
+        return self.weight_version
+
+    async def _discard_staged(self) -> None:
+        """Forget the staged push (the group stays open)."""
+        self.pending_version = None
+        with contextlib.suppress(Exception):
+            await self.llm.collective_rpc("bubblespec_discard_weights")
+
+    async def _drop_push(self) -> None:
+        """Forget the staged push and leave the group (after a broken broadcast)."""
+        await self._discard_staged()
+        with contextlib.suppress(Exception):
+            await self.close_weight_group()
+
+    def _check_alive(self, error: BaseException, what: str) -> None:
+        if not self.alive:
+            raise ApiError(503, f"the engine died {what} ({error}); the rank restarts it "
+                                "with the last checkpoint", "engine")
 
     @property
     def alive(self) -> bool:

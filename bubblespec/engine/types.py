@@ -15,6 +15,10 @@ from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import SamplingParams
 
+WEIGHT_GROUP_BACKEND = "bubblespec_gloo"
+"""The weight-transfer engine every engine starts with (`weight_group.GlooWeightEngine`,
+registered with vLLM's factory under this name)."""
+
 
 class SpecMode(str, Enum):
     """How the engine speculates (one per engine; the benchmarks compare them)."""

@@ -45,6 +45,7 @@ What it offers, by caller:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -130,6 +131,47 @@ def reload_in_worker(runner: Any, path: str) -> None:
     """The model runner's `reload_weights(weights_path=...)`, then `refresh_tied_head`."""
     runner.reload_weights(weights_path=path)
     refresh_tied_head(runner.get_model())
+
+
+def reload_from_tensors(runner: Any, items: list[tuple[str, torch.Tensor]]) -> None:
+    """The model runner's in-place reload from (name, tensor) pairs in checkpoint format
+    (vLLM's post-load processing runs as for a directory), then `refresh_tied_head`."""
+    runner.reload_weights(weights_iterator=iter(items))
+    refresh_tied_head(runner.get_model())
+
+
+def register_weight_transfer_engine(name: str, module: str, class_name: str) -> None:
+    """Register a weight-transfer engine with vLLM's factory under `name` (once)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    with contextlib.suppress(ValueError):  # registered already in this process
+        WeightTransferEngineFactory.register_engine(name, module, class_name)
+
+
+async def open_weight_transfer(llm: Any, init_info: dict[str, Any]) -> None:
+    """`AsyncLLM.init_weight_transfer_engine`: every worker joins the trainer's group."""
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+    await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+
+async def receive_weight_bucket(llm: Any, update_info: dict[str, Any]) -> None:
+    """One bucket through vLLM's weight-update session (start, update, finish)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    await llm.start_weight_update()
+    await llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+    await llm.finish_weight_update()
+
+
+async def close_weight_transfer(llm: Any) -> None:
+    """`AsyncLLM.shutdown_weight_transfer_engine`: leave the trainer's group."""
+    await llm.shutdown_weight_transfer_engine()
+
+
+def weight_transfer_engine_of(worker: Any) -> Any:
+    """The worker's weight-transfer engine (None: the engine was started without one)."""
+    return getattr(worker, "weight_transfer_engine", None)
 
 
 def refresh_tied_head(model: Any) -> bool:

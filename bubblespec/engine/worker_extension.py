@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bubblespec.engine import vllm_glue
+from bubblespec.engine import vllm_glue, weight_group
+
+weight_group.register()  # before the worker builds its weight-transfer engine
 
 
 class WorkerExtension:
@@ -58,6 +60,29 @@ class WorkerExtension:
         vllm_glue.reload_in_worker(vllm_glue.runner_of(self), path)
         trim()
         return True
+
+    def _weight_group(self) -> Any:
+        engine = vllm_glue.weight_transfer_engine_of(self)
+        if engine is None:
+            raise RuntimeError("the engine was started without a weight-transfer engine")
+        return engine
+
+    def bubblespec_commit_weights(self) -> int:
+        """Load the staged push into the model (`GlooWeightEngine.commit`), then return the
+        heap's free pages (the old tensors were just freed)."""
+        from bubblespec.engine.heap import trim
+
+        n = self._weight_group().commit(vllm_glue.runner_of(self))
+        trim()
+        return n
+
+    def bubblespec_discard_weights(self) -> int:
+        """Drop the staged push (`GlooWeightEngine.discard`)."""
+        return self._weight_group().discard()
+
+    def bubblespec_staged_weights(self) -> list[str]:
+        """Names of the staged tensors (what a commit would load)."""
+        return sorted(self._weight_group().staged)
 
     def _charged(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)`, its time charged to the next paced forward (`Pacer.between`)."""

@@ -37,6 +37,7 @@ from bubblespec.gateway.constraints import ConstraintCheck
 from bubblespec.gateway.rollout import Rollouts
 from bubblespec.gateway.scoring import Scorer
 from bubblespec.gateway.steps import step_batcher
+from bubblespec.gateway.weight_groups import WeightGroups
 from bubblespec.http.errors import error_field
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.gateway import RolloutRequest, RolloutResponse
@@ -163,10 +164,18 @@ class FrontServices:
         self._model_ctx: int | None = None
         self._model_context_loaded = False
         self._model = ""
+        self._weight_groups: WeightGroups | None = None
 
     @property
     def rollouts(self) -> Rollouts:
         return self._rollouts()
+
+    @property
+    def weight_groups(self) -> WeightGroups:
+        """The trainer's process-group weight pushes (`weight_groups.py`)."""
+        if self._weight_groups is None:
+            self._weight_groups = WeightGroups(self.rollouts)
+        return self._weight_groups
 
     async def _run(self, req: RolloutRequest) -> RolloutResponse:
         """One rollout step of the batcher, numbered here so that an abort can name it."""

@@ -44,6 +44,7 @@ from bubblespec.protocol.rank import (
     StepShard,
     WeightUpdate,
 )
+from bubblespec.protocol.weights import WeightBucket, WeightGroupOpen
 from bubblespec.rank.service import RankService
 
 Rank = Annotated[RankService, Depends(app_service)]
@@ -128,3 +129,23 @@ async def abort_step(body: AbortStep, rank: Rank) -> dict[str, Any]:
 @protected.post("/v1/weights")
 async def weights(body: WeightUpdate, rank: Rank) -> dict[str, Any]:
     return await rank.update_weights(body)
+
+
+@protected.post("/v1/weights/group")
+async def weights_group(body: WeightGroupOpen, rank: Rank) -> dict[str, Any]:
+    return await rank.open_weight_group(body)
+
+
+@protected.post("/v1/weights/bucket")
+async def weights_bucket(body: WeightBucket, rank: Rank) -> dict[str, Any]:
+    return await rank.receive_bucket(body)
+
+
+@protected.post("/v1/weights/commit")
+async def weights_commit(rank: Rank) -> dict[str, Any]:
+    return await rank.commit_weights()
+
+
+@protected.post("/v1/weights/group/close")
+async def weights_group_close(rank: Rank) -> dict[str, Any]:
+    return await rank.close_weight_group()

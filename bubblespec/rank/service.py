@@ -50,6 +50,7 @@ from bubblespec.protocol.rank import (
     StepShard,
     WeightUpdate,
 )
+from bubblespec.protocol.weights import WeightBucket, WeightGroupOpen
 from bubblespec.rank.config import RankConfig
 from bubblespec.rank.tool_calls import parse_tool_calls
 from bubblespec.rank.worker import RankWorker, to_gen_request, to_sample_out
@@ -164,7 +165,9 @@ class RankService:
         worker._set("engine_dead")
         self.metrics.engine_alive.labels(self.rank_id).set(0)
         await worker.stop_pregen()
-        path, version = dead.last_good_path, dead.weight_version
+        # weights pushed over a process group since the last checkpoint are not on disk:
+        # the restarted engine comes back on that checkpoint and its version
+        path, version = dead.last_good_path, dead.last_good_version
         try:
             await dead.shutdown()
         except Exception:  # what is left of a dead engine may not stop cleanly
@@ -357,6 +360,36 @@ class RankService:
                 worker._set("idle" if worker.engine.alive else "engine_dead")
         self.metrics.weight_version.labels(self.rank_id).set(v)
         return {"rank_id": self.rank_id, "weight_version": v}
+
+    # ---------------------------------------------- process-group weight pushes
+    async def open_weight_group(self, body: WeightGroupOpen) -> dict[str, Any]:
+        """Join the trainer's weight group (`RolloutEngine.open_weight_group`)."""
+        worker = self._ready()
+        await worker.engine.open_weight_group(body.model_dump())
+        return {"rank_id": self.rank_id, "group_name": body.group_name,
+                "rank": body.rank_offset}
+
+    async def receive_bucket(self, body: WeightBucket) -> dict[str, Any]:
+        """Stop pre-generation, then receive one bucket into staging."""
+        worker = self._ready()
+        await worker.stop_pregen()
+        staged = await worker.engine.receive_bucket(body.names, body.dtypes,
+                                                    [list(s) for s in body.shapes], body.version)
+        return {"rank_id": self.rank_id, "staged": staged, "version": body.version}
+
+    async def commit_weights(self) -> dict[str, Any]:
+        """Load the staged push (between batches) and report the new version."""
+        worker = self._ready()
+        await worker.stop_pregen()
+        v = await worker.engine.commit_weights()
+        self.metrics.weight_version.labels(self.rank_id).set(v)
+        return {"rank_id": self.rank_id, "weight_version": v}
+
+    async def close_weight_group(self) -> dict[str, Any]:
+        """Leave the weight group, dropping anything staged."""
+        worker = self._ready()
+        await worker.engine.close_weight_group()
+        return {"rank_id": self.rank_id, "closed": True}
 
     async def draft_index(self) -> DraftIndexBody:
         """The engine's draft-index fill level (zeros until the engine is up)."""

@@ -89,3 +89,16 @@ def test_non_float_tensors_are_not_checked_for_finiteness(tmp_path: Path) -> Non
     d.mkdir()
     save_file({"steps": torch.arange(4)}, str(d / WEIGHTS))
     validate_checkpoint(d, read_manifest(d))
+
+
+def test_a_pushed_bucket_is_checked_against_the_manifest() -> None:
+    from bubblespec.engine.checkpoint import TensorSpec, check_bucket, missing_tensors
+
+    manifest = {"a.weight": TensorSpec("BF16", (4, 8)), "b.bias": TensorSpec("F32", (8,))}
+    assert check_bucket(["a.weight"], ["bfloat16"], [[4, 8]], manifest) is None
+    assert check_bucket(["c"], ["float32"], [[8]], manifest)[0] == "names"
+    assert check_bucket(["b.bias", "b.bias"], ["float32"] * 2, [[8]] * 2, manifest)[0] == "names"
+    assert check_bucket(["b.bias"], ["float16"], [[8]], manifest)[0] == "dtypes"
+    assert check_bucket(["a.weight"], ["bfloat16"], [[8, 4]], manifest)[0] == "shapes"
+    assert missing_tensors(["a.weight", "b.bias"], manifest) is None
+    assert "1 tensor(s) of the model not sent: b.bias" in missing_tensors(["a.weight"], manifest)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from importlib import metadata
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -19,6 +20,12 @@ from bubblespec.protocol.sglang import (
     NextPromptsIn,
     PauseIn,
     WeightsFromDiskIn,
+)
+from bubblespec.protocol.weights import (
+    DestroyWeightsGroupIn,
+    InitWeightsGroupIn,
+    WeightCommitIn,
+    WeightsFromDistributedIn,
 )
 
 public = APIRouter()
@@ -130,8 +137,70 @@ async def pause_generation(request: Request) -> JSONResponse:
 
 @protected.post("/continue_generation")
 async def continue_generation(request: Request) -> JSONResponse:
-    fronts(request).batcher.resume()
-    return JSONResponse({"success": True, "message": "Generation continued."})
+    """The end of a paused update (slime's marker): a staged process-group push is loaded
+    on every rank first, then generation resumes."""
+    f = fronts(request)
+    try:
+        committed = await f.weight_groups.commit()
+    except ApiError as e:
+        return weights_error(e)
+    f.batcher.resume()
+    out: dict[str, Any] = {"success": True, "message": "Generation continued."}
+    if committed is not None:
+        out["weight_version"] = str(committed["weight_version"])
+    return JSONResponse(out)
+
+
+def weights_error(e: ApiError) -> JSONResponse:
+    """A weight call's failure as SGLang answers one (`success: false`, the status >= 400
+    that slime checks, the field named)."""
+    e = for_caller(e)
+    return JSONResponse({"success": False, "message": e.detail, "field": e.field,
+                         "detail": e.detail}, status_code=e.status)
+
+
+@protected.post("/init_weights_update_group")
+async def init_weights_update_group(request: Request) -> JSONResponse:
+    try:
+        body = await parse(request, InitWeightsGroupIn)
+        res = await fronts(request).weight_groups.open(body)
+    except ApiError as e:
+        return weights_error(e)
+    return JSONResponse({"success": True, "message": "Succeeded to initialize group.", **res})
+
+
+@protected.post("/update_weights_from_distributed")
+async def update_weights_from_distributed(request: Request) -> JSONResponse:
+    try:
+        body = await parse(request, WeightsFromDistributedIn)
+        res = await fronts(request).weight_groups.bucket(body)
+    except ApiError as e:
+        return weights_error(e)
+    return JSONResponse({"success": True, "message": "Succeeded to update parameter online.",
+                         "weight_version": str(res["version"]), "staged": res["staged"]})
+
+
+@protected.post("/v1/weights/commit")
+async def commit_weights(request: Request) -> JSONResponse:
+    """bubblespec: load the staged push now (what `/continue_generation` does first)."""
+    try:
+        body = await parse(request, WeightCommitIn)
+        res = await fronts(request).weight_groups.commit(body.group_name)
+    except ApiError as e:
+        return weights_error(e)
+    assert res is not None
+    return JSONResponse({"success": True, "weight_version": str(res["weight_version"]),
+                         "ranks": res["ranks"]})
+
+
+@protected.post("/destroy_weights_update_group")
+async def destroy_weights_update_group(request: Request) -> JSONResponse:
+    try:
+        body = await parse(request, DestroyWeightsGroupIn)
+        res = await fronts(request).weight_groups.close(body.group_name)
+    except ApiError as e:
+        return weights_error(e)
+    return JSONResponse({"success": True, "message": "Succeeded to destroy group.", **res})
 
 
 @protected.api_route("/flush_cache", methods=["GET", "POST"])

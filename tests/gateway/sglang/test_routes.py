@@ -149,7 +149,9 @@ def test_info_routes(gw: TestClient) -> None:
 def test_bearer_token(gw_token: TestClient) -> None:
     for route in ("/generate", "/update_weights_from_disk", "/abort_request",
                   "/pause_generation", "/continue_generation", "/flush_cache",
-                  "/v1/next_prompts"):
+                  "/v1/next_prompts", "/init_weights_update_group",
+                  "/update_weights_from_distributed", "/destroy_weights_update_group",
+                  "/v1/weights/commit"):
         r = gw_token.post(route, json=GEN)
         assert r.status_code == 401 and r.json()["field"] == "authorization", route
     r = gw_token.post("/generate", json={**GEN, "stream": True}, headers=AUTH)
@@ -226,3 +228,30 @@ async def test_answer_shape(gw: TestClient) -> None:
     assert gone["output_ids"] == [] and gone["meta_info"]["output_token_logprobs"] == []
     assert gone["meta_info"]["finish_reason"] == {"type": "abort",
                                                   "message": ABORT_BEFORE_PREFILL}
+
+
+def test_weight_group_routes_refuse_before_calling_a_rank(gw: TestClient) -> None:
+    init = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
+            "world_size": 3, "group_name": "g", "backend": "gloo"}
+
+    def refused(r: Any, status: int, field: str) -> None:
+        assert r.status_code == status, r.text
+        body = r.json()
+        assert body["success"] is False and body["field"] == field and body["message"], body
+
+    refused(gw.post("/init_weights_update_group", json={**init, "backend": "nccl"}), 400,
+            "backend")
+    refused(gw.post("/init_weights_update_group", json={**init, "world_size": 0}), 400,
+            "world_size")
+    r = gw.post("/init_weights_update_group", json=init)  # no rank to join
+    assert r.status_code == 503 and r.json()["success"] is False
+    bucket = {"names": ["a"], "dtypes": ["float32"], "shapes": [[2]], "group_name": "g"}
+    refused(gw.post("/update_weights_from_distributed", json=bucket), 404, "group_name")
+    refused(gw.post("/update_weights_from_distributed",
+                    json={**bucket, "weight_version": "x"}), 400, "weight_version")
+    refused(gw.post("/destroy_weights_update_group", json={"group_name": "g"}), 404,
+            "group_name")
+    refused(gw.post("/v1/weights/commit", json={"group_name": "g"}), 404, "group_name")
+    # nothing staged: the end of a pause just resumes
+    assert gw.post("/continue_generation").json() == {"success": True,
+                                                      "message": "Generation continued."}

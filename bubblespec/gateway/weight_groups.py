@@ -1,0 +1,142 @@
+"""A trainer's process-group weight push, fanned out to the ranks (`protocol/weights.py`).
+
+The trainer opens a named group (`open`): every ready rank joins it, rank `rank_offset + i`
+for the i-th rank by id, and the gateway remembers which ranks those are. Each bucket
+(`bucket`) goes to those ranks at once, while the trainer broadcasts it; the ranks stage
+it. `commit` (SGLang's `/continue_generation`, or the bubblespec route) loads the staged push
+on every rank at once with its version. Weight calls hold the rollout lock, so no step runs
+while a push is received or loaded, and the ranks advertise the new version only once the
+push is whole. A failure names the ranks; a rank's refusal (4xx) is the caller's 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from bubblespec.gateway.errors import RankCallError
+from bubblespec.gateway.rollout import Rollouts
+from bubblespec.protocol.errors import ApiError
+from bubblespec.protocol.weights import InitWeightsGroupIn, WeightsFromDistributedIn
+
+
+@dataclass
+class Group:
+    """An open group: its name, the ranks in it (in rank order) and its deadline."""
+
+    name: str
+    ranks: list[Any]
+    timeout_s: float
+    version: int | None = None
+    """The version of the push being staged (None: nothing staged)."""
+
+
+class WeightGroups:
+    """The trainer's weight groups with the ranks (one open at a time)."""
+
+    def __init__(self, rollouts: Rollouts) -> None:
+        self.rollouts = rollouts
+        self.group: Group | None = None
+
+    def _fan(self, group: Group, route: str, body: dict[str, Any] | None = None,
+             slack_s: float = 30.0) -> Any:
+        pool, t = self.rollouts.pool, group.timeout_s + slack_s
+        return asyncio.gather(*(pool.post(r, route, body or {}, t) for r in group.ranks),
+                              return_exceptions=True)
+
+    @staticmethod
+    def _raise(what: str, group: Group, results: list[Any]) -> list[dict[str, Any]]:
+        """The ranks' answers, or the ApiError that names the ranks that failed."""
+        errors = [r for r in results if isinstance(r, RankCallError)]
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, RankCallError):
+                raise r
+        if not errors:
+            return list(results)
+        bad = "; ".join(str(e) for e in errors)
+        statuses = {e.status for e in errors}
+        if all(s is not None and 400 <= s < 500 for s in statuses):
+            status = statuses.pop() if len(statuses) == 1 else 400
+            raise ApiError(status, f"{what} refused: {bad}", errors[0].field or "names")
+        raise ApiError(502, f"{what} failed on {len(errors)} of {len(group.ranks)} rank(s): "
+                            f"{bad}", errors[0].field or "group_name")
+
+    def _open_group(self, name: str) -> Group:
+        g = self.group
+        if g is None or g.name != name:
+            raise ApiError(404, f"no weight group named {name!r} is open"
+                                + (f" (open: {g.name!r})" if g else ""), "group_name")
+        return g
+
+    async def open(self, body: InitWeightsGroupIn) -> dict[str, Any]:
+        """Every ready rank joins the trainer's group; the world size must count them."""
+        if body.backend != "gloo":
+            raise ApiError(400, f"backend {body.backend!r}: the ranks receive over gloo "
+                                "(bubblespec_gloo); NCCL pushes are not served yet", "backend")
+        async with self.rollouts.lock:
+            ready = sorted((await self.rollouts.discover()).ready, key=lambda r: r.rank_id)
+            if not ready:
+                raise ApiError(503, "no rank is ready to join the weight group")
+            if body.world_size != body.rank_offset + len(ready):
+                raise ApiError(400, f"world_size {body.world_size} does not fit: rank_offset "
+                                    f"{body.rank_offset} + {len(ready)} ready rank(s) = "
+                                    f"{body.rank_offset + len(ready)}", "world_size")
+            if self.group is not None:  # a new group replaces the old one on every rank
+                await self._fan(self.group, "/v1/weights/group/close")
+            group = Group(body.group_name, ready, body.timeout_s)
+            self.group = None
+            results = await asyncio.gather(*(
+                self.rollouts.pool.post(r, "/v1/weights/group", {
+                    "master_address": body.master_address, "master_port": body.master_port,
+                    "rank_offset": body.rank_offset + i, "world_size": body.world_size,
+                    "group_name": body.group_name, "timeout_s": body.timeout_s},
+                    body.timeout_s + 30.0) for i, r in enumerate(ready)),
+                return_exceptions=True)
+            self._raise("joining the weight group", group, results)
+            self.group = group
+        return {"group_name": group.name, "ranks": [r.rank_id for r in ready]}
+
+    async def bucket(self, body: WeightsFromDistributedIn) -> dict[str, Any]:
+        """Every rank of the group receives one bucket into staging."""
+        async with self.rollouts.lock:
+            group = self._open_group(body.group_name)
+            version = body.version()
+            if version is None:
+                version = group.version if group.version is not None else max(
+                    (r.weight_version or 0 for r in group.ranks), default=0) + 1
+            results = await self._fan(group, "/v1/weights/bucket", {
+                "names": body.names, "dtypes": body.dtypes, "shapes": body.shapes,
+                "version": version})
+            try:
+                answers = self._raise("weight bucket", group, results)
+            except ApiError as e:
+                if e.status >= 500:  # the ranks closed the group: nothing is staged
+                    self.group = None
+                raise
+            group.version = version
+        return {"version": version, "staged": {a["rank_id"]: a["staged"] for a in answers}}
+
+    async def commit(self, name: str | None = None) -> dict[str, Any] | None:
+        """Load the staged push on every rank of the group; None when nothing is staged
+        (`name` None: the open group, whatever its name)."""
+        async with self.rollouts.lock:
+            group = self.group if name is None else self._open_group(name)
+            if group is None or group.version is None:
+                if name is not None:
+                    raise ApiError(409, "no pushed weights are staged", "weight_version")
+                return None
+            results = await self._fan(group, "/v1/weights/commit")
+            group.version = None
+            answers = self._raise("loading the pushed weights", group, results)
+        return {"weight_version": max(int(a["weight_version"]) for a in answers),
+                "ranks": {a["rank_id"]: int(a["weight_version"]) for a in answers}}
+
+    async def close(self, name: str) -> dict[str, Any]:
+        """Every rank of the group leaves it (what is staged is dropped)."""
+        async with self.rollouts.lock:
+            group = self._open_group(name)
+            self.group = None
+            results = await self._fan(group, "/v1/weights/group/close")
+        self._raise("closing the weight group", group, results)
+        return {"group_name": name, "closed": True}

@@ -1,0 +1,129 @@
+"""Bodies of a process-group weight push: the trainer's SGLang-shaped calls to the gateway
+(slime's `/init_weights_update_group`, `/update_weights_from_distributed`,
+`/destroy_weights_update_group`) and the gateway's calls to each rank (`/v1/weights/group`,
+`/v1/weights/bucket`, `/v1/weights/commit`, `/v1/weights/group/close`).
+
+The trainer is rank 0 of a named gloo group; it broadcasts each bucket's tensors in `names`
+order while the ranks receive them into staging; a commit loads the staged push at once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from bubblespec.protocol import limits as L
+
+MAX_TENSORS = 100_000
+"""Most tensors one bucket may name."""
+MAX_DIMS = 8
+MAX_DIM = 2**31
+
+GroupName = Annotated[str, Field(min_length=1, max_length=256)]
+Shape = Annotated[list[Annotated[int, Field(ge=0, le=MAX_DIM)]], Field(max_length=MAX_DIMS)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Lenient(BaseModel):
+    """A trainer's body: keys the gateway does not use are ignored, as SGLang does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class WeightGroupOpen(_Body):
+    """POST /v1/weights/group (a rank): join the trainer's group as `rank_offset`."""
+
+    master_address: str = Field(..., min_length=1, max_length=255)
+    master_port: int = Field(..., ge=1, le=65535)
+    rank_offset: int = Field(..., ge=1)
+    world_size: int = Field(..., ge=2)
+    group_name: GroupName = "bubblespec"
+    timeout_s: float = Field(120.0, gt=0, le=3600,
+                             description="Deadline of the join and of every collective.")
+
+    @model_validator(mode="after")
+    def _in_group(self) -> WeightGroupOpen:
+        if self.rank_offset >= self.world_size:
+            raise ValueError(f"rank_offset {self.rank_offset} is outside a group of "
+                             f"{self.world_size}")
+        return self
+
+
+class WeightBucket(_Body):
+    """POST /v1/weights/bucket (a rank): receive one bucket the trainer broadcasts."""
+
+    names: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        ..., min_length=1, max_length=MAX_TENSORS)
+    dtypes: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(
+        ..., max_length=MAX_TENSORS)
+    shapes: list[Shape] = Field(..., max_length=MAX_TENSORS)
+    version: L.WeightVersion
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> WeightBucket:
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(f"names, dtypes and shapes differ in length ({len(self.names)}, "
+                             f"{len(self.dtypes)}, {len(self.shapes)})")
+        return self
+
+
+class InitWeightsGroupIn(_Lenient):
+    """POST /init_weights_update_group (SGLang's shape, as slime sends it)."""
+
+    master_address: str = Field(..., min_length=1, max_length=255)
+    master_port: int = Field(..., ge=1, le=65535)
+    rank_offset: int = Field(1, ge=1)
+    world_size: int = Field(..., ge=2)
+    group_name: GroupName = "weight_update_group"
+    backend: Literal["gloo", "nccl"] = "gloo"
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="bubblespec: the group's "
+                             "deadline for the join and every collective.")
+
+
+class WeightsFromDistributedIn(_Lenient):
+    """POST /update_weights_from_distributed (SGLang's shape): one bucket of a push."""
+
+    names: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        ..., min_length=1, max_length=MAX_TENSORS)
+    dtypes: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(
+        ..., max_length=MAX_TENSORS)
+    shapes: list[Shape] = Field(..., max_length=MAX_TENSORS)
+    group_name: GroupName = "weight_update_group"
+    flush_cache: bool = True
+    weight_version: str | int | None = Field(
+        None, description="A non-negative integer, the same on every bucket of one push "
+                          "(default: the ranks' version + 1).")
+
+    @field_validator("weight_version")
+    @classmethod
+    def _integer(cls, v: str | int | None) -> str | int | None:
+        if v is not None and not (str(v).strip().isdigit()
+                                  and int(str(v)) <= L.MAX_WEIGHT_VERSION):
+            raise ValueError(f"must be an integer in [0, {L.MAX_WEIGHT_VERSION}]")
+        return v
+
+    def version(self) -> int | None:
+        return None if self.weight_version is None else int(str(self.weight_version))
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> WeightsFromDistributedIn:
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(f"names, dtypes and shapes differ in length ({len(self.names)}, "
+                             f"{len(self.dtypes)}, {len(self.shapes)})")
+        return self
+
+
+class DestroyWeightsGroupIn(_Lenient):
+    """POST /destroy_weights_update_group (SGLang's shape)."""
+
+    group_name: GroupName = "weight_update_group"
+
+
+class WeightCommitIn(_Lenient):
+    """POST /v1/weights/commit (gateway): load the staged push on every rank of the group."""
+
+    group_name: GroupName = "weight_update_group"
