@@ -8,7 +8,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run up test test-slow test-valid-space test-drills test-nodes bench bench-paced bench-paced-repeats bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
+.PHONY: install run up test test-slow test-valid-space test-drills test-nodes bench bench-paced bench-paced-repeats bench-weight-push bench-suffix bench-draft-batch bench-keyed-cost bench-deps bench-engine soak proto proto-check lint clean \
 	real-model real-policy bench-real bench-paced-real bench-paced-real-plain exactness-real
 
 install: $(STAMP)
@@ -167,6 +167,12 @@ bench-paced-real: real-model
 		--steps 6 --prompts 8 --n 8 --lr 2e-6 --loss-agg token-mean --seeds 0 \
 		--pace-scale $(REAL_PACE_SCALE) --mode-scale=$(REAL_MODE_SCALES) --modes $(REAL_PACED_MODES) \
 		--resume --out $(REAL_PACED_OUT)
+
+# A gloo process-group weight push against a disk reload, same weights and ranks, one run
+# (docs/results.md, "Weights over a process group"); the warm-started policy on 2 ranks.
+bench-weight-push: real-model
+	P=$$($(BIN)/bubblespec real-policy) && $(BIN)/bubblespec bench weight-push --model $$P \
+		--ranks 2 --repeats 5 --out out/bench-weight-push.json
 
 bench-paced-real-plain:
 	$(MAKE) bench-paced-real REAL_PACED_MODES=nospec,bubblespec,suffix \

@@ -12,6 +12,7 @@
     bubblespec bench soak [--steps 200]      # make soak (1,000 steps): memory and budgets stay flat
     bubblespec bench workload-stats A.json B.json  # entropy, siblings, lengths side by side
     bubblespec bench policy [--model DIR]    # lengths, endings, reward of the real policy
+    bubblespec bench weight-push [--model DIR]  # gloo process-group push vs disk reload
 
 Each benchmark's module is imported only when it runs (the engine bench imports vLLM).
 """
@@ -285,11 +286,41 @@ def _workload_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="", help="also write the figures (JSON)")
 
 
+def _weight_push(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("weight-push", help="a gloo process-group weight push vs a disk reload",
+                       description="Push the same weights to the ranks of a LocalCluster "
+                       "over a gloo process group and through a checkpoint on disk, "
+                       "alternating, and print both side by side (plus a modelled 8B row).")
+    p.add_argument("--model", default=None,
+                   help="HF model dir [the warm-started policy of `make real-policy`]")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bucket-mib", type=int, default=512)
+    p.add_argument("--out", default="", help="also write the figures (JSON)")
+
+
+def _run_weight_push(args: argparse.Namespace) -> int:
+    from bubblespec.bench.weight_push import WeightPushConfig, run
+    from bubblespec.train.sft import policy_dir
+
+    try:
+        model = args.model or str(policy_dir())
+    except FileNotFoundError as e:
+        print(f"bench weight-push: {e}", file=sys.stderr)
+        return 2
+    if args.ranks < 1 or args.repeats < 1 or args.bucket_mib < 1:
+        print("bench weight-push: --ranks, --repeats and --bucket-mib >= 1", file=sys.stderr)
+        return 2
+    run(WeightPushConfig(model=model, ranks=args.ranks, repeats=args.repeats,
+                         bucket_mib=args.bucket_mib, out=args.out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for add in (_service, _paced, _engine, _suffix, _draft_batch, _keyed_cost, _per_request,
-                _flips, _sync, _soak, _workload_stats, _policy):
+                _flips, _sync, _soak, _workload_stats, _policy, _weight_push):
         add(sub)
     return p
 
@@ -466,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_flips(args)
     elif args.bench == "policy":
         return _run_policy(args)
+    elif args.bench == "weight-push":
+        return _run_weight_push(args)
     else:
         from bubblespec.bench import sync_latency
 

@@ -114,6 +114,8 @@ class WeightGroup:
         self.store: Any = None
         self.group: Any = None
         self.ranks: list[str] = []
+        self.last_ranks: dict[str, int] = {}
+        """Per rank, the version the last push's commit left it on."""
 
     def __enter__(self) -> Self:
         self.open()
@@ -164,6 +166,7 @@ class WeightGroup:
                 call.result(self.timeout_s + 60.0)
         answer = _answer(self.http.post("/v1/weights/commit",
                                         json={"group_name": self.group_name}))
+        self.last_ranks = {str(k): int(v) for k, v in answer.get("ranks", {}).items()}
         return int(answer["weight_version"])
 
     def close(self) -> None:

@@ -11,9 +11,12 @@ first, so the adapter:
    that tensor's dtype (a bf16 trainer feeding an fp32 engine is cast, not refused);
    a tensor the engine's model has but the trainer did not send is an error naming it;
    names the engine's model lacks (a tied `lm_head.weight`) are dropped;
-2. writes them to `<weights_dir>/v<version>/model.safetensors` and asks the server actor to
-   reload every rank (`POST /v1/weights`), version = `global_steps + 1` (weight versions
-   start at 0 and only go up); the previous version's directory is then removed.
+2. pushes them as version `global_steps + 1` (weight versions start at 0 and only go up):
+   by default (`weight_sync: group`) over a gloo process group with every rank server
+   (`bubblespec.client.weights.WeightGroup`, opened on the first push, the trainer's rank 0
+   at `trainer_address`), loaded on every rank at once; with `weight_sync: disk` it writes
+   them to `<weights_dir>/v<version>/model.safetensors` and asks the server actor to reload
+   every rank (`POST /v1/weights`), then removes the previous version's directory.
 
 `resume` and `release` are no-ops: the rank servers hold their memory on their own devices.
 LoRA adapters are not pushed as adapters (set `model.lora.merge=True`).
@@ -21,6 +24,7 @@ LoRA adapters are not pushed as adapters (set `model.lora.merge=True`).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -103,6 +107,28 @@ class BubbleSpecServerAdapter(BaseRollout):
         self.version = 0
         self._manifest: Manifest | None = None
         self._last_dir: Path | None = None
+        self._group: Any = None
+
+    def _push(self, url: str, tensors: dict[str, torch.Tensor], version: int
+              ) -> dict[str, Any]:
+        """Push over the weight group (opened on first use; a group the ranks closed after
+        a broken push is opened again on the next one)."""
+        from bubblespec.client.weights import WeightGroup, WeightPushError
+
+        s = self.settings
+        if self._group is None:
+            address = s.trainer_address or ray.util.get_node_ip_address()
+            self._group = WeightGroup(url, master_address=address, group_name="verl",
+                                      token=s.token, timeout_s=s.start_timeout_s)
+            self._group.open()
+        try:
+            v = self._group.push(tensors.items(), version=version)
+        except WeightPushError as e:
+            if e.status >= 500:
+                self._group.close()
+                self._group = None
+            raise
+        return {"weight_version": v, "ranks": dict(self._group.last_ranks), "skipped": {}}
 
     async def resume(self, tags: list[str]) -> None:
         """No-op: the rank servers keep weights and KV cache on their own devices."""
@@ -127,8 +153,14 @@ class BubbleSpecServerAdapter(BaseRollout):
             return None
         steps = kwargs.get("global_steps")
         version = int(steps) + 1 if steps is not None else self.version + 1
-        path = write_version(tensors, self.settings.weights_dir, version)
         server = ray.get_actor(SERVER_NAME, namespace=NAMESPACE)
+        if self.settings.weight_sync == "group":
+            url = await server.gateway_url.remote()
+            result = await asyncio.to_thread(self._push, url, tensors, version)
+            await server.set_global_steps.remote(steps)
+            self.version = version
+            return result
+        path = write_version(tensors, self.settings.weights_dir, version)
         result = await server.update_weights.remote(str(path), version, steps)
         self.version = version
         if self._last_dir is not None and self._last_dir != path:

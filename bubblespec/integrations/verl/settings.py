@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -62,6 +62,13 @@ class BubbleSpecSettings(BaseModel):
     pregen_window: PregenWindow | None = Field(
         None, description="`training`: also through the training window until the weight "
         "push (rollout devices idle while the trainer trains). Default: the gateway's.")
+    weight_sync: Literal["group", "disk"] = Field(
+        "group", description="How the trainer's rank 0 pushes each weight version: "
+        "`group`: broadcast over a gloo process group the rank servers join (no disk); "
+        "`disk`: a safetensors directory under `weights_dir` the ranks reload.")
+    trainer_address: str | None = Field(
+        None, description="The address the rank servers reach the trainer's rank 0 at for "
+        "the weight group [its node's IP as Ray reports it].")
     weights_dir: str = Field(
         os.path.join(tempfile.gettempdir(), "bubblespec-verl-weights"),
         description="Where the trainer's rank 0 writes each weight version; every rank "
