@@ -81,6 +81,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "trainer checkpointed after every step) with the same settings; "
                         "--steps may grow")
     p.add_argument("--log-dir", default=None, help="cluster logs")
+    p.add_argument("--weight-push", choices=["disk", "group"], default="disk",
+                   help="how each step's weights reach the ranks: a checkpoint reloaded "
+                   "from disk, or a gloo process-group push")
     return p.parse_args(list(argv))
 
 

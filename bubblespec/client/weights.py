@@ -125,10 +125,12 @@ class WeightGroup:
         self.close()
 
     def open(self, num_ranks: int | None = None) -> list[str]:
-        """Open the group with the gateway's ready ranks (`num_ranks`: how many to expect,
-        default: those the gateway reports ready); the ranks' ids."""
-        if num_ranks is None:
-            num_ranks = int(_answer(self.http.get("/health_generate"))["ranks_ready"])
+        """Open the group with the gateway's ranks (`num_ranks`: how many to expect,
+        default: those ready or with their memory released); the ranks' ids."""
+        if num_ranks is None:  # ready ranks, and those whose memory a trainer released
+            ranks = _answer(self.http.get("/v1/ranks"))["ranks"]
+            num_ranks = sum(1 for r in ranks if r["ready"] or
+                            (r["state"] == "released" and not r["error"]))
         world = 1 + num_ranks
         timeout = datetime.timedelta(seconds=self.timeout_s)
         self.store = dist.TCPStore(self.master_address, self.master_port, world_size=world,

@@ -320,6 +320,17 @@ class RolloutEngine:
             self.last_good_path = path
         self.weight_version = self.last_good_version = version
 
+    # ------------------------------------------------------ memory (colocated trainers)
+    async def release_memory(self) -> None:
+        """vLLM's sleep (level 1: weights offloaded, KV cache dropped) between batches; on
+        CPU vLLM's worker ignores it (nothing to free), the ordering and refusals stand."""
+        await self._idle.wait()
+        await vllm_glue.sleep(self.llm)
+
+    async def resume_memory(self, tags: list[str] | None) -> None:
+        """vLLM's wake-up of `tags` (None: all)."""
+        await vllm_glue.wake_up(self.llm, tags)
+
     # ------------------------------------------------------ process-group weight pushes
     async def open_weight_group(self, init_info: dict[str, Any]) -> None:
         """Join the trainer's named gloo group (`weight_group.py`); what was staged from an
@@ -405,6 +416,10 @@ class RolloutEngine:
             await self.llm.reset_prefix_cache()
             self.weight_version, self.pending_version = self.pending_version, None
         return self.weight_version
+
+    async def discard_push(self) -> None:
+        """Forget the staged push (the group stays open)."""
+        await self._discard_staged()
 
     async def _discard_staged(self) -> None:
         """Forget the staged push (the group stays open)."""

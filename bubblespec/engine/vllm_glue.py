@@ -164,6 +164,16 @@ async def receive_weight_bucket(llm: Any, update_info: dict[str, Any]) -> None:
     await llm.finish_weight_update()
 
 
+async def sleep(llm: Any) -> None:
+    """`AsyncLLM.sleep(level=1)`: offload the weights, drop the KV cache (GPU workers)."""
+    await llm.sleep(level=1)
+
+
+async def wake_up(llm: Any, tags: list[str] | None) -> None:
+    """`AsyncLLM.wake_up(tags)` (None: everything)."""
+    await llm.wake_up(tags)
+
+
 async def close_weight_transfer(llm: Any) -> None:
     """`AsyncLLM.shutdown_weight_transfer_engine`: leave the trainer's group."""
     await llm.shutdown_weight_transfer_engine()

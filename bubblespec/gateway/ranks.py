@@ -25,8 +25,9 @@ from bubblespec.synchronizer.errors import SyncError
 
 log = logging.getLogger("bubblespec.gateway.ranks")
 
-NOT_READY_STATES = ("", "starting", RankState.ENGINE_DEAD.value)
-"""Rank states (GET /v1/state) in which the gateway sends a rank no work."""
+NOT_READY_STATES = ("", "starting", RankState.ENGINE_DEAD.value, "released")
+"""Rank states (GET /v1/state) in which the gateway sends a rank no work ("released": a
+colocated trainer released the engine's memory; weight calls still reach it)."""
 
 
 def normalize_url(address: str, scheme: str = "http") -> str:
@@ -54,6 +55,11 @@ class RankEndpoint:
     @property
     def ready(self) -> bool:
         return not self.error and self.state not in NOT_READY_STATES
+
+    @property
+    def takes_weights(self) -> bool:
+        """Ready, or with its memory released (a colocated trainer pushes weights then)."""
+        return self.ready or (not self.error and self.state == "released")
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank_id": self.rank_id, "url": self.url, "source": self.source,

@@ -1,4 +1,5 @@
-"""A trainer's process-group weight push, fanned out to the ranks (`protocol/weights.py`).
+"""A trainer's process-group weight push, fanned out to the ranks (`protocol/weights.py`),
+and a colocated trainer's release and resume of the engines' memory.
 
 The trainer opens a named group (`open`): every ready rank joins it, rank `rank_offset + i`
 for the i-th rank by id, and the gateway remembers which ranks those are. Each bucket
@@ -75,7 +76,8 @@ class WeightGroups:
             raise ApiError(400, f"backend {body.backend!r}: the ranks receive over gloo "
                                 "(bubblespec_gloo); NCCL pushes are not served yet", "backend")
         async with self.rollouts.lock:
-            ready = sorted((await self.rollouts.discover()).ready, key=lambda r: r.rank_id)
+            ready = sorted((r for r in (await self.rollouts.discover()).ranks
+                            if r.takes_weights), key=lambda r: r.rank_id)
             if not ready:
                 raise ApiError(503, "no rank is ready to join the weight group")
             if body.world_size != body.rank_offset + len(ready):
@@ -131,6 +133,19 @@ class WeightGroups:
             answers = self._raise("loading the pushed weights", group, results)
         return {"weight_version": max(int(a["weight_version"]) for a in answers),
                 "ranks": {a["rank_id"]: int(a["weight_version"]) for a in answers}}
+
+    async def memory(self, action: str, tags: list[str] | None) -> dict[str, Any]:
+        """Release or resume (`action`) the engines' memory on every rank that takes weights
+        (colocated trainers: pre-generation stops first, drafts stay in the store)."""
+        async with self.rollouts.lock:
+            ranks = sorted((r for r in (await self.rollouts.discover()).ranks
+                            if r.takes_weights), key=lambda r: r.rank_id)
+            if not ranks:
+                raise ApiError(503, "no rank is up to release or resume memory")
+            group = Group("memory", ranks, self.rollouts.config.weights_timeout_s)
+            results = await self._fan(group, f"/v1/memory/{action}", {"tags": tags})
+        answers = self._raise(f"{action} memory", group, results)
+        return {"ranks": {a["rank_id"]: a["released"] for a in answers}}
 
     async def close(self, name: str) -> dict[str, Any]:
         """Every rank of the group leaves it (what is staged is dropped)."""

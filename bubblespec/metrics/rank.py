@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bubblespec.metrics import DURATION_BUCKETS, new_registry
 
-RANK_STATES = ("starting", "idle", "decoding", "pregen", "updating_weights", "engine_dead")
+RANK_STATES = ("starting", "idle", "decoding", "pregen", "updating_weights", "released",
+               "engine_dead")
 
 
 @dataclass

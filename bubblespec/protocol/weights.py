@@ -20,6 +20,9 @@ MAX_TENSORS = 100_000
 MAX_DIMS = 8
 MAX_DIM = 2**31
 
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+"""What a colocated trainer releases and resumes (SGLang's tags; none or null: all)."""
+
 GroupName = Annotated[str, Field(min_length=1, max_length=256)]
 Shape = Annotated[list[Annotated[int, Field(ge=0, le=MAX_DIM)]], Field(max_length=MAX_DIMS)]
 
@@ -127,3 +130,11 @@ class WeightCommitIn(_Lenient):
     """POST /v1/weights/commit (gateway): load the staged push on every rank of the group."""
 
     group_name: GroupName = "weight_update_group"
+
+
+class MemoryTagsIn(_Lenient):
+    """POST /release_memory_occupation, /resume_memory_occupation (SGLang's shape; the
+    rank's /v1/memory/release and /v1/memory/resume): `tags` None means all."""
+
+    tags: list[Literal["weights", "kv_cache", "cuda_graph"]] | None = Field(
+        None, max_length=len(MEMORY_TAGS))

@@ -44,7 +44,7 @@ from bubblespec.protocol.rank import (
     StepShard,
     WeightUpdate,
 )
-from bubblespec.protocol.weights import WeightBucket, WeightGroupOpen
+from bubblespec.protocol.weights import MemoryTagsIn, WeightBucket, WeightGroupOpen
 from bubblespec.rank.service import RankService
 
 Rank = Annotated[RankService, Depends(app_service)]
@@ -129,6 +129,16 @@ async def abort_step(body: AbortStep, rank: Rank) -> dict[str, Any]:
 @protected.post("/v1/weights")
 async def weights(body: WeightUpdate, rank: Rank) -> dict[str, Any]:
     return await rank.update_weights(body)
+
+
+@protected.post("/v1/memory/release")
+async def memory_release(body: MemoryTagsIn, rank: Rank) -> dict[str, Any]:
+    return await rank.release_memory(body.tags)
+
+
+@protected.post("/v1/memory/resume")
+async def memory_resume(body: MemoryTagsIn, rank: Rank) -> dict[str, Any]:
+    return await rank.resume_memory(body.tags)
 
 
 @protected.post("/v1/weights/group")

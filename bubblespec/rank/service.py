@@ -50,7 +50,7 @@ from bubblespec.protocol.rank import (
     StepShard,
     WeightUpdate,
 )
-from bubblespec.protocol.weights import WeightBucket, WeightGroupOpen
+from bubblespec.protocol.weights import MEMORY_TAGS, WeightBucket, WeightGroupOpen
 from bubblespec.rank.config import RankConfig
 from bubblespec.rank.tool_calls import parse_tool_calls
 from bubblespec.rank.worker import RankWorker, to_gen_request, to_sample_out
@@ -93,6 +93,8 @@ class RankService:
         self.sync: Any = None
         self.start_error: str | None = None
         self.engine_error: str | None = None
+        self.released: set[str] = set()
+        """The engine's memory released by a colocated trainer (SGLang's tags)."""
         """Why the engine is down while the rank restarts it (None while it runs)."""
         from bubblespec.restarts import RestartWindow  # local: the module's imports are shared
 
@@ -222,6 +224,22 @@ class RankService:
                            "engine")
         return self.worker
 
+    def _weights_resident(self) -> RankWorker:
+        """`_ready`, with the engine's weights in memory (not released)."""
+        worker = self._ready()
+        if "weights" in self.released:
+            raise ApiError(409, "the engine's weights are released: resume them first "
+                                "(/resume_memory_occupation with tags [\"weights\"])", "engine")
+        return worker
+
+    def _serving(self) -> RankWorker:
+        """`_ready`, and the engine's memory not released (colocated trainers)."""
+        worker = self._ready()
+        if self.released:
+            raise ApiError(503, f"the engine's memory is released ({', '.join(sorted(self.released))}"
+                                "): resume it first (/resume_memory_occupation)", "engine")
+        return worker
+
     def _validate(self, engine: Any, reqs: list[GenRequest],
                   field: Callable[[int, str], str]) -> None:
         """The engine's checks of each request (`RolloutEngine.validate`), here where the
@@ -243,6 +261,9 @@ class RankService:
         if self.engine_error is not None or not self.engine.alive:
             return 503, {"status": "engine_dead",
                          "detail": self.engine_error or self.engine.dead_reason()}
+        if self.released:
+            return 503, {"status": "released", "detail": "memory released: "
+                         + ", ".join(sorted(self.released))}
         return 200, {"status": "ready"}
 
     def state(self) -> RankStateBody:
@@ -257,7 +278,7 @@ class RankService:
     async def step_shard(self, body: StepShard) -> dict[str, Any]:
         """Decode this rank's share of a step (then pre-generate, in the background)."""
         t = time.monotonic()
-        worker = self._ready()
+        worker = self._serving()
         reqs = [to_gen_request(r) for r in body.requests]
         self._validate(worker.engine, reqs, lambda i, f: f"requests[{i}].{f}")
         async with self._engine_death("shard"):
@@ -269,7 +290,7 @@ class RankService:
     async def generate(self, body: GenerateRequest) -> Any:
         """SGLang-style /generate: one sample dict, or a list (batched input or n > 1)."""
         t = time.monotonic()
-        worker = self._ready()
+        worker = self._serving()
         batched = bool(body.input_ids) and isinstance(body.input_ids[0], list)
         prompts = body.input_ids if batched else [body.input_ids]
         reqs = [to_gen_request(ShardRequest(index=i, input_ids=p, n=body.n,
@@ -309,7 +330,7 @@ class RankService:
         beside whatever it runs now (a shard, pre-generation) without changing the rank's
         state: scoring is no step and triggers no drafts or pre-generation."""
         t = time.monotonic()
-        worker = self._ready()
+        worker = self._serving()
         reqs = [GenRequest(input_ids=list(p), score=True, top_logprobs=body.top_logprobs)
                 for p in body.input_ids]
         self._validate(worker.engine, reqs,
@@ -350,7 +371,7 @@ class RankService:
     async def update_weights(self, body: WeightUpdate) -> dict[str, Any]:
         """Stop pre-generation, validate and reload the weights, report the new version
         (refusals and failures: see `RolloutEngine.update_weights`)."""
-        worker = self._ready()
+        worker = self._weights_resident()
         await worker.stop_pregen()
         worker._set("updating_weights")
         try:
@@ -360,6 +381,30 @@ class RankService:
                 worker._set("idle" if worker.engine.alive else "engine_dead")
         self.metrics.weight_version.labels(self.rank_id).set(v)
         return {"rank_id": self.rank_id, "weight_version": v}
+
+    # ---------------------------------------------- memory (colocated trainers)
+    async def release_memory(self, tags: list[str] | None) -> dict[str, Any]:
+        """Stop pre-generation, then release the engine's memory (vLLM's sleep; `tags` None:
+        all of it); generation is refused until every tag is resumed, weight pushes are not.
+        Drafts in the synchronizer's store are untouched."""
+        worker = self._ready()
+        await worker.stop_pregen()
+        await worker.engine.release_memory()
+        self.released |= set(tags or MEMORY_TAGS)
+        worker._set("released")
+        return {"rank_id": self.rank_id, "released": sorted(self.released)}
+
+    async def resume_memory(self, tags: list[str] | None) -> dict[str, Any]:
+        """Resume the released memory of `tags` (None: all); serving again once none is left."""
+        worker = self._ready()
+        left = self.released - set(tags or MEMORY_TAGS)
+        # the last resume wakes everything: vLLM resumes scheduling only when its executor
+        # holds no sleeping allocation, and its tags are not SGLang's (no cuda_graph)
+        await worker.engine.resume_memory(tags if left else None)
+        self.released = left
+        if not self.released and worker.state == "released":
+            worker._set("idle")
+        return {"rank_id": self.rank_id, "released": sorted(self.released)}
 
     # ---------------------------------------------- process-group weight pushes
     async def open_weight_group(self, body: WeightGroupOpen) -> dict[str, Any]:
@@ -378,8 +423,11 @@ class RankService:
         return {"rank_id": self.rank_id, "staged": staged, "version": body.version}
 
     async def commit_weights(self) -> dict[str, Any]:
-        """Load the staged push (between batches) and report the new version."""
-        worker = self._ready()
+        """Load the staged push (between batches) and report the new version; with the
+        weights released the push is dropped and refused (409)."""
+        if "weights" in self.released and self.worker is not None:
+            await self.worker.engine.discard_push()
+        worker = self._weights_resident()
         await worker.stop_pregen()
         v = await worker.engine.commit_weights()
         self.metrics.weight_version.labels(self.rank_id).set(v)

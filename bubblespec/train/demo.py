@@ -54,6 +54,9 @@ class DemoConfig:
     """The trainer's loss aggregation (`bubblespec.train.grpo.LOSS_AGGS`)."""
     resume: bool = False
     """Go on with the stopped run whose log and checkpoint are in `out` (`resume_records`)."""
+    weight_push: str = "disk"
+    """How each step's weights reach the ranks: `disk` (a checkpoint `POST /v1/weights`
+    reloads) or `group` (a gloo process-group push, `bubblespec.client.weights`)."""
 
 
 RUN_FIELDS = ("task", "prompts", "n", "temperature", "seed_mode", "lr", "seed", "epoch_steps",
@@ -212,6 +215,7 @@ def run_demo(args: DemoConfig, url: str, model_dir: str,
                            epoch_steps=args.epoch_steps, lookahead=args.lookahead,
                            loss_agg=args.loss_agg, pace_probe=pace_probe,
                            log=lambda s: print(s, flush=True), checkpoint=True, done=done,
+                           weight_push=args.weight_push,
                            on_step=lambda rs: write_log(out, args, model_dir, rs, False,
                                                         resumed_at))
     paced = write_log(out, args, model_dir, records, True, resumed_at)
@@ -220,6 +224,11 @@ def run_demo(args: DemoConfig, url: str, model_dir: str,
     print(f"\nreward: first {q} steps {sum(ys[:q]) / q:.3f} -> last {q} steps "
           f"{sum(ys[-q:]) / q:.3f}; max |logprob gap| "
           f"{max((r['max_abs_logprob_gap'] for r in records), default=0):.2e}")
+    pushes = [r["push_s"] for r in records if r.get("push_s") is not None]
+    if pushes:
+        steps_s = [r["wall_s"] + r["train_s"] for r in records]
+        print(f"weights by {args.weight_push}: push median {statistics.median(pushes):.2f} s; "
+              f"step (rollout + train + push) median {statistics.median(steps_s):.2f} s")
     if paced:
         print(format_run_pace(paced))
     epochs = epoch_rewards(records, args.epoch_steps)

@@ -186,6 +186,11 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
 
+    def named_tensors(self, names: set[str]) -> list[tuple[str, torch.Tensor]]:
+        """The policy's tensors the ranks' model has (by checkpoint name; a tied head the
+        checkpoint leaves out is left out), detached, for a process-group push."""
+        return [(n, t.detach()) for n, t in self.model.state_dict().items() if n in names]
+
     def save(self, out_dir: str) -> str:
         """Write the policy as safetensors (what `POST /v1/weights` reloads), with the base
         model's tokenizer files beside them (a model directory of its own: `train/files.py`)."""

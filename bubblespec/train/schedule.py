@@ -149,7 +149,8 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
              loss_agg: str = "seq-mean",
              pace_probe: Callable[[], Mapping[str, Any]] | None = None,
              on_step: Callable[[list[dict[str, Any]]], None] | None = None,
-             checkpoint: bool = False, done: Sequence[dict[str, Any]] = ()
+             checkpoint: bool = False, done: Sequence[dict[str, Any]] = (),
+             weight_push: str = "disk"
              ) -> list[dict[str, Any]]:
     """Run the GRPO schedule: step k uses `task.make_prompts(prompts_per_step, seed + j)`
     with j = k, or k % epoch_steps when `epoch_steps` > 0 (the prompt set repeats every
@@ -187,6 +188,7 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
         for old in wdir.glob("v*"):  # what the stopped run had not removed yet
             if old != prev_dir and old.name[1:].isdigit():
                 shutil.rmtree(old, ignore_errors=True)
+    group: Any = None
     try:
         for k in range(len(records), steps):
             ahead = range(k + 1, min(steps, k + 1 + max(1, lookahead))) if pregen else ()
@@ -214,14 +216,26 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
             mean_reward = sum(rewards) / max(1, len(rewards))
             t1 = time.monotonic()
             stats: dict[str, Any] = {}
+            push_s = None
             if trainer is not None:
                 stats = trainer.step(groups)
                 vdir = wdir / f"v{k + 1}"
-                trainer.save(str(vdir))
-                if checkpoint:
-                    trainer.save_state(str(vdir))
+                if checkpoint or weight_push == "disk":
+                    t_save = time.monotonic()
+                    trainer.save(str(vdir))
+                    if checkpoint:
+                        trainer.save_state(str(vdir))
+                    saved_s = time.monotonic() - t_save
                 time.sleep(max(0.0, t1 + min_train_s - time.monotonic()))
-                client.update_weights(str(vdir), version=k + 1)
+                t_push = time.monotonic()
+                if weight_push == "group":
+                    if group is None:
+                        group = _open_group(client, model_dir)
+                    group.push(trainer.named_tensors(manifest_names(model_dir)), version=k + 1)
+                    push_s = time.monotonic() - t_push
+                else:  # the checkpoint write is the disk path's share of the push
+                    client.update_weights(str(vdir), version=k + 1)
+                    push_s = time.monotonic() - t_push + saved_s
             train_s = time.monotonic() - t1
             report = None
             try:
@@ -230,7 +244,8 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
             except Exception as e:  # noqa: BLE001 (a missing timeline must not stop training)
                 log(f"step {k}: no timeline ({e})")
             fig = step_figures(res.model_dump(), report, wall, mean_reward)
-            fig.update(step=k, service_step=res.step, train_s=train_s,
+            fig.update(step=k, service_step=res.step, train_s=train_s, push_s=push_s,
+                       weight_push=weight_push,
                        max_abs_logprob_gap=float(stats.get("max_abs_logprob_gap", 0.0)),
                        loss=float(stats.get("loss", 0.0)), trained_samples=stats.get("samples"),
                        entropy=stats.get("entropy"),
@@ -252,9 +267,27 @@ def run_grpo(client: Any, task: Any, model_dir: str, steps: int, prompts_per_ste
                     shutil.rmtree(prev_dir, ignore_errors=True)
                 prev_dir = wdir / f"v{k + 1}"
     finally:
+        if group is not None:
+            group.close()
         if own_tmp:
             shutil.rmtree(wdir, ignore_errors=True)
     return records
+
+
+def manifest_names(model_dir: str) -> set[str]:
+    """The tensor names of the model the ranks serve (what a push must carry)."""
+    from bubblespec.engine.checkpoint import read_manifest
+
+    return set(read_manifest(model_dir))
+
+
+def _open_group(client: Any, model_dir: str) -> Any:
+    """The trainer's weight group with the gateway's ranks (`client.weights`)."""
+    from bubblespec.client.weights import WeightGroup
+
+    group = WeightGroup(client.base_url, group_name="train", timeout_s=600)
+    group.open()
+    return group
 
 
 def _read_pace(probe: Callable[[], Mapping[str, Any]] | None, log: Callable[[str], None],

@@ -243,3 +243,51 @@ def test_a_trainer_that_dies_mid_broadcast_changes_nothing(cluster: LocalCluster
             base.update(load_file(str(f)))
         assert group.push(base.items(), version=v0 + 1) == v0 + 1
     assert keyed_ids(cluster, task) == (before, v0 + 1)
+
+
+def test_release_and_resume_around_a_push_keep_the_drafts(cluster: LocalCluster,
+                                                          weights: dict[str, Any],
+                                                          task: Any) -> None:
+    """slime's colocated order: release, (train), resume weights, push, resume the rest.
+    Pre-generation stops before the release, generation is refused while released (503,
+    no hang), the drafts handed ahead survive it, and the step after serves the pushed
+    weights with those drafts."""
+    from tests.integration.drafts import complete_draft
+
+    url = cluster.gateway_url
+    now = task.make_prompts(2, 61)
+    nxt = task.make_prompts(2, 62)
+    with BubbleSpecClient(url, timeout_s=300) as c:
+        v0 = max(r.weight_version or 0 for r in c.ranks())
+        a = c.rollout(now, n=1, sampling_params=KEYED, next_prompts=nxt,
+                      next_seeds=[[7], [8]], pregen_window="training")
+    deadline = time.monotonic() + 120
+    while not complete_draft(cluster, a.step + 1, nxt[0].input_ids):
+        assert time.monotonic() < deadline, "the next step's draft was never pre-generated"
+        time.sleep(0.25)
+    with httpx.Client(base_url=url, timeout=120) as http:
+        r = http.post("/release_memory_occupation", json={})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        assert set(r.json()["ranks"]) == {"r0", "r1"}
+        for rank_url in cluster.rank_urls.values():
+            assert httpx.get(rank_url + "/v1/state", timeout=10).json()["state"] == "released"
+            h = httpx.get(rank_url + "/health_generate", timeout=10)
+            assert h.status_code == 503 and h.json()["status"] == "released"
+        g = http.post("/generate", json={"input_ids": list(now[0].input_ids),
+                                         "sampling_params": {"max_new_tokens": 4}})
+        assert g.status_code == 503 and "released" in g.text, g.text
+        with WeightGroup(url, group_name="colocated", timeout_s=60) as group:
+            with pytest.raises(WeightPushError) as e:  # the weights must be resident first
+                group.push(weights["new"].items(), version=v0 + 1)
+            assert (e.value.status, e.value.field) == (409, "engine"), e.value
+        r = http.post("/resume_memory_occupation", json={"tags": ["weights"]})
+        assert r.status_code == 200 and r.json()["ranks"]["r0"] == ["cuda_graph", "kv_cache"]
+        with WeightGroup(url, group_name="colocated", timeout_s=60) as group:
+            assert group.push(weights["new"].items(), version=v0 + 1) == v0 + 1
+        r = http.post("/resume_memory_occupation", json={"tags": ["kv_cache", "cuda_graph"]})
+        assert r.status_code == 200 and r.json()["ranks"]["r0"] == [], r.text
+        assert http.post("/resume_memory_occupation", json={"tags": ["disk"]}).status_code == 400
+    with BubbleSpecClient(url, timeout_s=300) as c:
+        b = c.rollout(nxt, n=1, sampling_params=KEYED, seeds=[[7], [8]])
+    assert b.step == a.step + 1 and b.counters.drafts_fetched_tokens > 0, b.counters
+    assert {s.weight_version for p in b.prompts for s in p.samples} == {v0 + 1}

@@ -24,6 +24,7 @@ from bubblespec.protocol.sglang import (
 from bubblespec.protocol.weights import (
     DestroyWeightsGroupIn,
     InitWeightsGroupIn,
+    MemoryTagsIn,
     WeightCommitIn,
     WeightsFromDistributedIn,
 )
@@ -191,6 +192,27 @@ async def commit_weights(request: Request) -> JSONResponse:
     assert res is not None
     return JSONResponse({"success": True, "weight_version": str(res["weight_version"]),
                          "ranks": res["ranks"]})
+
+
+@protected.post("/release_memory_occupation")
+async def release_memory_occupation(request: Request) -> JSONResponse:
+    """Colocated trainers: pre-generation stops, the engines release their memory (vLLM's
+    sleep), generation is refused (503) until it is resumed; weight pushes go on."""
+    return await _memory(request, "release")
+
+
+@protected.post("/resume_memory_occupation")
+async def resume_memory_occupation(request: Request) -> JSONResponse:
+    return await _memory(request, "resume")
+
+
+async def _memory(request: Request, action: str) -> JSONResponse:
+    try:
+        body = await parse(request, MemoryTagsIn)
+        res = await fronts(request).weight_groups.memory(action, body.tags)
+    except ApiError as e:
+        return weights_error(e)
+    return JSONResponse({"success": True, "message": f"Succeeded to {action} memory.", **res})
 
 
 @protected.post("/destroy_weights_update_group")
