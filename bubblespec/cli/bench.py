@@ -44,14 +44,21 @@ def _policy(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="", help="write the figures and samples as JSON")
 
 
-def _run_policy(args: argparse.Namespace) -> int:
-    from bubblespec.bench.policy import PolicyBenchConfig, run
+def _policy_model(args: argparse.Namespace) -> str | None:
+    """`--model`, else the warm-started policy's directory; None (said why) when unbuilt."""
     from bubblespec.train.sft import policy_dir
 
     try:
-        model = args.model or str(policy_dir())
+        return args.model or str(policy_dir())
     except FileNotFoundError as e:
-        print(f"bench policy: {e}", file=sys.stderr)
+        print(f"bench {args.bench}: {e}", file=sys.stderr)
+        return None
+
+
+def _run_policy(args: argparse.Namespace) -> int:
+    from bubblespec.bench.policy import PolicyBenchConfig, run
+
+    if (model := _policy_model(args)) is None:
         return 2
     if args.prompts < 1 or args.n < 1 or not 0 < args.temperature:
         print("bench policy: --prompts and --n >= 1, --temperature > 0", file=sys.stderr)
@@ -301,12 +308,8 @@ def _weight_push(sub: argparse._SubParsersAction) -> None:
 
 def _run_weight_push(args: argparse.Namespace) -> int:
     from bubblespec.bench.weight_push import WeightPushConfig, run
-    from bubblespec.train.sft import policy_dir
 
-    try:
-        model = args.model or str(policy_dir())
-    except FileNotFoundError as e:
-        print(f"bench weight-push: {e}", file=sys.stderr)
+    if (model := _policy_model(args)) is None:
         return 2
     if args.ranks < 1 or args.repeats < 1 or args.bucket_mib < 1:
         print("bench weight-push: --ranks, --repeats and --bucket-mib >= 1", file=sys.stderr)

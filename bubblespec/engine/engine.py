@@ -391,7 +391,7 @@ class RolloutEngine:
             raise ApiError(status, f"bucket refused (received and dropped; weights stay at "
                                    f"version {self.weight_version}): {why}", field)
         self.pending_version = version
-        return len(await self.llm.collective_rpc("bubblespec_staged_weights"))
+        return len(await self._staged())
 
     async def commit_weights(self) -> int:
         """Load the staged push into the model at once, between batches, and take its
@@ -401,7 +401,7 @@ class RolloutEngine:
             if self.pending_version is None:
                 raise ApiError(409, "no pushed weights are staged on this rank",
                                "weight_version")
-            staged = (await self.llm.collective_rpc("bubblespec_staged_weights"))[0]
+            staged = await self._staged()
             missing = missing_tensors(staged, self.manifest)
             if missing is not None:
                 await self._discard_staged()  # the group stays open
@@ -416,6 +416,10 @@ class RolloutEngine:
             await self.llm.reset_prefix_cache()
             self.weight_version, self.pending_version = self.pending_version, None
         return self.weight_version
+
+    async def _staged(self) -> list[str]:
+        """The names staged in the (first) worker: what a commit would load."""
+        return (await self.llm.collective_rpc("bubblespec_staged_weights"))[0]
 
     async def discard_push(self) -> None:
         """Forget the staged push (the group stays open)."""

@@ -31,7 +31,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from bubblespec.protocol import limits as L
 from bubblespec.protocol.limits import Seed, TokenIds
@@ -43,6 +51,7 @@ from bubblespec.protocol.sampling import (
     StructuredOutput,
     clamp_logit_bias,
 )
+from bubblespec.protocol.weights import version_text
 
 BatchIds = Annotated[list[TokenIds], Field(max_length=L.MAX_LIST)]
 Texts = Annotated[list[Annotated[str, Field(max_length=16 * L.MAX_PROMPT_TOKENS)]],
@@ -225,20 +234,10 @@ class WeightsFromDiskIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model_path: str = Field(..., min_length=1, max_length=4096)
-    weight_version: str | int | None = Field(
+    weight_version: Annotated[str | int | None, AfterValidator(version_text)] = Field(
         None, description="A non-negative integer (bubblespec versions are integers); "
                           "default: the ranks' version + 1.")
     abort_all_requests: bool = False
-
-    @field_validator("weight_version")
-    @classmethod
-    def _integer(cls, v: str | int | None) -> str | int | None:
-        if v is None:
-            return v
-        text = str(v).strip()
-        if not text.isdigit() or int(text) > L.MAX_WEIGHT_VERSION:
-            raise ValueError(f"must be an integer in [0, {L.MAX_WEIGHT_VERSION}]")
-        return v
 
     def version(self) -> int | None:
         return None if self.weight_version is None else int(str(self.weight_version))

@@ -9,9 +9,9 @@ order while the ranks receive them into staging; a commit loads the staged push 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from bubblespec.protocol import limits as L
 
@@ -56,22 +56,37 @@ class WeightGroupOpen(_Body):
         return self
 
 
-class WeightBucket(_Body):
-    """POST /v1/weights/bucket (a rank): receive one bucket the trainer broadcasts."""
+class _Tensors(BaseModel):
+    """The tensors of one bucket, in broadcast order: names, dtypes and shapes alike long."""
 
     names: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
         ..., min_length=1, max_length=MAX_TENSORS)
     dtypes: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(
         ..., max_length=MAX_TENSORS)
     shapes: list[Shape] = Field(..., max_length=MAX_TENSORS)
-    version: L.WeightVersion
 
     @model_validator(mode="after")
-    def _same_lengths(self) -> WeightBucket:
+    def _same_lengths(self) -> Self:
         if not len(self.names) == len(self.dtypes) == len(self.shapes):
             raise ValueError(f"names, dtypes and shapes differ in length ({len(self.names)}, "
                              f"{len(self.dtypes)}, {len(self.shapes)})")
         return self
+
+
+def version_text(v: str | int | None) -> str | int | None:
+    """A weight version as SGLang's bodies carry it (a string or an integer), checked to be
+    an integer in bubblespec's range (a ValueError otherwise)."""
+    if v is not None and not (str(v).strip().isdigit() and int(str(v)) <= L.MAX_WEIGHT_VERSION):
+        raise ValueError(f"must be an integer in [0, {L.MAX_WEIGHT_VERSION}]")
+    return v
+
+
+class WeightBucket(_Tensors):
+    """POST /v1/weights/bucket (a rank): receive one bucket the trainer broadcasts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: L.WeightVersion
 
 
 class InitWeightsGroupIn(_Lenient):
@@ -87,37 +102,19 @@ class InitWeightsGroupIn(_Lenient):
                              "deadline for the join and every collective.")
 
 
-class WeightsFromDistributedIn(_Lenient):
+class WeightsFromDistributedIn(_Tensors):
     """POST /update_weights_from_distributed (SGLang's shape): one bucket of a push."""
 
-    names: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
-        ..., min_length=1, max_length=MAX_TENSORS)
-    dtypes: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(
-        ..., max_length=MAX_TENSORS)
-    shapes: list[Shape] = Field(..., max_length=MAX_TENSORS)
+    model_config = ConfigDict(extra="ignore")
+
     group_name: GroupName = "weight_update_group"
     flush_cache: bool = True
-    weight_version: str | int | None = Field(
+    weight_version: Annotated[str | int | None, AfterValidator(version_text)] = Field(
         None, description="A non-negative integer, the same on every bucket of one push "
                           "(default: the ranks' version + 1).")
 
-    @field_validator("weight_version")
-    @classmethod
-    def _integer(cls, v: str | int | None) -> str | int | None:
-        if v is not None and not (str(v).strip().isdigit()
-                                  and int(str(v)) <= L.MAX_WEIGHT_VERSION):
-            raise ValueError(f"must be an integer in [0, {L.MAX_WEIGHT_VERSION}]")
-        return v
-
     def version(self) -> int | None:
         return None if self.weight_version is None else int(str(self.weight_version))
-
-    @model_validator(mode="after")
-    def _same_lengths(self) -> WeightsFromDistributedIn:
-        if not len(self.names) == len(self.dtypes) == len(self.shapes):
-            raise ValueError(f"names, dtypes and shapes differ in length ({len(self.names)}, "
-                             f"{len(self.dtypes)}, {len(self.shapes)})")
-        return self
 
 
 class DestroyWeightsGroupIn(_Lenient):

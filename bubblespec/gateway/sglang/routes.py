@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
 from bubblespec.gateway.fronts import FrontServices, answer_json, for_caller, parse
 from bubblespec.gateway.sglang.serving import SglangServing
+from bubblespec.gateway.weight_groups import WeightGroups
 from bubblespec.http.edge import protected_router
 from bubblespec.protocol.errors import ApiError
 from bubblespec.protocol.rank import WeightUpdate
@@ -28,6 +31,9 @@ from bubblespec.protocol.weights import (
     WeightCommitIn,
     WeightsFromDistributedIn,
 )
+
+B = TypeVar("B", bound=BaseModel)
+"""A weight route's body type."""
 
 public = APIRouter()
 protected = protected_router()
@@ -160,38 +166,46 @@ def weights_error(e: ApiError) -> JSONResponse:
                          "detail": e.detail}, status_code=e.status)
 
 
-@protected.post("/init_weights_update_group")
-async def init_weights_update_group(request: Request) -> JSONResponse:
+async def _weight_call(request: Request, body_type: type[B],
+                       run: Callable[[WeightGroups, B], Awaitable[dict[str, Any]]]
+                       ) -> JSONResponse:
+    """Parse `body_type`, run the weight-group call, answer `success: true` with what it
+    returns, or the refusal as SGLang answers one (`weights_error`)."""
     try:
-        body = await parse(request, InitWeightsGroupIn)
-        res = await fronts(request).weight_groups.open(body)
+        body = await parse(request, body_type)
+        out = await run(fronts(request).weight_groups, body)
     except ApiError as e:
         return weights_error(e)
-    return JSONResponse({"success": True, "message": "Succeeded to initialize group.", **res})
+    return JSONResponse({"success": True, **out})
+
+
+@protected.post("/init_weights_update_group")
+async def init_weights_update_group(request: Request) -> JSONResponse:
+    async def run(g: WeightGroups, body: InitWeightsGroupIn) -> dict[str, Any]:
+        return {"message": "Succeeded to initialize group.", **await g.open(body)}
+
+    return await _weight_call(request, InitWeightsGroupIn, run)
 
 
 @protected.post("/update_weights_from_distributed")
 async def update_weights_from_distributed(request: Request) -> JSONResponse:
-    try:
-        body = await parse(request, WeightsFromDistributedIn)
-        res = await fronts(request).weight_groups.bucket(body)
-    except ApiError as e:
-        return weights_error(e)
-    return JSONResponse({"success": True, "message": "Succeeded to update parameter online.",
-                         "weight_version": str(res["version"]), "staged": res["staged"]})
+    async def run(g: WeightGroups, body: WeightsFromDistributedIn) -> dict[str, Any]:
+        res = await g.bucket(body)
+        return {"message": "Succeeded to update parameter online.",
+                "weight_version": str(res["version"]), "staged": res["staged"]}
+
+    return await _weight_call(request, WeightsFromDistributedIn, run)
 
 
 @protected.post("/v1/weights/commit")
 async def commit_weights(request: Request) -> JSONResponse:
     """bubblespec: load the staged push now (what `/continue_generation` does first)."""
-    try:
-        body = await parse(request, WeightCommitIn)
-        res = await fronts(request).weight_groups.commit(body.group_name)
-    except ApiError as e:
-        return weights_error(e)
-    assert res is not None
-    return JSONResponse({"success": True, "weight_version": str(res["weight_version"]),
-                         "ranks": res["ranks"]})
+    async def run(g: WeightGroups, body: WeightCommitIn) -> dict[str, Any]:
+        res = await g.commit(body.group_name)
+        assert res is not None  # a named group without a staged push is a 409
+        return {"weight_version": str(res["weight_version"]), "ranks": res["ranks"]}
+
+    return await _weight_call(request, WeightCommitIn, run)
 
 
 @protected.post("/release_memory_occupation")
@@ -207,22 +221,18 @@ async def resume_memory_occupation(request: Request) -> JSONResponse:
 
 
 async def _memory(request: Request, action: str) -> JSONResponse:
-    try:
-        body = await parse(request, MemoryTagsIn)
-        res = await fronts(request).weight_groups.memory(action, body.tags)
-    except ApiError as e:
-        return weights_error(e)
-    return JSONResponse({"success": True, "message": f"Succeeded to {action} memory.", **res})
+    async def run(g: WeightGroups, body: MemoryTagsIn) -> dict[str, Any]:
+        return {"message": f"Succeeded to {action} memory.", **await g.memory(action, body.tags)}
+
+    return await _weight_call(request, MemoryTagsIn, run)
 
 
 @protected.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request) -> JSONResponse:
-    try:
-        body = await parse(request, DestroyWeightsGroupIn)
-        res = await fronts(request).weight_groups.close(body.group_name)
-    except ApiError as e:
-        return weights_error(e)
-    return JSONResponse({"success": True, "message": "Succeeded to destroy group.", **res})
+    async def run(g: WeightGroups, body: DestroyWeightsGroupIn) -> dict[str, Any]:
+        return {"message": "Succeeded to destroy group.", **await g.close(body.group_name)}
+
+    return await _weight_call(request, DestroyWeightsGroupIn, run)
 
 
 @protected.api_route("/flush_cache", methods=["GET", "POST"])
