@@ -78,8 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave the actors running and return (needs --address)")
     up.add_argument("--log-dir", default=None,
                     help="logs and actor state on each node [/tmp/bubblespec-ray/<run id>]")
+    up.add_argument("--role-cpus", type=float, default=0.5,
+                    help="CPUs the synchronizer's and the gateway's actors each reserve on "
+                         "this (the driver's) node [0.5]")
+    up.add_argument("--node-ip-address", default=None,
+                    help="this node's Ray address (Ray's --node-ip-address) [local Ray: "
+                         "127.0.0.1; joining: Ray's choice]")
+    up.add_argument("--wait-for-nodes-s", type=float, default=0.0,
+                    help="how long a request no alive node can hold waits for nodes to "
+                         "join (an autoscaling cluster) before failing [0: fail at once]")
     up.add_argument("--start-timeout-s", type=float, default=600.0,
-                    help="give up if not ready after this long [600]")
+                    help="give up if not ready after this long [600]; a placement that "
+                         "waits for resources in use is reported within seconds")
     up.add_argument("--grace-s", type=float, default=10.0,
                     help="SIGTERM -> SIGKILL grace period at shutdown [10]")
     up.add_argument("--tls", action="store_true",
@@ -109,6 +119,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.action == "up":
         if args.ranks < 1:
             p.error("--ranks must be >= 1")
+        if not args.role_cpus > 0 or args.wait_for_nodes_s < 0:
+            p.error("--role-cpus must be > 0 and --wait-for-nodes-s >= 0")
         if args.detach and args.address is None:
             p.error("--detach needs --address (a local Ray ends with this command)")
         files = (args.tls_ca, args.tls_cert, args.tls_key)
@@ -166,7 +178,9 @@ def _up(args: argparse.Namespace) -> int:
         detached=args.detach, log_dir=args.log_dir, start_timeout_s=args.start_timeout_s,
         grace_s=args.grace_s, tls=args.tls, pki=_pki(args),
         tls_issuer=(args.tls_ca, args.tls_ca_key) if args.tls_ca_key else None,
-        tls_hosts=args.tls_host)
+        tls_hosts=args.tls_host, role_cpus=args.role_cpus,
+        node_ip_address=args.node_ip_address, wait_for_nodes_s=args.wait_for_nodes_s,
+        progress=lambda text: print(f"bubblespec ray up: {text}", file=sys.stderr, flush=True))
     stop_on_sigterm()
     where = args.address or "a new local Ray instance"
     try:

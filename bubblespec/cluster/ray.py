@@ -5,14 +5,19 @@ tests take either. On `start()`:
 
 1. joins a Ray cluster (`address="auto"`, `"ray://head:10001"`, ...) or starts a local one
    (`address=None`);
-2. reserves one placement group of N x tp bundles, `{"GPU": 1, "CPU": c}` where the cluster
+2. checks that what it asks can be placed at all (`ray_placement`: the rank bundles under
+   their strategy, and the synchronizer's and gateway's CPUs on the driver's node) and fails
+   at once, naming what was asked, what each node offers and the fix, when it cannot;
+3. starts the named synchronizer actor on the driver's node and waits for its gRPC health
+   (before the bundles, so that no bundle takes the CPU the roles need there);
+4. reserves one placement group of N x tp bundles, `{"GPU": 1, "CPU": c}` where the cluster
    has GPUs and `{"CPU": c}` otherwise (plus `bundle_resources`), PACK by default (SPREAD
-   as an option);
-3. starts the named synchronizer actor on the driver's node and waits for its gRPC health;
-4. starts one rank actor per data-parallel rank, pinned with
+   as an option); a placement or an actor that waits for resources in use is reported
+   within `report_after_s`, with the same account of the nodes;
+5. starts one rank actor per data-parallel rank, pinned with
    `PlacementGroupSchedulingStrategy` to its first bundle; each finds the synchronizer by
    its actor name;
-5. starts the gateway actor on the driver's node with the ranks' addresses and waits until
+6. starts the gateway actor on the driver's node with the ranks' addresses and waits until
    it sees every rank ready and registered.
 
 Every actor has `max_restarts`: Ray restarts a dead rank or synchronizer actor, whose server
@@ -25,21 +30,25 @@ mutual TLS (a throwaway CA made on the driver, or the files of `pki`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import socket
 import ssl
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from typing_extensions import Self
 
+from bubblespec.cluster import ray_placement as placement
 from bubblespec.cluster.base import Cluster, ClusterError
 from bubblespec.cluster.ray_actors import ACTOR_CLASSES, RoleSpec
+from bubblespec.cluster.ray_placement import cpu_binding, node_slots, plan_bundles
 from bubblespec.tls import (
     DEFAULT_HOSTS,
     Pki,
@@ -51,46 +60,7 @@ from bubblespec.tls import (
 )
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-
-
-def plan_bundles(ranks: int, tp: int, gpus: bool, cpus_per_bundle: float,
-                 extra: Mapping[str, float] | None = None) -> list[dict]:
-    """The placement group's bundles: `ranks * tp`, one GPU each where there are GPUs, and
-    the custom resources of `extra` (which nodes may hold ranks). Rank i owns bundles
-    i*tp .. i*tp+tp-1 and its actor sits on the first of them."""
-    if ranks < 1 or tp < 1:
-        raise ValueError("ranks and tp must be >= 1")
-    clash = {"CPU", "GPU", "memory"} & set(extra or {})
-    if clash:
-        raise ValueError(f"bundle resources name custom resources, not {sorted(clash)}")
-    if any(v <= 0 for v in (extra or {}).values()):
-        raise ValueError("bundle resource amounts must be > 0")
-    bundle: dict[str, float] = {"CPU": cpus_per_bundle}
-    if gpus:
-        bundle["GPU"] = 1
-    bundle.update(extra or {})
-    return [dict(bundle) for _ in range(ranks * tp)]
-
-
-def node_slots(nodes: Sequence[str]) -> list[int]:
-    """Each rank's index among the ranks on its node (rank i serves on base + slot): with
-    one rank per node (a 1-GPU pod) every rank serves on the same port, which one scrape
-    target per pod can name."""
-    seen: dict[str, int] = {}
-    out = []
-    for node in nodes:
-        out.append(seen.get(node, 0))
-        seen[node] = out[-1] + 1
-    return out
-
-
-def cpu_binding(index: int, ranks: int, cores: int) -> dict[str, str]:
-    """Rank `index`'s own cores when each rank gets at least one (what `LocalCluster` does)."""
-    per = cores // ranks if ranks else 0
-    if per < 1:
-        return {}
-    lo, hi = index * per, (index + 1) * per - 1
-    return {"VLLM_CPU_OMP_THREADS_BIND": f"{lo}-{hi}" if hi > lo else str(lo)}
+LOG = logging.getLogger(__name__)
 
 
 def grpc_serving(address: str, credentials: Any = None) -> bool:
@@ -120,6 +90,10 @@ class RayCluster(Cluster):
     """Ray cluster to join (`auto`, `ray://host:10001`); None starts a local one."""
     num_cpus: int | None = None
     """Logical CPUs of a local Ray (None: Ray's default, the host's cores)."""
+    node_ip_address: str | None = None
+    """The IP address the driver's Ray node has (Ray's `_node_ip_address`): a local Ray started
+    here, and the node this driver attaches to. None: 127.0.0.1 for a local Ray (everything
+    stays on this host's loopback, servers bind it too), Ray's own choice when joining."""
     include_dashboard: bool = False
     """Start the Ray dashboard with a local Ray."""
     name: str = "bubblespec"
@@ -147,6 +121,14 @@ class RayCluster(Cluster):
     log_dir: str | None = None
     """Per-node directory of logs and actor state [/tmp/bubblespec-ray/<run id>]."""
     start_timeout_s: float = 600.0
+    report_after_s: float = 5.0
+    """A placement group or actor still waiting for resources after this long is reported
+    (`progress`), naming what was asked and what each node offers."""
+    wait_for_nodes_s: float = 0.0
+    """How long a request that no alive node can hold waits for nodes to join (a cluster with
+    an autoscaler) before the start fails; 0: fail at once."""
+    progress: Callable[[str], None] | None = None
+    """Where such reports go [a warning on this module's logger]."""
     grace_s: float = 10.0
     env: Mapping[str, str] = field(default_factory=dict)
     bind_cores: bool = True
@@ -239,18 +221,43 @@ class RayCluster(Cluster):
         if ray.is_initialized():
             return
         kw: dict[str, Any] = {"namespace": self.namespace, "log_to_driver": False}
+        ip = self.node_ip_address or ("127.0.0.1" if self.address is None else None)
+        if ip:
+            kw["_node_ip_address"] = ip
         if self.address is None:  # logical CPUs: enough for every bundle and both roles
             need = math.ceil(self.ranks * self.tp * self.cpus_per_bundle + 2 * self.role_cpus)
             kw.update(num_cpus=self.num_cpus or max(need, os.cpu_count() or 1),
                       include_dashboard=self.include_dashboard,
                       resources={k: v * self.ranks * self.tp
                                  for k, v in self.bundle_resources.items()})
+        self._preflight()
         try:
             ray.init(address=self.address, **kw)
         except Exception as e:  # Ray raises a bare Exception, ConnectionError, ...
             where = self.address or "a new local instance"
             raise ClusterError(f"Ray ({where}) did not start or answer: {e}") from e
         self._own_ray = True
+
+    def _preflight(self, timeout_s: float = 5.0) -> None:
+        """ClusterError at once when `address` is a GCS host:port that does not accept a TCP
+        connection (as Ray will dial it: Ray turns 127.0.0.1 into the host's address unless
+        told otherwise); `ray.init` would retry it for many minutes. Ray Client (`ray://`)
+        and `auto` addresses are left to Ray."""
+        if not self.address or self.address == "auto" or "://" in self.address:
+            return
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address(self.address) or self.address
+        except Exception:  # noqa: BLE001 - a private helper: the address as given
+            target = self.address
+        host, _, port = target.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"Ray at {self.address} (dialled as {target}) does not answer: "
+                               f"{e}; is the head up, and is the address its GCS port "
+                               "(`ray start --head --port`)?") from None
 
     def _spec(self, role: str, name: str, args: Sequence[str], ports: tuple[int, ...] = (),
               env: Mapping[str, str] | None = None) -> RoleSpec:
@@ -298,33 +305,48 @@ class RayCluster(Cluster):
         return self
 
     def _start_actors(self, deadline: float) -> None:
-        import ray
-        from ray.util.scheduling_strategies import (
-            NodeAffinitySchedulingStrategy,
-            PlacementGroupSchedulingStrategy,
-        )
+        bundles = self._start_sync_and_reserve(deadline)
+        self._start_ranks_and_gateway(bundles, deadline)
 
-        gpus = self.gpus if self.gpus is not None else ray.cluster_resources().get("GPU", 0) > 0
-        bundles = plan_bundles(self.ranks, self.tp, gpus, self.cpus_per_bundle,
+    def _here(self) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                              soft=False)
+
+    def _gpus(self) -> bool:
+        import ray
+
+        return self.gpus if self.gpus is not None else ray.cluster_resources().get("GPU", 0) > 0
+
+    def _start_sync_and_reserve(self, deadline: float) -> list[dict]:
+        """Check the request, start the synchronizer, reserve the rank bundles: the bundles."""
+        import ray
+
+        bundles = plan_bundles(self.ranks, self.tp, self._gpus(), self.cpus_per_bundle,
                                self.bundle_resources)
-        self._pg = ray.util.placement_group(
-            bundles, strategy=self.strategy, name=f"{self.name}-pg",
-            lifetime="detached" if self.detached else None)
-        try:
-            ray.get(self._pg.ready(), timeout=max(1.0, deadline - time.monotonic()))
-        except ray.exceptions.GetTimeoutError:
-            raise ClusterError(f"placement group of {len(bundles)} x {bundles[0]} not placed "
-                               f"(cluster has {ray.available_resources()})") from None
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._check_feasible(bundles)
         self._pem = self._tls_pem()
         creds = (channel_credentials(self.pki.ca, self.pki.cert, self.pki.key)
                  if self.tls and self.pki is not None else None)
         tok = ["--token", self.token] if self.token else []
         sync_ports = (self.sync_port, self.sync_metrics_port) if self.sync_port else ()
         self._actor("sync", self._spec("sync", "sync", [*tok, *self.sync_args], sync_ports),
-                    here, num_cpus=self.role_cpus)
+                    self._here(), num_cpus=self.role_cpus)
         self._wait(["sync"], deadline,
-                   lambda _n: grpc_serving(self.info["sync"]["address"], creds))
+                   lambda _n: grpc_serving(self.info["sync"]["address"], creds), bundles)
+        self._pg = ray.util.placement_group(
+            bundles, strategy=self.strategy, name=f"{self.name}-pg",
+            lifetime="detached" if self.detached else None)
+        self._wait_placed(bundles, deadline)
+        return bundles
+
+    def _start_ranks_and_gateway(self, bundles: list[dict], deadline: float) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpus = self._gpus()
         model = ["--model", self.model] if self.model else []
         tok = ["--token", self.token, "--sync-token", self.token] if self.token else []
         cores = (os.cpu_count() or 1) if self.address is None else 0  # local Ray: this host
@@ -337,7 +359,7 @@ class RayCluster(Cluster):
             spec = self._spec("rank", rank, [*model, *tok, *self.rank_args], ports, env)
             self._actor(rank, spec, strategy, num_cpus=self.cpus_per_bundle,
                         num_gpus=1 if gpus else 0, resources=dict(self.bundle_resources))
-        self._wait(self.rank_ids, deadline, self._rank_ready)
+        self._wait(self.rank_ids, deadline, self._rank_ready, bundles)
         ranks = json.dumps([self.info[r]["address"] for r in self.rank_ids])
         args = ["--ranks", ranks, *(["--tokenizer", self.model] if self.model else [])]
         if self.token:
@@ -345,8 +367,69 @@ class RayCluster(Cluster):
                      self.token]
         ports = (self.gateway_port,) if self.gateway_port else ()
         self._actor("gateway", self._spec("gateway", "gateway", [*args, *self.gateway_args],
-                                          ports), here, num_cpus=self.role_cpus)
-        self._wait(["gateway"], deadline, lambda _n: self._gateway_sees_all())
+                                          ports), self._here(), num_cpus=self.role_cpus)
+        self._wait(["gateway"], deadline, lambda _n: self._gateway_sees_all(), bundles)
+
+    # ------------------------------------------------------------------ placement
+
+    def nodes(self) -> list[placement.RayNode]:
+        """The alive Ray nodes: totals, what is free now, which one is the driver's."""
+        import ray
+
+        try:  # Ray's per-node free resources (from the GCS; no dashboard needed)
+            from ray._private import state
+
+            free = state.available_resources_per_node()
+        except Exception:  # noqa: BLE001 - a private API (not under Ray Client): totals only
+            free = {}
+        me = ray.get_runtime_context().get_node_id()
+        return [placement.RayNode(node_id=n["NodeID"], ip=str(n.get("NodeManagerAddress")),
+                                  total=dict(n.get("Resources", {})),
+                                  available=dict(free.get(n["NodeID"], {})),
+                                  driver=n["NodeID"] == me)
+                for n in ray.nodes() if n.get("Alive")]
+
+    def _report(self, text: str) -> None:
+        (self.progress or LOG.warning)(text)
+
+    def _check_feasible(self, bundles: list[dict]) -> None:
+        """ClusterError at once (or after `wait_for_nodes_s` without a node that would do)
+        when no alive node set can ever hold the request."""
+        until = time.monotonic() + self.wait_for_nodes_s
+        reported = False
+        while why := placement.infeasible(bundles, self.strategy, self.nodes(),
+                                          self.role_cpus):
+            if time.monotonic() >= until:
+                raise ClusterError(f"cannot start {self.name}: {why}")
+            if not reported:
+                self._report(f"waiting up to {self.wait_for_nodes_s:g} s for nodes: {why}")
+                reported = True
+            time.sleep(1.0)
+
+    def _wait_placed(self, bundles: list[dict], deadline: float) -> None:
+        """Until the placement group is placed; reported when it waits past `report_after_s`,
+        ClusterError when it becomes infeasible (a node left) or at `deadline`."""
+        import ray
+
+        t0, reported = time.monotonic(), False
+        while True:
+            try:
+                ray.get(self._pg.ready(), timeout=1.0)
+                return
+            except ray.exceptions.GetTimeoutError:
+                pass
+            waited, nodes = time.monotonic() - t0, self.nodes()
+            why = placement.infeasible(bundles, self.strategy, nodes, self.role_cpus)
+            if why:
+                raise ClusterError(f"cannot start {self.name}: {why}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"placement group not placed in {self.start_timeout_s:g} s: "
+                                   + placement.pending("it was", waited, bundles,
+                                                       self.strategy, nodes, self.role_cpus))
+            if not reported and waited >= self.report_after_s:
+                self._report(placement.pending("the rank bundles' placement group", waited,
+                                               bundles, self.strategy, nodes, self.role_cpus))
+                reported = True
 
     def refresh(self, name: str, timeout_s: float = 60.0) -> dict[str, Any]:
         """Ask actor `name` for its addresses and child pid (again after a restart)."""
@@ -355,10 +438,13 @@ class RayCluster(Cluster):
         self.info[name] = ray.get(self.actors[name].info.remote(), timeout=timeout_s)
         return self.info[name]
 
-    def _wait(self, names: list[str], deadline: float, ready: Any) -> None:
+    def _wait(self, names: list[str], deadline: float, ready: Any,
+              bundles: list[dict] | None = None) -> None:
+        """Until every actor of `names` answers and is `ready`; an actor not yet scheduled
+        after `report_after_s` is reported with the nodes' resources."""
         import ray
 
-        pending = list(names)
+        pending, t0, reported = list(names), time.monotonic(), False
         while pending:
             started = []
             for n in pending:
@@ -369,13 +455,20 @@ class RayCluster(Cluster):
                     raise ClusterError(f"{n}: actor died during start: {e}") from None
                 except ray.exceptions.GetTimeoutError:
                     pass  # not scheduled or still starting its worker
+            unscheduled = [n for n in pending if n not in started and n not in self.info]
             pending = [n for n in pending if n not in started or not ready(n)]
             if not pending:
                 return
+            waited = time.monotonic() - t0
+            if unscheduled and not reported and waited >= self.report_after_s:
+                self._report(placement.pending(
+                    f"actor(s) {', '.join(unscheduled)}", waited, bundles or [],
+                    self.strategy, self.nodes(), self.role_cpus))
+                reported = True
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- {n} ({self.info[n]['log']}):\n{self.log_tail(n, 15)}"
-                                  if n in self.info else f"--- {n}: actor not started "
-                                  f"(free: {ray.available_resources()})" for n in pending)
+                                  if n in self.info else f"--- {n}: actor not started\n"
+                                  + placement.describe_nodes(self.nodes()) for n in pending)
                 raise ClusterError(f"not ready after {self.start_timeout_s:g} s: "
                                    f"{', '.join(pending)}\n{tails}")
             time.sleep(0.25)

@@ -7,7 +7,9 @@ command `LocalCluster` and the containers run, and supervises it:
 - the child is a reaper (`reaper.py`) leading its own process group, with a death signal:
   a `ray.kill(actor)` (Ray SIGKILLs the worker) makes it SIGKILL the server and its engine
   processes at once, a real crash of the role, which the gateway's shard re-run and the
-  synchronizer's recovery must handle;
+  synchronizer's recovery must handle; the reaper's sentinel watches the actor's worker and
+  the node's raylet as well, so the role dies with its node agent too (when a raylet dies,
+  its workers exit and Ray SIGKILLs their children, the reaper among them, before it can act);
 - a watcher thread ends the actor's process when the child exits on its own (a rank whose
   engine restarts are spent exits non-zero for its supervisor to replace it), so Ray's
   `max_restarts` replaces the role either way;
@@ -19,7 +21,8 @@ command `LocalCluster` and the containers run, and supervises it:
 - ranks find the synchronizer by its actor name (`RoleSpec.sync_actor`), not by a
   configured host:port.
 
-Every server binds 0.0.0.0 and advertises the node's IP; each still serves `/metrics`
+Every server binds 0.0.0.0 (127.0.0.1 on a node whose Ray address is loopback: a Ray of
+one host, test traffic stays there) and advertises the node's IP; each still serves `/metrics`
 (the synchronizer on its metrics port) for the existing Prometheus rules. With
 `RoleSpec.tls` the server runs with mutual TLS, from PEM files the actor writes on its node.
 """
@@ -27,6 +30,7 @@ Every server binds 0.0.0.0 and advertises the node's IP; each still serves `/met
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -80,6 +84,7 @@ class RoleActor:
 
         self.spec = spec
         self.ip = ray.util.get_node_ip_address()
+        self.bind = "127.0.0.1" if ipaddress.ip_address(self.ip).is_loopback else "0.0.0.0"
         self.node_id = ray.get_runtime_context().get_node_id()
         base = spec.state_dir or os.path.join("/tmp", "bubblespec-ray", spec.run_id)
         self.dir = Path(base)
@@ -91,7 +96,7 @@ class RoleActor:
                 os.killpg(int(state["pgid"]), signal.SIGKILL)
         self.incarnation = int(state.get("incarnation", -1)) + 1
         want = 2 if spec.role == "sync" else 1
-        ports = state.get("ports") or spec.ports or free_ports(want, "0.0.0.0")
+        ports = state.get("ports") or spec.ports or free_ports(want, self.bind)
         self.ports: list[int] = list(ports)
         self.sync_address = self._find_sync() if spec.sync_actor else ""
         self.tls_files = self._write_tls()
@@ -150,10 +155,10 @@ class RoleActor:
 
     def _argv(self) -> list[str]:
         s, port = self.spec, str(self.ports[0])
-        argv = [sys.executable, "-m", "bubblespec.cli.main", s.role, "--host", "0.0.0.0",
+        argv = [sys.executable, "-m", "bubblespec.cli.main", s.role, "--host", self.bind,
                 "--port", port]
         if s.role == "sync":
-            argv += ["--metrics-host", "0.0.0.0", "--metrics-port", str(self.ports[1])]
+            argv += ["--metrics-host", self.bind, "--metrics-port", str(self.ports[1])]
         elif s.role == "rank":
             argv += ["--rank-id", s.name, "--advertise-address", f"{self.ip}:{port}",
                      "--sync-address", self.sync_address]
@@ -172,8 +177,10 @@ class RoleActor:
         with open(self.log_path, "ab") as log:
             log.write(f"--- incarnation {self.incarnation}: {' '.join(self._argv())}\n".encode())
             log.flush()
+            watch = [os.getpid(), *raylet_pid()]
             return subprocess.Popen(  # the reaper dies with the actor (deathsig: no preexec_fn)
-                deathsig.command(reaper.command(self.spec.grace_s, self._argv())), stdout=log,
+                deathsig.command(reaper.command(self.spec.grace_s, self._argv(), watch=watch)),
+                stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
 
@@ -220,6 +227,24 @@ class RoleActor:
         with contextlib.suppress(OSError):
             self._state_path().unlink()
         return self.proc.returncode
+
+
+def raylet_pid() -> list[int]:
+    """The pid of this worker's raylet (its nearest ancestor whose command is Ray's `raylet`
+    binary), as a list of one; empty when none is found."""
+    pid = os.getppid()
+    for _ in range(4):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return []
+        if os.path.basename(cmd) == b"raylet":
+            return [pid]
+        if ppid <= 1:
+            return []
+        pid = ppid
+    return []
 
 
 class SyncActor(RoleActor):

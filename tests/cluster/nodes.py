@@ -17,6 +17,18 @@ from typing import Any
 
 HEAD_RESOURCE = "head"
 WORKER_RESOURCE = "worker"
+LOOPBACK = "127.0.0.1"
+"""Every node's Ray address: the nodes, their actors' servers and the test traffic stay on
+this host's loopback (pass it to `RayCluster(node_ip_address=...)` for the driver)."""
+NODE_ENV = {
+    # Ray's memory monitor kills workers when the whole host passes 95% of its memory; on a
+    # machine shared with other jobs it would kill processes the drills did not aim at.
+    "RAY_memory_monitor_refresh_ms": "0",
+    # Ray's own switch for one-host clusters: every process (the driver's address included,
+    # which Ray otherwise resolves from 127.0.0.1 to the host's address) takes loopback.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+}
+"""The environment the node fixtures set while the nodes run."""
 
 # Ray's node failure detection, lowered from its defaults (3 s x 5) but kept longer than a
 # freeze drill: a node frozen past bubblespec's rank timeout must not be declared dead by
@@ -118,7 +130,7 @@ class RayNodes:
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "resources": {HEAD_RESOURCE: 1},
+            "num_cpus": 1, "resources": {HEAD_RESOURCE: 1}, "node_ip_address": LOOPBACK,
             "_system_config": RAY_SYSTEM_CONFIG, "include_dashboard": False})
         self.session_dir = str(self.cluster.head_node.get_session_dir_path())
         for _ in range(self.workers):
@@ -130,7 +142,7 @@ class RayNodes:
         return str(self.cluster.address)
 
     def add_worker(self) -> Any:
-        node = self.cluster.add_node(num_cpus=self.cpus_per_worker,
+        node = self.cluster.add_node(num_cpus=self.cpus_per_worker, node_ip_address=LOOPBACK,
                                      resources={WORKER_RESOURCE: 1})
         self.nodes.append(node)
         return node
@@ -146,6 +158,18 @@ class RayNodes:
         """Every process of `node`: what Ray started for it, and everything below those."""
         roots = [p.process.pid for infos in node.all_processes.values() for p in infos]
         return descendants(roots)
+
+    def raylet(self, node: Any) -> int:
+        """The pid of `node`'s raylet (its node agent)."""
+        return int(node.all_processes["raylet"][0].process.pid)
+
+    def kill_agent(self, node: Any) -> None:
+        """The node agent dies, the machine lives: SIGKILL to the raylet alone (as an OOM
+        kill or a crash of it); Ray's own processes of the node go with it, and whatever the
+        node's workers started is on its own. Then Ray's bookkeeping of the removed node."""
+        os.kill(self.raylet(node), signal.SIGKILL)
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.nodes.remove(node)
 
     def kill(self, node: Any) -> set[int]:
         """The node is lost at once, as a machine is: SIGKILL to every one of its processes
@@ -178,8 +202,18 @@ class RayNodes:
 
 @contextlib.contextmanager
 def ray_nodes(workers: int = 2) -> Iterator[RayNodes]:
-    nodes = RayNodes(workers=workers)
-    try:
-        yield nodes.start()
-    finally:
-        nodes.shutdown()
+    """Started nodes, with `NODE_ENV` set (this process's Ray on loopback too) while they
+    run; stopped on exit."""
+    import pytest
+    from ray._private import ray_constants
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in NODE_ENV.items():
+            mp.setenv(k, v)
+        # read by this process's Ray at import: the driver takes loopback as well
+        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+        nodes = RayNodes(workers=workers)
+        try:
+            yield nodes.start()
+        finally:
+            nodes.shutdown()

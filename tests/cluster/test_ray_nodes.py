@@ -10,7 +10,11 @@ the gateway, two worker nodes with one rank each, SPREAD), and the loss of a who
 - a worker node killed (every process of it SIGKILLed at once: raylet, Ray workers, the
   rank's reaper, server and vLLM engine core) while its rank owes its shard: the shard is
   re-run on the other node; when a new node joins, Ray re-places the bundle there, the rank
-  comes back and serves the next step.
+  comes back and serves the next step;
+- a worker node's agent killed (its raylet alone SIGKILLed): no process of its rank is left
+  after 10 s and its port is free; the rank comes back on a joining node, on the same port.
+
+The nodes and every server listen on loopback.
 
 Every drill checks that each sample of the step came back exactly once. The last test
 stops the cluster and the nodes and checks that no process of the run (found by an
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -48,8 +53,10 @@ from tests.cluster.drills import (
 )
 from tests.cluster.helpers import process_group
 from tests.cluster.nodes import (
+    LOOPBACK,
     WORKER_RESOURCE,
     RayNodes,
+    ray_nodes,
     signal_all,
     wait_gone,
     with_cmdline,
@@ -83,15 +90,8 @@ def _task() -> Any:
 def nodes() -> Iterator[RayNodes]:
     if engine_model_dir() is None:
         pytest.skip("no model: build bubblespec/assets/tiny-llama or set BUBBLESPEC_TEST_MODEL")
-    # Ray's memory monitor kills workers when the whole host passes 95% of its memory; on a
-    # machine shared with other jobs it would kill ranks the drills did not aim at.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_memory_monitor_refresh_ms", "0")
-        n = RayNodes(workers=2)
-        try:
-            yield n.start()
-        finally:
-            n.shutdown()
+    with ray_nodes(workers=2) as n:
+        yield n
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,7 @@ def cluster(nodes: RayNodes, tmp_path_factory: pytest.TempPathFactory
     log_dir = tmp_path_factory.mktemp("ray-nodes-logs")
     run_id = uuid.uuid4().hex[:12]
     c = RayCluster(ranks=2, model=engine_model_dir(), address=nodes.address, name="bsnodes",
+                   node_ip_address=LOOPBACK,
                    strategy="SPREAD", bundle_resources={WORKER_RESOURCE: 1},
                    sync_args=SYNC_ARGS, log_dir=str(log_dir), start_timeout_s=START_S, grace_s=5,
                    run_id=run_id, env={MARK: run_id, "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
@@ -318,6 +319,39 @@ def test_node_killed_while_owing_a_shard_is_rerun_and_a_rejoining_node_gets_the_
     assert joined.node_id in bundles.values() and node.node_id not in bundles.values()
     _wait_back(client, RANKS, START_S)
     _next_step_on_all_ranks(client, 23)
+
+
+def _listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with contextlib.closing(socket.socket()) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, int(port))) == 0
+
+
+def test_node_agent_killed_its_rank_leaves_no_orphan_and_comes_back(
+        cluster: RayCluster, nodes: RayNodes, client: BubbleSpecClient) -> None:
+    """The raylet alone SIGKILLed (the machine lives): Ray's worker exits and SIGKILLs its
+    children, the rank's reaper among them; the reaper's sentinel takes the server and the
+    vLLM engine core within seconds, so nothing holds the port (or, on a GPU node, the GPU)
+    when Ray places the rank again on a joining node."""
+    _wait_back(client, RANKS, 120)
+    old = cluster.refresh("r0")
+    node = nodes.node_of(old["node_id"])
+    group = [old["pid"], *process_group(old["pid"])]  # reaper, sentinel, server, engine core
+    assert len(group) >= 4 and _listening(old["address"])
+    nodes.kill_agent(node)
+    left = wait_gone(group, 10)
+    assert not left, f"the rank outlived its raylet: {_cmdlines(left)}"
+    assert not _listening(old["address"]), "the lost rank's port is still bound"
+    _wait_for("Ray declared the node dead", lambda: not any(
+        n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()), 120, 1.0)
+    joined = nodes.add_worker()
+    new = _wait_for("r0's actor restarted on the new node",
+                    lambda: _refreshed(cluster, "r0", old["incarnation"] + 1), 300, 1.0)
+    assert new["node_id"] == joined.node_id and new["address"] == old["address"]
+    _wait_back(client, RANKS, START_S)
+    assert _listening(new["address"])
+    _next_step_on_all_ranks(client, 24)
 
 
 def test_teardown_leaves_no_process_or_state_file(cluster: RayCluster, nodes: RayNodes

@@ -7,7 +7,8 @@ import pytest
 
 from bubblespec.cli.ray import down_command, parse_args
 from bubblespec.cluster import ClusterError
-from bubblespec.cluster.ray import RayCluster, cpu_binding, node_slots, plan_bundles
+from bubblespec.cluster.ray import RayCluster
+from bubblespec.cluster.ray_placement import cpu_binding, node_slots, plan_bundles
 
 
 def test_bundles_are_ranks_times_tp_with_a_gpu_each_where_there_are_gpus() -> None:
@@ -61,7 +62,13 @@ def test_ray_command_line() -> None:
     assert local.address is None and local.gpus is None and local.gateway_port == 8000
     assert parse_args(["status"]).action == "status"
     assert parse_args(["down", "--name", "x"]).name == "x"
-    for bad in (["up", "--detach"], ["up", "--ranks", "0"], ["up", "--strategy", "X"], []):
+    placed = parse_args(["up", "--role-cpus", "0.25", "--wait-for-nodes-s", "120",
+                         "--node-ip-address", "10.0.0.5"])
+    assert (placed.role_cpus, placed.wait_for_nodes_s, placed.node_ip_address) == (
+        0.25, 120.0, "10.0.0.5")
+    assert (local.role_cpus, local.wait_for_nodes_s, local.node_ip_address) == (0.5, 0.0, None)
+    for bad in (["up", "--detach"], ["up", "--ranks", "0"], ["up", "--strategy", "X"], [],
+                ["up", "--role-cpus", "0"], ["up", "--wait-for-nodes-s", "-1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
     tls = parse_args(["up", "--tls", "--tls-ca", "ca.pem", "--tls-cert", "c.pem",
@@ -84,3 +91,17 @@ def test_the_detach_hint_names_the_actors_it_started() -> None:
     named = parse_args(["up", "--address", "auto", "--detach", "--name", "x",
                         "--namespace", "ns"])
     assert down_command(named) == "bubblespec ray down --address auto --name x --namespace ns"
+
+
+def test_an_address_that_does_not_answer_fails_at_once() -> None:
+    """`ray.init` retries a dead GCS address for many minutes; the start says so in seconds."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=f"Ray at 127.0.0.1:{port} .*does not answer"):
+        RayCluster(address=f"127.0.0.1:{port}", model="unused").start()
+    assert time.monotonic() - t0 < 30
