@@ -47,10 +47,9 @@ from bubblespec.sim.policy import ModeSpec
 from bubblespec.sim.workload import LengthSource
 
 TAG = "[modelled]"
-DEFAULT_CALIBRATION = (Path(__file__).resolve().parents[2] / "tests" / "calibration" / "data"
-                       / "paced_small.json")
-"""The repository's checked-in paced record (the calibration tests' fixture); present in a
-source checkout only."""
+DEFAULT_CALIBRATION = Path(__file__).resolve().with_name("data") / "paced_small.json"
+"""The paced record predict calibrates on by default, shipped with the package (cut from the
+first valid paced 8-rank run; also the calibration tests' fixture)."""
 
 VERL = {"mean": "response_length/mean", "max": "response_length/max",
         "min": "response_length/min", "clip_ratio": "response_length/clip_ratio"}

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
       "it); default: the calibration's measured figures")
     a("--calibration", metavar="PACED_JSON", default=str(DEFAULT_CALIBRATION),
       help="paced.json of `bubblespec bench paced` that calibrates the simulator (default: "
-      "the repository's tests/calibration/data/paced_small.json)")
+      "the record shipped in bubblespec/calibration/data/paced_small.json)")
     a("--seeds", type=int, default=8, help="draws of the trace (default 8)")
     a("--steps", type=int, default=16,
       help="trace steps simulated, evenly spaced when the trace has more (default 16)")

@@ -10,8 +10,9 @@ import pytest
 
 from bubblespec.bench.paced import PacedBenchConfig
 from bubblespec.bench.paced_record import SCHEMA, PacedDoc, PacedRun
+from bubblespec.calibration.predict import DEFAULT_CALIBRATION
 
-FIXTURE = Path(__file__).parents[1] / "calibration" / "data" / "paced_small.json"
+FIXTURE = DEFAULT_CALIBRATION
 
 
 def _cfg(tmp_path: Path) -> PacedBenchConfig:

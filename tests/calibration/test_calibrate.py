@@ -1,18 +1,18 @@
 """The paced-run reader, its derived inputs, the replay and the comparison (`--calibrate`).
 
-The fixture `data/paced_small.json` is cut from the first valid paced 8-rank run (h100 x 30,
+The fixture `bubblespec/calibration/data/paced_small.json` (shipped as predict's default) is cut from the first valid paced 8-rank run (h100 x 30,
 16 prompts x n=8, 3 steps): six of its modes, with only the step fields the calibration
 reads (prompt keys shortened)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bubblespec.bench.paced_record import PacedRun
+from bubblespec.calibration.predict import DEFAULT_CALIBRATION
 from bubblespec.calibration.replay import (
     Counts,
     assignment_check,
@@ -26,7 +26,7 @@ from bubblespec.calibration.report import compare, load, scenario
 from bubblespec.cli.simulate import main
 from bubblespec.sim.run import project
 
-FIXTURE = Path(__file__).parent / "data" / "paced_small.json"
+FIXTURE = DEFAULT_CALIBRATION
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,12 @@ import pytest
 
 from bubblespec.bench.paced_record import PacedRun
 from bubblespec.calibration.flips import flip_caps, load_flips, lost_tokens
+from bubblespec.calibration.predict import DEFAULT_CALIBRATION
 from bubblespec.calibration.replay import Counts, replay, spec_of
 from bubblespec.calibration.report import compare, load
 from bubblespec.sim.model import NO_FLIP
 
-FIXTURE = Path(__file__).parent / "data" / "paced_small.json"
+FIXTURE = DEFAULT_CALIBRATION
 STEP0 = Counts(tokens=5_000, accepted=1_000, drafted=4_500, fetched=0)
 """Counts of a step without pre-generated drafts: the uncovered figures of the specs below."""
 

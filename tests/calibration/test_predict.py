@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bubblespec.calibration.predict import (
+    DEFAULT_CALIBRATION,
     TraceError,
     calibrate,
     choose_steps,
@@ -23,7 +24,7 @@ from bubblespec.calibration.predict import (
 from bubblespec.core.engine_time import EngineTime
 
 DATA = Path(__file__).parent / "data"
-FIXTURE = DATA / "paced_small.json"
+FIXTURE = DEFAULT_CALIBRATION
 
 
 @pytest.fixture(scope="module")

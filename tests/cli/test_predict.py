@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from bubblespec.calibration.predict import DEFAULT_CALIBRATION
 from bubblespec.cli.main import main as bubblespec
 from bubblespec.cli.predict import main
 
 DATA = Path(__file__).parents[1] / "calibration" / "data"
-PACED = DATA / "paced_small.json"
+PACED = DEFAULT_CALIBRATION
 REASONING = DATA / "reasoning_stats.jsonl"
 """Per-step statistics of a published long-tailed length distribution: log-normal, median
 500 and p99 5,000 tokens ("a typical reasoning-RL run's per-rollout length distribution",
