@@ -83,7 +83,7 @@ bench-draft-batch: install
 # the keyed noise alone at a 128k vocabulary, plain torch (add --device cuda on a GPU host).
 bench-keyed-cost: install
 	$(BIN)/bubblespec bench keyed-cost --out out/keyed-cost.json
-	$(BIN)/python bubblespec/bench/keyed_noise_gpu.py --check --vocab 208,131072 --repeats 10 \
+	$(BIN)/python -m bubblespec.bench.keyed_noise_gpu --check --vocab 208,131072 --repeats 10 \
 		--out out/keyed-noise.json
 
 # The GRPO schedule through the real service under each rollout mode (about 13 min here).

@@ -24,7 +24,7 @@ Wall clock on a CPU engine whose forward (tiny model, vocabulary 208) is cheap, 
 sampler's share is larger here than on a GPU host with an 8B model; the summary also relates
 the measured extra ms per step to the engine-time model's MODELLED H100 8B decode step at the
 same batch sizes (`bubblespec.core.engine_time`). The keyed noise itself at a 128k vocabulary
-is timed apart, as plain torch ops, by `bubblespec/bench/keyed_noise_gpu.py`.
+is timed apart, as plain torch ops, by `python -m bubblespec.bench.keyed_noise_gpu`.
 """
 
 from __future__ import annotations

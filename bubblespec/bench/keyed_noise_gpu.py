@@ -1,18 +1,19 @@
-"""The keyed sampler's noise alone, as plain torch ops, at batch sizes: one standalone file.
+"""The keyed sampler's noise alone, as plain torch ops, at batch sizes.
 
-    python bubblespec/bench/keyed_noise_gpu.py --device cuda            # e.g. on an H200
-    python bubblespec/bench/keyed_noise_gpu.py --device cpu --vocab 208,131072
+    python -m bubblespec.bench.keyed_noise_gpu --device cuda            # e.g. on an H200
+    python -m bubblespec.bench.keyed_noise_gpu --device cpu --vocab 208,131072
 
-Needs only torch (no vLLM, no bubblespec: copy this one file to a GPU host and run it). Per
-(rows, vocab) it times, on float32 logits of that shape, each as one engine step would:
+Needs torch and a checkout of bubblespec, not vLLM (the engine's keyed kernels import only
+torch and numpy). Per (rows, vocab) it times, on float32 logits of that shape, each as one
+engine step would:
 
 - ``vllm_unseeded``: vLLM's random sampling (softmax, exponential noise, probs / q, argmax:
   ``vllm.v1.sample.ops.topk_topp_sampler.random_sample``) with no per-request generator;
 - ``vllm_seeded``: the same with one ``torch.Generator`` per row (vLLM then draws each
   seeded row's noise on its own, in a Python loop: what seeded requests cost);
-- ``keyed_noise``: bubblespec's keyed argmax (``bubblespec.engine.keyed_kernels.keyed_argmax_eager``,
-  copied here op for op: SplitMix64 uniforms of one key per row over the vocabulary in int64,
-  Gumbel in float64, argmax of logits + noise);
+- ``keyed_noise``: bubblespec's keyed argmax (``bubblespec.engine.keyed_kernels.keyed_argmax_eager``:
+  SplitMix64 uniforms of one key per row over the vocabulary in int64, Gumbel in float64,
+  argmax of logits + noise);
 - ``keyed_extra``: what the engine's keyed sampler adds to a step of all-keyed rows on top of
   vLLM's sampler, which still runs (``engine/keyed.py`` ``_wrap_sample``): a copy of the
   logits, the row gather and ``keyed_noise``;
@@ -25,8 +26,8 @@ Needs only torch (no vLLM, no bubblespec: copy this one file to a GPU host and r
 
 Timing: ``--warmup`` calls, then ``--repeats`` calls, each synchronised (CUDA) and timed
 on its own; the median and the interquartile range in ms per call are printed and, with
-``--out``, written as JSON. ``--check`` verifies the copy against bubblespec's numpy
-reference (``bubblespec.core.keyed_noise``) when bubblespec is importable.
+``--out``, written as JSON. ``--check`` verifies the torch noise against bubblespec's numpy
+reference (``bubblespec.core.keyed_noise``).
 ``--count-bytes`` counts, instead of timing, the elementwise kernels and the bytes they read
 and write per (row x vocab) element in eager mode (the memory traffic a GPU must move).
 """
@@ -41,41 +42,13 @@ from collections.abc import Callable
 
 import torch
 
-M64 = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
-MIX1 = 0xBF58476D1CE4E5B9
-MIX2 = 0x94D049BB133111EB
-VOCAB_STRIDE = 0xD1B54A32D192ED03
+from bubblespec.engine import keyed_kernels
 
-
-def _i64(x: int) -> int:
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-_G, _M1, _M2, _VS = (_i64(c) for c in (GOLDEN, MIX1, MIX2, VOCAB_STRIDE))
-
-
-def _lsr(z: torch.Tensor, s: int) -> torch.Tensor:
-    return (z >> s) & ((1 << (64 - s)) - 1)
-
-
-def splitmix64(z: torch.Tensor) -> torch.Tensor:
-    z = z + _G
-    z = (z ^ _lsr(z, 30)) * _M1
-    z = (z ^ _lsr(z, 27)) * _M2
-    return z ^ _lsr(z, 31)
-
-
-def uniforms_of_keys(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    v = torch.arange(vocab, dtype=torch.long, device=keys.device) * _VS
-    z = splitmix64(keys.long()[:, None] + v[None, :])
-    return (_lsr(z, 11).double() + 0.5) * (2.0 ** -53)
-
-
-def keyed_argmax(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """As `bubblespec.engine.keyed_kernels.keyed_argmax_eager` (the tests check they agree)."""
-    g = -torch.log(-torch.log(uniforms_of_keys(keys, logits.shape[-1])))
-    return torch.argmax(logits.double() + g, dim=-1)
+uniforms_of_keys = keyed_kernels.uniforms_of_keys
+keyed_argmax = keyed_kernels.keyed_argmax_eager
+"""The engine's own keyed noise and argmax (its eager twin): SplitMix64 has one home per
+dtype (numpy: `core/keyed_noise`, torch: `engine/keyed_kernels`, Python ints:
+`core/context_keys`)."""
 
 
 def vllm_random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]
@@ -183,16 +156,14 @@ def count_bytes(vocab: int = 131072, rows: int = 4) -> dict[str, float]:
     return res
 
 
-def check_reference(vocab: int = 4096) -> bool | None:
-    """The copy against bubblespec's numpy reference (None when bubblespec is absent)."""
-    try:
-        import numpy as np
+def check_reference(vocab: int = 4096) -> bool:
+    """The torch noise against bubblespec's numpy reference, bit for bit."""
+    import numpy as np
 
-        from bubblespec.core import keyed_noise as ref
-    except ImportError:
-        return None
+    from bubblespec.core import keyed_noise as ref
+
     keys = [int(ref.position_key(s, t)) for s, t in ((1, 0), (2**40 + 7, 5), (3, 99))]
-    got = uniforms_of_keys(torch.tensor([_i64(k) for k in keys]), vocab).numpy()
+    got = uniforms_of_keys(torch.tensor([keyed_kernels.i64(k) for k in keys]), vocab).numpy()
     return all(np.array_equal(got[i], ref.uniforms_of_key(k, vocab)) for i, k in enumerate(keys))
 
 
@@ -212,9 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.check:
         ok = check_reference()
-        print("check against bubblespec.core.keyed_noise: "
-              + {True: "ok", False: "MISMATCH", None: "skipped (bubblespec not importable)"}[ok])
-        if ok is False:
+        print("check against bubblespec.core.keyed_noise: " + ("ok" if ok else "MISMATCH"))
+        if not ok:
             return 1
     if a.count_bytes:
         res = count_bytes(int(a.vocab.split(",")[0]))
