@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bubblespec.metrics import DURATION_BUCKETS, new_registry
+from bubblespec.protocol.domain import RANK_OWN_STATES, RankState
 
-RANK_STATES = ("starting", "idle", "decoding", "pregen", "updating_weights", "released",
-               "engine_dead")
+RANK_STATES = tuple(s.value for s in RANK_OWN_STATES)
 
 
 @dataclass
@@ -110,6 +110,6 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
     return m
 
 
-def set_state(m: RankMetrics, rank_id: str, state: str) -> None:
+def set_state(m: RankMetrics, rank_id: str, state: RankState) -> None:
     for s in RANK_STATES:
-        m.state.labels(rank_id, s).set(1.0 if s == state else 0.0)
+        m.state.labels(rank_id, s).set(1.0 if s == state.value else 0.0)

@@ -16,9 +16,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bubblespec.metrics import DURATION_BUCKETS
+from bubblespec.protocol.domain import RankState
 
-#: Label values of `bubblespec_sync_ranks{state}` (always all exported, 0 when empty).
-RANK_STATES = ("unspecified", "idle", "decoding", "pregen", "updating_weights", "lost")
+#: Label values of `bubblespec_sync_ranks{state}` (always all exported, 0 when empty): every
+#: state a heartbeat or the daemon can give a registered rank.
+RANK_STATES = tuple(s.value for s in RankState if s is not RankState.STARTING)
 
 
 @dataclass(frozen=True)

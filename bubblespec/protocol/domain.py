@@ -16,8 +16,10 @@ from bubblespec.protocol.sampling import SamplingParams
 
 
 class RankState(str, enum.Enum):
-    """What a rank is doing, as it reports in heartbeats (LOST is set by the daemon only;
-    ENGINE_DEAD: the rank's engine died and the rank is restarting it, so it is not ready)."""
+    """What a rank is doing: its own state (`RankWorker`, GET /v1/state, its metrics) and what
+    it reports in heartbeats (LOST is set by the daemon only; ENGINE_DEAD: the rank's engine
+    died and the rank is restarting it, so it is not ready; RELEASED: a colocated trainer
+    released the engine's memory; STARTING: the engine is not up yet, never in a heartbeat)."""
 
     UNSPECIFIED = "unspecified"
     IDLE = "idle"
@@ -26,6 +28,13 @@ class RankState(str, enum.Enum):
     UPDATING_WEIGHTS = "updating_weights"
     LOST = "lost"
     ENGINE_DEAD = "engine_dead"
+    RELEASED = "released"
+    STARTING = "starting"
+
+
+RANK_OWN_STATES = tuple(s for s in RankState if s not in (RankState.UNSPECIFIED,
+                                                          RankState.LOST))
+"""The states a rank can be in by its own account (the rank's metrics label them)."""
 
 
 class SpanKind(str, enum.Enum):

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bubblespec.protocol import limits as L
+from bubblespec.protocol.domain import RankState
 from bubblespec.protocol.limits import PromptKey, Seeds, Step, TokenIds, TopLogprobs
 from bubblespec.protocol.sample import SampleMeta
 from bubblespec.protocol.sampling import SamplingParams
@@ -202,8 +203,8 @@ class RankStateBody(_Body):
     """GET /v1/state of a rank (the heartbeat's `RankState` enum is the synchronizer's view)."""
 
     rank_id: str
-    state: str = Field(..., description="starting | idle | decoding | pregen | "
-                                         "updating_weights | engine_dead")
+    state: RankState = Field(..., description="starting | idle | decoding | pregen | "
+                                               "updating_weights | released | engine_dead")
     weight_version: int
     step: int | None = None
     address: str = ""

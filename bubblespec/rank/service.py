@@ -31,6 +31,7 @@ from bubblespec.config import effective_config_dict
 from bubblespec.engine.types import GenRequest, SampleResult
 from bubblespec.metrics import render
 from bubblespec.metrics.rank import new_rank_metrics, set_state
+from bubblespec.protocol.domain import RankState
 from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.keys import prompt_key
 from bubblespec.protocol.rank import (
@@ -102,7 +103,7 @@ class RankService:
         """The engine restarts of the last `engine_restart_window_s` (failed ones count)."""
         self._hb_stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        set_state(self.metrics, self.rank_id, "starting")
+        set_state(self.metrics, self.rank_id, RankState.STARTING)
 
     @property
     def address(self) -> str:
@@ -164,7 +165,7 @@ class RankService:
         assert worker is not None
         self.engine_error = dead.dead_reason() or "engine died"
         log.error("rank %s: engine died (%s)", self.rank_id, self.engine_error)
-        worker._set("engine_dead")
+        worker._set(RankState.ENGINE_DEAD)
         self.metrics.engine_alive.labels(self.rank_id).set(0)
         await worker.stop_pregen()
         # weights pushed over a process group since the last checkpoint are not on disk:
@@ -199,7 +200,7 @@ class RankService:
                     await engine.shutdown()
         self.engine = worker.engine = engine
         self.engine_error = None
-        worker._set("idle")
+        worker._set(RankState.IDLE)
         self.metrics.engine_alive.labels(self.rank_id).set(1)
         log.info("rank %s: engine restarted with %s (weight version %d)", self.rank_id, path,
                  version)
@@ -268,9 +269,9 @@ class RankService:
 
     def state(self) -> RankStateBody:
         w = self.worker
-        state = w.state if w else "starting"
+        state = w.state if w else RankState.STARTING
         if w is not None and not self.engine.alive:  # before the watcher noticed
-            state = "engine_dead"
+            state = RankState.ENGINE_DEAD
         return RankStateBody(rank_id=self.rank_id, state=state,
                          weight_version=self.engine.weight_version if w else 0,
                          step=w.step if w else None, address=self.address)
@@ -373,12 +374,12 @@ class RankService:
         (refusals and failures: see `RolloutEngine.update_weights`)."""
         worker = self._weights_resident()
         await worker.stop_pregen()
-        worker._set("updating_weights")
+        worker._set(RankState.UPDATING_WEIGHTS)
         try:
             v = await worker.engine.update_weights(body.path, body.version, body.force)
         finally:
-            if worker.state == "updating_weights":
-                worker._set("idle" if worker.engine.alive else "engine_dead")
+            if worker.state is RankState.UPDATING_WEIGHTS:
+                worker._set(RankState.IDLE if worker.engine.alive else RankState.ENGINE_DEAD)
         self.metrics.weight_version.labels(self.rank_id).set(v)
         return {"rank_id": self.rank_id, "weight_version": v}
 
@@ -391,7 +392,7 @@ class RankService:
         await worker.stop_pregen()
         await worker.engine.release_memory()
         self.released |= set(tags or MEMORY_TAGS)
-        worker._set("released")
+        worker._set(RankState.RELEASED)
         return {"rank_id": self.rank_id, "released": sorted(self.released)}
 
     async def resume_memory(self, tags: list[str] | None) -> dict[str, Any]:
@@ -402,8 +403,8 @@ class RankService:
         # holds no sleeping allocation, and its tags are not SGLang's (no cuda_graph)
         await worker.engine.resume_memory(tags if left else None)
         self.released = left
-        if not self.released and worker.state == "released":
-            worker._set("idle")
+        if not self.released and worker.state is RankState.RELEASED:
+            worker._set(RankState.IDLE)
         return {"rank_id": self.rank_id, "released": sorted(self.released)}
 
     # ---------------------------------------------- process-group weight pushes

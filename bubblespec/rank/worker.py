@@ -67,26 +67,22 @@ class RankWorker:
         self.engine = engine
         self.sync = sync
         self.m = metrics
-        self.state = "idle"
+        self.state = RankState.IDLE
         self.step: int | None = None
         self.done_step: int | None = None
         self._pregen_task: asyncio.Task | None = None
         self._pregen_stop = asyncio.Event()
         self.aborted_step: int | None = None
         """A step whose shard is aborted (`abort_step`): its samples end with what they have."""
-        set_state(metrics, rank_id, "idle")
+        set_state(metrics, rank_id, RankState.IDLE)
 
-    def _set(self, state: str) -> None:
+    def _set(self, state: RankState) -> None:
         self.state = state
         set_state(self.m, self.rank_id, state)
 
     def status(self) -> RankStatus:
         """What the heartbeat reports."""
-        state = {"idle": RankState.IDLE, "decoding": RankState.DECODING,
-                 "pregen": RankState.PREGEN,
-                 "updating_weights": RankState.UPDATING_WEIGHTS,
-                 "engine_dead": RankState.ENGINE_DEAD}.get(self.state, RankState.IDLE)
-        return RankStatus(state=state, weight_version=self.engine.weight_version,
+        return RankStatus(state=self.state, weight_version=self.engine.weight_version,
                           step=self.step, done_step=self.done_step)
 
     async def stop_pregen(self) -> None:
@@ -102,7 +98,7 @@ class RankWorker:
         unfinished samples end with finish reason abort and the tokens they have); whether
         it was decoding."""
         self.aborted_step = step
-        return self.state == "decoding" and self.step == step
+        return self.state is RankState.DECODING and self.step == step
 
     # ------------------------------------------------------------------ shard
     async def run_shard(self, shard: StepShard, reqs: list[GenRequest]) -> StepShardResult:
@@ -112,7 +108,7 @@ class RankWorker:
         if not shard.rerun:
             await self.stop_pregen()
         t0 = time.time()
-        self._set("decoding")
+        self._set(RankState.DECODING)
         self.step = shard.step
         fetched = await self._fetch_drafts(shard.step, reqs)
 
@@ -150,11 +146,11 @@ class RankWorker:
                                          [Span(SpanKind.DECODE, t0, t1, tokens)])
         if not shard.rerun:
             self.done_step = shard.step
-        self._set("idle")
+        self._set(RankState.IDLE)
         if tail is not None:  # the lanes beside the shard go on as the bubble's
             tail.end()
             if self._pregen_task is not None and not self._pregen_task.done():
-                self._set("pregen")
+                self._set(RankState.PREGEN)
         elif shard.pregen and not shard.rerun and self.sync is not None:
             self._pregen_stop = asyncio.Event()
             self._pregen_task = asyncio.create_task(self._pregen(shard.step, t1))
@@ -204,7 +200,7 @@ class RankWorker:
         the rank's state) and the bubble begins when the shard ends."""
         assert self.sync is not None
         if tail is None:
-            self._set("pregen")
+            self._set(RankState.PREGEN)
         out = PregenOutcome()
         try:
             out = await Pregenerator(self.engine, self.sync, self.rank_id, step,
@@ -215,8 +211,8 @@ class RankWorker:
         except Exception:  # pre-generation is best effort: never take the rank down
             log.exception("pre-generation of step %d failed", step + 1)
         t1 = time.time()
-        if self.state == "pregen":
-            self._set("idle")
+        if self.state is RankState.PREGEN:
+            self._set(RankState.IDLE)
         lab = self.rank_id
         self.m.pregen_requests.labels(lab).inc(out.tasks)
         self.m.pregen_branches.labels(lab).inc(out.branches)

@@ -16,6 +16,8 @@ class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RANK_STATE_UPDATING_WEIGHTS: _ClassVar[RankState]
     RANK_STATE_LOST: _ClassVar[RankState]
     RANK_STATE_ENGINE_DEAD: _ClassVar[RankState]
+    RANK_STATE_RELEASED: _ClassVar[RankState]
+    RANK_STATE_STARTING: _ClassVar[RankState]
 
 class PregenWindow(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -53,6 +55,8 @@ RANK_STATE_PREGEN: RankState
 RANK_STATE_UPDATING_WEIGHTS: RankState
 RANK_STATE_LOST: RankState
 RANK_STATE_ENGINE_DEAD: RankState
+RANK_STATE_RELEASED: RankState
+RANK_STATE_STARTING: RankState
 PREGEN_WINDOW_UNSPECIFIED: PregenWindow
 PREGEN_WINDOW_BUBBLE: PregenWindow
 PREGEN_WINDOW_TRAINING: PregenWindow
