@@ -16,6 +16,7 @@ next one is chosen with, so the result depends on the order, as in the engine.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
@@ -36,6 +37,38 @@ is keyed by position, so a response that re-joins its draft at the same offset i
 to it again."""
 
 
+@dataclass(slots=True)
+class DraftCounters:
+    """One request's draft counters, from the batch step to its sample's `SampleMeta`. A new
+    counter is a field here, the same name in `BUBBLESPEC_COUNTERS` of
+    native/src/request.hpp, and its publishers (`Engine._collect`, `SampleMeta`)."""
+
+    steps: int = 0
+    """Engine steps that emitted tokens for the request."""
+    drafts: int = 0
+    """Steps that proposed a draft."""
+    draft_tokens: int = 0
+    accepted: int = 0
+    """Drafted tokens accepted."""
+    accepted_pregen: int = 0
+    """Of those, from the aligned pre-generated response."""
+    accepted_after_divergence: int = 0
+    """Accepted at or after the first divergence from the aligned response (any source)."""
+    first_divergence: int = -1
+    """Output position where the output first left a non-empty aligned response; -1: none."""
+    recouplings: int = 0
+    """Times the output re-joined the aligned response after a divergence."""
+    ran_out: int = 0
+    """1 when the first divergence was the aligned response's end (cut short by a stop)."""
+
+    @classmethod
+    def of(cls, counters: Any) -> DraftCounters:
+        """A copy of `counters`: a `DraftCounters`, or the native Request's {name: value}."""
+        if isinstance(counters, DraftCounters):
+            return dataclasses.replace(counters)
+        return cls(**counters)
+
+
 @dataclass
 class Request:
     """Drafting state of one running request."""
@@ -45,10 +78,7 @@ class Request:
     matcher: Any  # over the request's group
     gmatcher: Any = None  # over the global pool (when it is on)
     _: KW_ONLY
-    # steps, drafts, draft tokens, accepted, accepted from the aligned pre-generated response,
-    # accepted at or after the first divergence, its output position (-1: none), re-couplings,
-    # 1 if that divergence was the aligned response running out (else 0)
-    stats: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0, 0, -1, 0, 0])
+    counters: DraftCounters = field(default_factory=DraftCounters)
     last_draft: int = 0
     last_src: str = ""  # source of the last draft ("" when it came from elsewhere)
     last_claim: float = 0.0  # its expected accepted tokens as the source stated them
@@ -64,8 +94,8 @@ class Request:
         from the pre-generated response, if it is the first)."""
         self.aligned = list(tokens)
         self.aligned_on = True
-        if self.stats[6] < 0:
-            self.stats[6] = pos
+        if self.counters.first_divergence < 0:
+            self.counters.first_divergence = pos
 
 
 def take_branch(st: Any, al: list[int], sampled: list[int],
@@ -97,34 +127,33 @@ def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
     still equals it; after a divergence, [] until the last RESYNC output tokens equal it at
     the same positions again.
 
-    Also keeps the divergence counters of ``st.stats``: [6] the first output position where
-    the output left a non-empty aligned response (a different token, or past its end), [5] the
-    tokens of the last draft accepted at or after that position (from any source: what
-    drafting saves once the coupling broke), [7] the re-couplings after a divergence, [8] 1
-    when the first divergence was the aligned response's end (a pre-generated response cut
-    short by the stop, not a flip)."""
+    Also keeps the divergence counters of ``st.counters`` (`DraftCounters`): the first
+    divergence (a different token, or past the response's end), the tokens of the last
+    draft accepted at or after it (from any source: what drafting saves once the coupling
+    broke), the re-couplings, and whether the divergence was the response running out."""
     start = st.n_out
     st.n_out += len(sampled)
     st.tail = (st.tail + list(sampled))[-RESYNC:]
     al = st.aligned
     if al is None:
         return []
-    stats = st.stats
+    c = st.counters
     if st.aligned_on and al[start : st.n_out] != sampled:
         st.aligned_on = False
-        if stats[6] < 0 and al:  # an empty pre-generated response is none
-            stats[6] = start + next((j for j, t in enumerate(sampled)
-                                     if start + j >= len(al) or al[start + j] != t),
-                                    len(sampled))
-            stats[8] = int(stats[6] >= len(al))
-    if stats[6] >= 0 and st.last_draft:
-        stats[5] += max(0, start + len(sampled) - 1 - max(start, stats[6]))
+        if c.first_divergence < 0 and al:  # an empty pre-generated response is none
+            c.first_divergence = start + next((j for j, t in enumerate(sampled)
+                                               if start + j >= len(al) or al[start + j] != t),
+                                              len(sampled))
+            c.ran_out = int(c.first_divergence >= len(al))
+    if c.first_divergence >= 0 and st.last_draft:
+        c.accepted_after_divergence += max(0, start + len(sampled) - 1
+                                           - max(start, c.first_divergence))
     if not st.aligned_on:
         n = st.n_out
         if n < RESYNC or al[n - RESYNC : n] != st.tail:
             return []
         st.aligned_on = True
-        stats[7] += 1
+        c.recouplings += 1
     return al[st.n_out : st.n_out + max(budget, 0)]
 
 
@@ -196,16 +225,16 @@ def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
             out.append([])
             continue
         new = list(new)
-        stats = st.stats
-        stats[0] += 1
+        c = st.counters
+        c.steps += 1
         if keep_out:
             st.out.extend(new)
         if st.last_draft:
             acc = len(new) - 1
-            stats[3] += acc
+            c.accepted += acc
             if st.last_src:
                 if st.last_src == "aligned":
-                    stats[4] += acc
+                    c.accepted_pregen += acc
                 calib.record(st.last_src, st.last_claim, st.last_draft, acc)
                 src.accepted[st.last_src] += acc
         if extend_index:
@@ -220,7 +249,7 @@ def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
             tokens = choose_draft(st, new, aligned, budget, params, calib, src)
         st.last_draft = len(tokens)
         if tokens:
-            stats[1] += 1
-            stats[2] += len(tokens)
+            c.drafts += 1
+            c.draft_tokens += len(tokens)
         out.append(tokens)
     return out

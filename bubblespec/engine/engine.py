@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bubblespec.core.batch import DraftCounters
 from bubblespec.engine import vllm_glue
 from bubblespec.engine.checkpoint import (
     CheckpointError,
@@ -618,7 +619,7 @@ class RolloutEngine:
 
     async def _collect(self, requests: list[GenRequest], subs: list[_Sub],
                        version: int, counters: bool = True) -> list[GenResult]:
-        stats: dict[str, tuple] = {}
+        stats: dict[str, DraftCounters] = {}
         if self.speculative and counters:
             res = await self.llm.collective_rpc("bubblespec_pop_stats",
                                                 args=([s.rid for s in subs],))
@@ -630,18 +631,18 @@ class RolloutEngine:
                                                                    sub, version))
                 continue
             n_out = len(sub.ids)
-            st = stats.get(sub.rid) or (n_out, 0, 0, 0, 0, 0, -1, 0, 0)
-            steps, drafts, dtoks, _acc, acc_pregen, acc_after, diverged, recouple, ran_out = st
-            accepted = max(0, n_out - steps)
+            c = stats.get(sub.rid) or DraftCounters(steps=n_out)
+            accepted = max(0, n_out - c.steps)
+            diverged = 0 <= c.first_divergence < n_out
             meta = SampleMeta(
                 finish_reason=sub.finish, weight_version=version, completion_tokens=n_out,
-                decode_steps=steps, num_drafts=drafts, num_draft_tokens=dtoks,
+                decode_steps=c.steps, num_drafts=c.drafts, num_draft_tokens=c.draft_tokens,
                 num_accepted_tokens=accepted,
-                num_accepted_pregen_tokens=min(acc_pregen, accepted),
-                first_divergence=diverged if 0 <= diverged < n_out else None,
-                draft_ran_out=bool(ran_out) if 0 <= diverged < n_out else None,
-                num_accepted_after_divergence=min(acc_after, accepted),
-                num_recouplings=recouple,
+                num_accepted_pregen_tokens=min(c.accepted_pregen, accepted),
+                first_divergence=c.first_divergence if diverged else None,
+                draft_ran_out=bool(c.ran_out) if diverged else None,
+                num_accepted_after_divergence=min(c.accepted_after_divergence, accepted),
+                num_recouplings=c.recouplings,
                 drafts_off=requests[sub.req_index].sampling.drafts_off if self.speculative
                 else ())
             results[sub.req_index].samples.append(SampleResult(

@@ -33,7 +33,7 @@ import numpy as np
 
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import Request, SuffixIndex, extend_requests, step
-from bubblespec.core.batch import RESYNC, take_branch
+from bubblespec.core.batch import RESYNC, DraftCounters, take_branch
 from bubblespec.core.candidates import Calibration, SourceStats
 from bubblespec.core.draft_budget import DraftBudget
 from bubblespec.core.engine_time import EngineTime
@@ -205,7 +205,7 @@ class BubbleSpecProposer:
                     dropped += 1
         return dropped
 
-    def pop_stats(self, req_ids: list[str]) -> dict[str, tuple[int, ...]]:
+    def pop_stats(self, req_ids: list[str]) -> dict[str, DraftCounters]:
         """Counters of finished requests by base id (finishing any still tracked)."""
         self._settle()
         wanted = set(req_ids)
@@ -311,7 +311,7 @@ class BubbleSpecProposer:
         if not self.siblings and st.group in self.index.groups():
             self.index.remove_group(st.group)  # a private group serves one request only
             self.prompts_added.discard(st.group)
-        self.finished[parse_request_id(req_id)[2]] = tuple(st.stats)
+        self.finished[parse_request_id(req_id)[2]] = DraftCounters.of(st.counters)
         while len(self.finished) > _MAX_FINISHED_STATS:
             self.finished.popitem(last=False)
 

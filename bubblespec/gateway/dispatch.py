@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bubblespec.gateway.errors import RankCallError
-from bubblespec.gateway.shard import WorkItem, lpt
+from bubblespec.gateway.shard import ReplySample, WorkItem, lpt
 from bubblespec.protocol.rank import StepShardResult
 
 log = logging.getLogger("bubblespec.gateway.dispatch")
@@ -76,9 +76,8 @@ class ShardRun:
 
 @dataclass
 class DispatchResult:
-    samples: dict[int, list[dict[str, Any]]]
-    """Per prompt index, accepted samples: a `SampleOut`'s fields (its `meta_info` the
-    rank's `SampleMeta`), `rank_id` and `prompt_key` added."""
+    samples: dict[int, list[ReplySample]]
+    """Per prompt index, the accepted samples."""
     runs: list[ShardRun]
     reruns: list[tuple[str, str, list[int], str]] = field(default_factory=list)
     """(from rank, to rank, prompt indices, reason) per re-run shard."""
@@ -87,10 +86,10 @@ class DispatchResult:
 
 
 def check_reply(rank_id: str, items: Sequence[WorkItem], body: Mapping[str, Any]
-                ) -> tuple[StepShardResult, dict[int, list[dict[str, Any]]]]:
+                ) -> tuple[StepShardResult, dict[int, list[ReplySample]]]:
     """Parse a StepShardResult and check it holds exactly the samples of `items`.
 
-    Returns the parsed result and the sample dicts per prompt index; ValueError otherwise.
+    Returns the parsed result and its samples per prompt index; ValueError otherwise.
     """
     try:
         result = StepShardResult.model_validate(body)
@@ -98,7 +97,7 @@ def check_reply(rank_id: str, items: Sequence[WorkItem], body: Mapping[str, Any]
         raise ValueError(f"malformed StepShardResult: {e.errors()[0]['msg']} at "
                          f"{'.'.join(map(str, e.errors()[0]['loc']))}") from None
     wanted = {(it.index, it.sample_offset + j) for it in items for j in range(it.n)}
-    got: dict[int, list[dict[str, Any]]] = {}
+    got: dict[int, list[ReplySample]] = {}
     seen: set[tuple[int, int]] = set()
     for prompt in result.results:
         for s in prompt.samples:
@@ -116,10 +115,7 @@ def check_reply(rank_id: str, items: Sequence[WorkItem], body: Mapping[str, Any]
             if top is not None and len(top) != len(s.output_ids):
                 raise ValueError(f"prompt {prompt.index} sample {s.sample_index}: "
                                  f"{len(top)} top log-probs for {len(s.output_ids)} tokens")
-            d = dict(s)  # meta_info stays the rank's typed record (`SampleMeta`)
-            d["rank_id"] = rank_id
-            d["prompt_key"] = prompt.prompt_key
-            got.setdefault(prompt.index, []).append(d)
+            got.setdefault(prompt.index, []).append(ReplySample(s, rank_id, prompt.prompt_key))
     missing = sorted(wanted - seen)
     if missing:
         raise ValueError(f"{len(missing)} samples missing, first (prompt, sample) = {missing[0]}")

@@ -37,6 +37,7 @@ from bubblespec.gateway.seeds import lookahead_tasks, resolve_seed_mode, step_se
 from bubblespec.gateway.shard import (
     AssemblyError,
     LengthEstimator,
+    ReplySample,
     WorkItem,
     assemble,
     lpt,
@@ -68,11 +69,12 @@ def trainer_field(rank_field: str) -> str:
     return re.sub(r"^requests\[\d+\]\.", "", rank_field)
 
 
-def _sample(d: dict[str, Any], with_logprobs: bool, top: bool) -> RolloutSample:
+def _sample(r: ReplySample, with_logprobs: bool, top: bool) -> RolloutSample:
     """An accepted sample of a rank's reply (`dispatch.check_reply`) with the rank's record."""
-    return RolloutSample.of(d["meta_info"], d["sample_index"], d["output_ids"],
-                            d["output_logprobs"] if with_logprobs else None,
-                            d.get("output_top_logprobs") if top else None)
+    s = r.sample
+    return RolloutSample.of(s.meta_info, s.sample_index, s.output_ids,
+                            s.output_logprobs if with_logprobs else None,
+                            s.output_top_logprobs if top else None)
 
 
 class Rollouts:
@@ -358,14 +360,14 @@ class Rollouts:
         per_rank: dict[str, RankShard] = {r: RankShard(rank_id=r) for r in sorted(ranks)}
         for index, samples in enumerate(ordered):
             out = [_sample(s, req.return_logprobs, req.top_logprobs > 0) for s in samples]
-            rank_ids = sorted({s["rank_id"] for s in samples})
+            rank_ids = sorted({s.rank_id for s in samples})
             prompts.append(PromptResult(index=index, prompt_key=prep.keys[index],
                                         rank_id=",".join(rank_ids),
                                         input_ids=prep.prompts[index], samples=out))
             self.estimator.observe(prep.keys[index],
                                    sum(s.completion_tokens for s in out) / len(out))
             for s, o in zip(samples, out):
-                rs = per_rank[s["rank_id"]]
+                rs = per_rank[s.rank_id]
                 rs.num_samples += 1
                 rs.completion_tokens += o.completion_tokens
                 rs.decode_steps = max(rs.decode_steps, o.decode_steps)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bubblespec.protocol.keys import base_key
+from bubblespec.protocol.rank import SampleOut
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,24 @@ class AssemblyError(ValueError):
     """A result does not match what was asked (missing, repeated or unknown samples)."""
 
 
-def assemble(n: int, num_prompts: int, samples: Mapping[int, Sequence[dict]]
-             ) -> list[list[dict]]:
-    """Per prompt index 0..num_prompts-1, its samples sorted by sample_index, each of
-    0..n-1 exactly once (`samples[index]` holds sample dicts with a `sample_index`)."""
+@dataclass(frozen=True, slots=True)
+class ReplySample:
+    """One sample a rank's reply holds, as the gateway accepted it (`dispatch.check_reply`):
+    the rank's typed record and where it came from."""
+
+    sample: SampleOut
+    rank_id: str
+    prompt_key: str
+
+
+def assemble(n: int, num_prompts: int, samples: Mapping[int, Sequence[ReplySample]]
+             ) -> list[list[ReplySample]]:
+    """Per prompt index 0..num_prompts-1, its samples sorted by sample index, each of
+    0..n-1 exactly once."""
     out = []
     for index in range(num_prompts):
-        got = sorted(samples.get(index, ()), key=lambda s: s["sample_index"])
-        indices = [s["sample_index"] for s in got]
+        got = sorted(samples.get(index, ()), key=lambda s: s.sample.sample_index)
+        indices = [s.sample.sample_index for s in got]
         if indices != list(range(n)):
             raise AssemblyError(f"prompt {index}: got sample indices {indices}, "
                                 f"expected 0..{n - 1}")

@@ -122,13 +122,13 @@ inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle
       PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), PyList_New(0));
       continue;
     }
-    r.stats[0] += 1;
+    r.c.steps += 1;
     if (keep_out) r.out.insert(r.out.end(), t, t + ns);
     if (r.last_draft) {
       const int64_t acc = static_cast<int64_t>(ns) - 1;
-      r.stats[3] += acc;
+      r.c.accepted += acc;
       if (r.last_src != SRC_NONE) {
-        if (r.last_src == SRC_ALIGNED) r.stats[4] += acc;
+        if (r.last_src == SRC_ALIGNED) r.c.accepted_pregen += acc;
         bk.record(r.last_src, r.last_claim, r.last_draft, acc);
         bk.accepted[r.last_src] += acc;
       }
@@ -178,8 +178,8 @@ inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle
     }
     r.last_draft = static_cast<int64_t>(ntk);
     if (ntk) {
-      r.stats[1] += 1;
-      r.stats[2] += r.last_draft;
+      r.c.drafts += 1;
+      r.c.draft_tokens += r.last_draft;
     }
     PyList_SET_ITEM(res, static_cast<Py_ssize_t>(i), to_list(tok, ntk).release().ptr());
   }

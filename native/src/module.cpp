@@ -248,10 +248,12 @@ NB_MODULE(bubblespec_native, mod) {
       .def_ro("seq_id", &Request::seq_id)
       .def_ro("matcher", &Request::matcher_obj)
       .def_ro("gmatcher", &Request::gmatcher_obj)
-      .def_prop_ro("stats", [](const Request& r) {
-        nb::list l;
-        for (int64_t x : r.stats) l.append(x);
-        return l;
+      .def_prop_ro("counters", [](const Request& r) {
+        nb::dict d;  // batch.DraftCounters by name
+#define BUBBLESPEC_ITEM(name, init) d[#name] = r.c.name;
+        BUBBLESPEC_COUNTERS(BUBBLESPEC_ITEM)
+#undef BUBBLESPEC_ITEM
+        return d;
       })
       .def_ro("last_draft", &Request::last_draft)
       .def_prop_ro("last_src", [](const Request& r) { return nb::str(SRC_NAMES[r.last_src]); })
@@ -269,7 +271,7 @@ NB_MODULE(bubblespec_native, mod) {
         r.aligned = tokens_of(tokens);
         r.has_aligned = true;
         r.aligned_on = true;
-        if (r.stats[6] < 0) r.stats[6] = pos;
+        if (r.c.first_divergence < 0) r.c.first_divergence = pos;
       }, nb::arg("tokens"), nb::arg("pos"));
 
   mod.def("extend_requests", [](Index& idx, nb::handle reqs, nb::handle sampled) {

@@ -19,11 +19,23 @@ constexpr int64_t RESYNC = 4;
 enum Src : int8_t { SRC_NONE = 0, SRC_ALIGNED = 1, SRC_GROUP = 2, SRC_GLOBAL = 3 };
 inline const char* const SRC_NAMES[4] = {"", "aligned", "group", "global"};
 
+// A request's draft counters by name: batch.DraftCounters, field for field (X(name, initial
+// value)); module.cpp hands them to Python as {name: value}. A new counter is one line here.
+#define BUBBLESPEC_COUNTERS(X)                                                  \
+  X(steps, 0) X(drafts, 0) X(draft_tokens, 0) X(accepted, 0) X(accepted_pregen, 0) \
+  X(accepted_after_divergence, 0) X(first_divergence, -1) X(recouplings, 0) X(ran_out, 0)
+
+struct Counters {
+#define BUBBLESPEC_FIELD(name, init) int64_t name = init;
+  BUBBLESPEC_COUNTERS(BUBBLESPEC_FIELD)
+#undef BUBBLESPEC_FIELD
+};
+
 struct Request {
   nb::object group, seq_id, matcher_obj, gmatcher_obj;
   Matcher* m = nullptr;
   Matcher* gm = nullptr;  // over the global pool, or none
-  int64_t stats[9] = {0, 0, 0, 0, 0, 0, -1, 0, 0};  // batch.Request.stats
+  Counters c;  // batch.Request.counters
   int64_t last_draft = 0;
   int8_t last_src = SRC_NONE;
   double last_claim = 0.0;
@@ -50,20 +62,21 @@ struct Request {
     };
     if (aligned_on && !slice_eq(start, n_out, s, ns)) {
       aligned_on = false;
-      if (stats[6] < 0 && na > 0) {  // first divergence (an empty response is none): a different token, or past the response's end
+      if (c.first_divergence < 0 && na > 0) {  // first divergence (an empty response is none): a different token, or past the response's end
         int64_t j = 0;
         const int64_t m = static_cast<int64_t>(ns);
         while (j < m && start + j < na && aligned[start + j] == s[j]) ++j;
-        stats[6] = start + j;
-        stats[8] = stats[6] >= na ? 1 : 0;
+        c.first_divergence = start + j;
+        c.ran_out = c.first_divergence >= na ? 1 : 0;
       }
     }
-    if (stats[6] >= 0 && last_draft)
-      stats[5] += std::max<int64_t>(0, start + static_cast<int64_t>(ns) - 1 - std::max(start, stats[6]));
+    if (c.first_divergence >= 0 && last_draft)
+      c.accepted_after_divergence += std::max<int64_t>(
+          0, start + static_cast<int64_t>(ns) - 1 - std::max(start, c.first_divergence));
     if (!aligned_on) {
       if (n_out < RESYNC || !slice_eq(n_out - RESYNC, n_out, tail.data(), tail.size())) return;
       aligned_on = true;
-      stats[7] += 1;
+      c.recouplings += 1;
     }
     const int64_t lo = std::min(n_out, na), hi = std::min(n_out + std::max<int64_t>(budget, 0), na);
     if (hi > lo) res.assign(aligned.begin() + lo, aligned.begin() + hi);

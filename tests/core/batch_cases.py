@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from bubblespec.core import DraftParams
+from bubblespec.core.batch import DraftCounters
 from bubblespec.core.candidates import Calibration, SourceStats
 
 
@@ -66,7 +67,7 @@ def batch_case(draw: Callable) -> Case:
 
 
 def state(r: Any) -> tuple:
-    return (list(r.stats), r.last_draft, r.last_src, r.last_claim, r.aligned_on, list(r.tail),
+    return (DraftCounters.of(r.counters), r.last_draft, r.last_src, r.last_claim, r.aligned_on, list(r.tail),
             r.n_out, list(r.out))
 
 

@@ -25,16 +25,16 @@ def previous_loop(index: Any, reqs: list, sampled: list, num_tokens: list, k: in
         if not new:
             out.append([])
             continue
-        stats = st.stats
-        stats[0] += 1
+        c = st.counters
+        c.steps += 1
         if keep_out:
             st.out.extend(new)
         if st.last_draft:
             acc = len(new) - 1
-            stats[3] += acc
+            c.accepted += acc
             if st.last_src:
                 if st.last_src == "aligned":
-                    stats[4] += acc
+                    c.accepted_pregen += acc
                 calib.record(st.last_src, st.last_claim, st.last_draft, acc)
                 src.accepted[st.last_src] += acc
         if extend_index:
@@ -66,8 +66,8 @@ def previous_loop(index: Any, reqs: list, sampled: list, num_tokens: list, k: in
                 tokens = best.token_ids
         st.last_draft = len(tokens)
         if tokens:
-            stats[1] += 1
-            stats[2] += len(tokens)
+            c.drafts += 1
+            c.draft_tokens += len(tokens)
         out.append(tokens)
     return out
 
@@ -85,4 +85,4 @@ def test_reference_step_is_the_previous_proposer_loop(case: Case) -> None:
     for out, states, (_, _, _, _, src), _ in logs[0]:
         assert len(out) == len(states)
         assert src["empty"] + sum(src[f"{s}_wins"] for s in ("aligned", "group", "global")) \
-            <= sum(st[0][0] for st in states)
+            <= sum(st[0].steps for st in states)

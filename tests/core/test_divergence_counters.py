@@ -1,4 +1,4 @@
-"""The divergence counters of the batch step (``Request.stats[5:9]``): where a response first
+"""The divergence counters of the batch step (`DraftCounters`: first_divergence, accepted_after_divergence, recouplings, ran_out): where a response first
 left its aligned pre-generated response, the draft tokens accepted at or after that
 position, the re-couplings after it, and whether it left because the response ended. Each implementation (pure Python and native) is
 driven like an engine (each step emits the accepted prefix of the last draft plus one token
@@ -13,13 +13,14 @@ import pytest
 
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import implementations
+from bubblespec.core.batch import DraftCounters
 from bubblespec.core.candidates import Calibration, SourceStats
 
 IMPLS = implementations()
 
 
 def run(impl: dict[str, Any], truth: list[int], aligned: list[int] | None,
-        k: int = 4) -> tuple[list[int], int, int]:
+        k: int = 4) -> tuple[DraftCounters, int, int]:
     """Decode `truth` through `impl`'s step; the request's stats and the driver's own count
     of accepted tokens at or after the first position where truth and aligned differ."""
     idx = impl["SuffixIndex"](max_depth=8)
@@ -42,7 +43,7 @@ def run(impl: dict[str, Any], truth: list[int], aligned: list[int] | None,
         pos += len(new)
         (draft,) = impl["step"](idx, [req], [new], [2 + pos], k, 4096, DraftParams(), cal,
                                 src, extend_index=True, keep_out=False, drafts=None)
-    return list(req.stats), after, -1 if div is None else div
+    return DraftCounters.of(req.counters), after, -1 if div is None else div
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))
@@ -51,21 +52,21 @@ def test_counts_the_tail_after_a_local_edit_and_the_recoupling(name: str) -> Non
     truth = list(aligned)
     truth[8] = 99  # one flipped token; the rest re-joins at the same positions
     stats, after, div = run(IMPLS[name], truth, aligned)
-    assert stats[6] == div == 8
-    assert stats[8] == 0  # a flipped token, not the draft's end
-    assert stats[7] == 1  # re-coupled once, RESYNC tokens after the edit
-    assert stats[5] == after > 0
-    assert stats[3] >= max(stats[4], stats[5])
-    assert stats[4] > 0
+    assert stats.first_divergence == div == 8
+    assert stats.ran_out == 0  # a flipped token, not the draft's end
+    assert stats.recouplings == 1  # re-coupled once, RESYNC tokens after the edit
+    assert stats.accepted_after_divergence == after > 0
+    assert stats.accepted >= max(stats.accepted_pregen, stats.accepted_after_divergence)
+    assert stats.accepted_pregen > 0
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))
 def test_a_response_that_follows_its_draft_never_diverges(name: str) -> None:
     aligned = list(range(10, 40))
     stats, after, div = run(IMPLS[name], list(aligned), aligned)
-    assert (stats[5], stats[6], stats[7], stats[8]) == (0, -1, 0, 0) and div == -1
+    assert (stats.accepted_after_divergence, stats.first_divergence, stats.recouplings, stats.ran_out) == (0, -1, 0, 0) and div == -1
     assert after == 0
-    assert stats[4] == stats[3] > 0  # every accepted token came from the aligned response
+    assert stats.accepted_pregen == stats.accepted > 0  # every accepted token came from the aligned response
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))
@@ -73,9 +74,9 @@ def test_running_past_the_drafts_end_is_a_divergence(name: str) -> None:
     aligned = list(range(10, 30))
     truth = aligned + [50, 51, 52, 50, 51, 52, 50, 51, 52]
     stats, after, div = run(IMPLS[name], truth, aligned)
-    assert stats[6] == div == len(aligned)
-    assert stats[8] == 1  # the draft ran out (a pre-generation cut short by the stop)
-    assert stats[5] == after and stats[7] == 0
+    assert stats.first_divergence == div == len(aligned)
+    assert stats.ran_out == 1  # the draft ran out (a pre-generation cut short by the stop)
+    assert stats.accepted_after_divergence == after and stats.recouplings == 0
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))
@@ -85,14 +86,14 @@ def test_a_different_trajectory_counts_its_suffix_drafted_tail(name: str) -> Non
     aligned = list(range(10, 40))
     truth = aligned[:5] + [7, 8, 9] * 10
     stats, after, div = run(IMPLS[name], truth, aligned)
-    assert stats[6] == div == 5 and stats[7] == 0 and stats[8] == 0
-    assert stats[5] == after > 0
+    assert stats.first_divergence == div == 5 and stats.recouplings == 0 and stats.ran_out == 0
+    assert stats.accepted_after_divergence == after > 0
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))
 def test_no_aligned_response_no_divergence(name: str) -> None:
     stats, after, div = run(IMPLS[name], [7, 8, 9] * 10, None)
-    assert (stats[5], stats[6], stats[7], after, div) == (0, -1, 0, 0, -1)
+    assert (stats.accepted_after_divergence, stats.first_divergence, stats.recouplings, after, div) == (0, -1, 0, 0, -1)
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))
@@ -100,4 +101,4 @@ def test_an_empty_pre_generated_response_is_none(name: str) -> None:
     """A pre-generation task stopped before its first token leaves an empty response: the
     output never followed it, so it has no divergence (not one at position 0)."""
     stats, _, _ = run(IMPLS[name], [7, 8, 9] * 10, [])
-    assert (stats[5], stats[6], stats[7]) == (0, -1, 0)
+    assert (stats.accepted_after_divergence, stats.first_divergence, stats.recouplings) == (0, -1, 0)

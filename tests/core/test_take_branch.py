@@ -12,14 +12,14 @@ import pytest
 
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import implementations
-from bubblespec.core.batch import take_branch
+from bubblespec.core.batch import DraftCounters, take_branch
 from bubblespec.core.candidates import Calibration, SourceStats
 
 IMPLS = implementations()
 
 
 def decode(impl: dict[str, Any], truth: list[int], aligned: list[int],
-           branches: list[tuple[int, list[int]]], k: int = 4) -> tuple[list[int], int, int]:
+           branches: list[tuple[int, list[int]]], k: int = 4) -> tuple[DraftCounters, int, int]:
     """Decode `truth` like an engine (accepted draft prefix + one token per step), calling
     take_branch before each step as the proposer does; (stats, forwards, switches)."""
     idx = impl["SuffixIndex"](max_depth=8)
@@ -41,7 +41,7 @@ def decode(impl: dict[str, Any], truth: list[int], aligned: list[int],
             al, switches = taken, switches + 1
         (draft,) = impl["step"](idx, [req], [new], [2 + pos], k, 4096, DraftParams(), cal,
                                 src, extend_index=False, keep_out=False, drafts=None)
-    return list(req.stats), forwards, switches
+    return DraftCounters.of(req.counters), forwards, switches
 
 
 MAIN = list(range(100, 160))
@@ -54,10 +54,11 @@ def test_the_output_takes_the_branch(name: str) -> None:
     with_branch, f1, s1 = decode(IMPLS[name], BRANCH, MAIN, [(FLIP, BRANCH)])
     without, f0, s0 = decode(IMPLS[name], BRANCH, MAIN, [])
     assert (s1, s0) == (1, 0)
-    assert with_branch[6] == without[6] == FLIP  # left its pre-generated response at 20
+    # left its pre-generated response at 20
+    assert with_branch.first_divergence == without.first_divergence == FLIP
     assert f1 < f0 / 2  # the tail came from the branch
-    assert with_branch[5] > 30  # accepted after the divergence: the branch's tail
-    assert with_branch == list(decode(IMPLS[name], BRANCH, MAIN, [(FLIP, BRANCH)])[0])
+    assert with_branch.accepted_after_divergence > 30  # the branch's tail
+    assert with_branch == decode(IMPLS[name], BRANCH, MAIN, [(FLIP, BRANCH)])[0]
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))

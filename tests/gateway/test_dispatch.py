@@ -67,8 +67,8 @@ class Ranks:
 def check_complete(res: Any, num: int, n: int) -> None:
     assert sorted(res.samples) == list(range(num))
     for index, samples in res.samples.items():
-        assert sorted(s["sample_index"] for s in samples) == list(range(n))
-        assert all(s["output_ids"][0] == index for s in samples)
+        assert sorted(s.sample.sample_index for s in samples) == list(range(n))
+        assert all(s.sample.output_ids[0] == index for s in samples)
 
 
 async def test_all_ranks_ok() -> None:
@@ -90,7 +90,7 @@ async def test_failed_rank_shard_reruns_on_live_ranks() -> None:
     rerun_calls = [(r, ix) for r, ix, rerun in ranks.calls if rerun]
     assert sorted(i for _, ix in rerun_calls for i in ix) == sorted(lost)
     assert {r for r, _ in rerun_calls} <= {"r0", "r2"}
-    assert all(s["rank_id"] != "r1" for ss in res.samples.values() for s in ss)
+    assert all(s.rank_id != "r1" for ss in res.samples.values() for s in ss)
     assert sorted(i for _, _, ix, _ in res.reruns for i in ix) == sorted(lost)
 
 
@@ -120,7 +120,7 @@ async def test_short_reply_counts_as_a_failure_and_is_rerun_whole() -> None:
     res = await dispatch(lpt(items(4), ["r0", "r1"]), ranks.call, timeout_s=5)
     check_complete(res, 4, 2)
     assert "missing" in res.failed["r0"]
-    assert all(s["rank_id"] == "r1" for ss in res.samples.values() for s in ss)
+    assert all(s.rank_id == "r1" for ss in res.samples.values() for s in ss)
 
 
 async def test_refused_body_fails_the_call_with_the_ranks_field() -> None:
@@ -149,7 +149,7 @@ async def test_split_items_of_one_prompt_merge_back() -> None:
     its = [WorkItem(0, "k0", (1,), 0, 3, None, 3.0), WorkItem(0, "k0", (1,), 3, 2, None, 2.0)]
     ranks = Ranks(r1="fail")
     res = await dispatch(lpt(its, ["r0", "r1"]), ranks.call, timeout_s=5)
-    assert sorted(s["sample_index"] for s in res.samples[0]) == [0, 1, 2, 3, 4]
+    assert sorted(s.sample.sample_index for s in res.samples[0]) == [0, 1, 2, 3, 4]
 
 
 async def test_empty_shards_are_sent_only_when_asked() -> None:
@@ -183,7 +183,7 @@ async def test_a_hanging_rank_marked_lost_is_dropped_and_its_shard_rerun() -> No
     hung = next(ix for r, ix, rerun in ranks.calls if r == "r1")
     assert sorted(i for _, _, ix, _ in res.reruns for i in ix) == sorted(hung)
     assert {to for _, to, _, _ in res.reruns} <= {"r0", "r2"}
-    assert all(s["rank_id"] != "r1" for ss in res.samples.values() for s in ss)
+    assert all(s.rank_id != "r1" for ss in res.samples.values() for s in ss)
     assert [run.error for run in res.runs if run.rank_id == "r1"] == [res.failed["r1"]]
 
 

@@ -10,12 +10,14 @@ from bubblespec.gateway.seeds import assign_keys
 from bubblespec.gateway.shard import (
     AssemblyError,
     LengthEstimator,
+    ReplySample,
     WorkItem,
     assemble,
     loads_of,
     lpt,
     make_items,
 )
+from bubblespec.protocol.rank import SampleOut
 
 
 def _items(costs: list[float], n: int = 4) -> list[WorkItem]:
@@ -103,10 +105,13 @@ def test_costs_follow_the_estimates() -> None:
 
 
 def test_assemble_restores_order_and_checks_every_sample() -> None:
-    got = {1: [{"sample_index": 1, "x": "b1"}, {"sample_index": 0, "x": "b0"}],
-           0: [{"sample_index": 0, "x": "a0"}, {"sample_index": 1, "x": "a1"}]}
+    def sample(index: int, key: str) -> ReplySample:
+        return ReplySample(SampleOut(sample_index=index, output_ids=[index], output_logprobs=[]),
+                           "r0", key)
+
+    got = {1: [sample(1, "b1"), sample(0, "b0")], 0: [sample(0, "a0"), sample(1, "a1")]}
     out = assemble(2, 2, got)
-    assert [[s["x"] for s in p] for p in out] == [["a0", "a1"], ["b0", "b1"]]
+    assert [[s.prompt_key for s in p] for p in out] == [["a0", "a1"], ["b0", "b1"]]
     with pytest.raises(AssemblyError, match="prompt 1"):
         assemble(2, 2, {0: got[0], 1: got[1][:1]})
     with pytest.raises(AssemblyError):
