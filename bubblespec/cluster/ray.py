@@ -408,19 +408,22 @@ class RayCluster(Cluster):
 
     def _wait_placed(self, bundles: list[dict], deadline: float) -> None:
         """Until the placement group is placed; reported when it waits past `report_after_s`,
-        ClusterError when it becomes infeasible (a node left) or at `deadline`."""
+        ClusterError when it has been infeasible (a node left) for `wait_for_nodes_s`, or at
+        `deadline`."""
         import ray
 
-        t0, reported = time.monotonic(), False
+        t0, reported, infeasible_since = time.monotonic(), False, None
         while True:
             try:
                 ray.get(self._pg.ready(), timeout=1.0)
                 return
             except ray.exceptions.GetTimeoutError:
                 pass
-            waited, nodes = time.monotonic() - t0, self.nodes()
+            now, nodes = time.monotonic(), self.nodes()
+            waited = now - t0
             why = placement.infeasible(bundles, self.strategy, nodes, self.role_cpus)
-            if why:
+            infeasible_since = (infeasible_since or now) if why else None
+            if why and now - infeasible_since >= self.wait_for_nodes_s:
                 raise ClusterError(f"cannot start {self.name}: {why}")
             if time.monotonic() > deadline:
                 raise ClusterError(f"placement group not placed in {self.start_timeout_s:g} s: "

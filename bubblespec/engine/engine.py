@@ -623,7 +623,8 @@ class RolloutEngine:
         if self.speculative and counters:
             res = await self.llm.collective_rpc("bubblespec_pop_stats",
                                                 args=([s.rid for s in subs],))
-            stats = res[0]
+            # the engine core's serializer hands a dataclass over as its fields by name
+            stats = {rid: DraftCounters.of(c) for rid, c in res[0].items()}
         results = [GenResult(r.group_key(), []) for r in requests]
         for sub in subs:
             if sub.prompt is not None:
