@@ -63,13 +63,21 @@ def descendants(roots: Iterable[int]) -> set[int]:
         found |= more
 
 
-def alive(pid: int) -> bool:
-    """Running or stopped, not a zombie."""
+def _state(stat: Path) -> str:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return stat.read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
+        return "X"
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped, not a zombie: any of its threads (a killed multi-threaded process's
+    leader is a zombie while its other threads still exit, holding its files and sockets)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
         return False
-    return state not in ("Z", "X")
+    return any(_state(t / "stat") not in ("Z", "X") for t in tasks)
 
 
 def wait_gone(pids: Iterable[int], timeout_s: float = 60.0) -> list[int]:

@@ -206,9 +206,12 @@ def test_a_role_dies_with_its_node_agent_three_times_in_a_row(nodes: RayNodes, t
             node = nodes.node_of(info["node_id"])
             group = [info["pid"], *process_group(info["pid"])]  # reaper, sentinel, server
             assert len(group) >= 3
+            killed = time.monotonic()
             nodes.kill_agent(node)
             assert not wait_gone(group, 10), f"attempt {attempt}: the role outlived its raylet"
-            assert not _listening(port), f"attempt {attempt}: its port is still bound"
+            while _listening(port):  # a dying process's last threads may hold it briefly
+                assert time.monotonic() - killed < 10, f"attempt {attempt}: its port is bound"
+                time.sleep(0.1)
             nodes.add_worker()
         last = _info(actor, 3)  # restarted on the joined node, bound to its port again
         assert int(last["address"].rsplit(":", 1)[1]) == port
