@@ -14,13 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from bubblespec.engine.types import SpecMode
 
 
-class EngineConfig(BaseModel):
-    """How one rank's vLLM engine is started and how its proposer drafts."""
-
+class _Settings(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    model: str = ""
-    """HF-format model directory (empty: the embedded tiny model)."""
+
+class DraftingSettings(_Settings):
+    """How the proposer drafts: the speculation mode, the draft length and its caps, the
+    index's budgets."""
+
     spec_mode: SpecMode = SpecMode.BUBBLESPEC
     """Speculation: none, ngram, suffix or bubblespec."""
     num_speculative_tokens: int = Field(8, ge=1, le=64)
@@ -31,6 +32,19 @@ class EngineConfig(BaseModel):
     """Draft tokens allowed on top of factor x match length."""
     min_token_prob: float = Field(0.1, ge=0, le=1)
     """Minimum empirical path probability of a drafted token."""
+    draft_budget: Literal["auto", "off", "h100", "h200"] = "auto"
+    """Cap each engine step's drafts by batch size and measured acceptance, for the
+    engine-time model of this GPU (`core.draft_budget`; auto: the pace profile when paced,
+    else h100; off: every step may draft `num_speculative_tokens`)."""
+    global_token_budget: int = Field(200_000, ge=1000)
+    """Token budget of the global pool (oldest dropped first)."""
+    index_token_budget: int = Field(4_000_000, ge=1000)
+    """Token budget of the draft index (LRU eviction)."""
+
+
+class DraftSourceSettings(_Settings):
+    """Which draft sources the proposer uses, and how the index takes each step's tokens."""
+
     src_pregen: bool = True
     """Draft from pre-generated responses."""
     src_siblings: bool = True
@@ -54,10 +68,12 @@ class EngineConfig(BaseModel):
     instead of before drafting. The appends leave the critical path, but a match without
     the batch's latest tokens costs more, so the saving is small, and with the global pool +
     live outputs it costs more than it saves (docs/results.md, "Native draft path")."""
-    global_token_budget: int = Field(200_000, ge=1000)
-    """Token budget of the global pool (oldest dropped first)."""
-    index_token_budget: int = Field(4_000_000, ge=1000)
-    """Token budget of the draft index (LRU eviction)."""
+
+
+class SizingSettings(_Settings):
+    """The engine's size on its machine: lengths, batch, dtype, KV cache, threads and
+    processes (CPU), memory share and compilation (GPU)."""
+
     max_model_len: int = Field(0, ge=0)
     """Longest prompt + response, tokens (0: the model's own limit)."""
     max_num_seqs: int = Field(256, ge=1)
@@ -76,6 +92,16 @@ class EngineConfig(BaseModel):
     """Run vLLM's worker inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0:
     two processes per rank instead of three, less memory: docs/design.md section 7); the
     engine still has its own process, so liveness checks and restarts work the same."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """GPU memory share for the engine (GPU only)."""
+    enforce_eager: bool = True
+    """Skip torch.compile/CUDA graphs (fast start)."""
+
+
+class PacingSettings(_Settings):
+    """Pacing: forwards slept to the engine-time model of a GPU, and what is charged on
+    top (the paced bench; off in production)."""
+
     pace: Literal["off", "h100", "h200"] = "off"
     """Pace every forward to the simulator's engine-time model of this GPU (8B model)."""
     pace_scale: float = Field(20.0, gt=0)
@@ -84,10 +110,6 @@ class EngineConfig(BaseModel):
     """Charge the proposer's measured CPU time of each engine step on top of the paced
     forward (as modelled seconds, x pace_scale in wall time), as a GPU host pays it; off:
     it is absorbed in the forward's paced time (the paced runs before 2026-12-03)."""
-    draft_budget: Literal["auto", "off", "h100", "h200"] = "auto"
-    """Cap each engine step's drafts by batch size and measured acceptance, for the
-    engine-time model of this GPU (`core.draft_budget`; auto: the pace profile when paced,
-    else h100; off: every step may draft `num_speculative_tokens`)."""
     pace_async_baseline: bool = True
     """A paced engine without speculation overlaps its host work with the forward (vLLM's
     async scheduling, its default on a GPU for decoding without speculation); off: every
@@ -95,10 +117,11 @@ class EngineConfig(BaseModel):
     pace_keyed_kernel: Literal["fused", "eager"] = "fused"
     """How a paced engine models the keyed kernels' device time: the fused (compiled) kernel
     or the eager torch ops (`EngineTime.keyed_kernel_s`)."""
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    """GPU memory share for the engine (GPU only)."""
-    enforce_eager: bool = True
-    """Skip torch.compile/CUDA graphs (fast start)."""
+
+
+class FaultSettings(_Settings):
+    """Fault injection, for tests only (all off by default)."""
+
     fault_biased_verifier: float = Field(0.0, ge=0)
     """Fault injection for tests only: accept drafts with probability boost*p (0: off)."""
     fault_context_only_keys: bool = False
@@ -107,8 +130,25 @@ class EngineConfig(BaseModel):
     fault_poison_token: int = Field(-1, ge=-1)
     """Fault injection for tests only: the engine core dies when it schedules a request whose
     prompt holds this token id (-1: off); the poison-request drills' engine-killing request."""
+
+
+class ModelSettings(_Settings):
+    """Which model the engine serves, and its default seed."""
+
+    model: str = ""
+    """HF-format model directory (empty: the embedded tiny model)."""
     seed: int = 0
     """Engine seed for requests without their own seed."""
+
+
+
+
+class EngineConfig(FaultSettings, PacingSettings, SizingSettings, DraftSourceSettings,
+                   DraftingSettings, ModelSettings):
+    """How one rank's vLLM engine is started and how its proposer drafts, declared by
+    concern in the settings classes above (bases listed last to first: pydantic takes the
+    fields of the last base first). One flat set of fields all the same, so every one is a
+    `bubblespec rank` flag, env var and config-file key."""
 
     @property
     def draft_budget_profile(self) -> str:
