@@ -346,7 +346,7 @@ class RayCluster(Cluster):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        gpus = self._gpus()
+        gpus = "GPU" in bundles[0]  # as the bundles were planned
         model = ["--model", self.model] if self.model else []
         tok = ["--token", self.token, "--sync-token", self.token] if self.token else []
         cores = (os.cpu_count() or 1) if self.address is None else 0  # local Ray: this host
