@@ -83,10 +83,9 @@ def plain_engine(loop_runner: LoopRunner) -> Iterator[Any]:
 
 @pytest.fixture(scope="package")
 def spec_engine(loop_runner: LoopRunner) -> Iterator[Any]:
-    # every draft source on (the global pool is off by default), so the exactness tests
+    # every draft source on but history (the default sources), so the exactness tests
     # cover them all
-    eng = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8,
-                       src_global=True)
+    eng = start_engine(loop_runner, spec_mode="bubblespec", num_speculative_tokens=8)
     yield eng
     loop_runner.run(eng.shutdown())
 

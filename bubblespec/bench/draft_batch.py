@@ -16,7 +16,7 @@ numba's worker threads are counted too):
   (:class:`bubblespec.engine.proposer.BubbleSpecProposer` on a stand-in model runner that
   holds the batch's request ids): its bookkeeping plus the native step (needs vLLM);
 - ``proposer, global pool + live``: the same with the global pool on and every live output
-  mirrored into it (``--src-global-live``): the cost of drafting across prompts from live
+  mirrored into it (the ``global_live`` source): the cost of drafting across prompts from live
   responses, as vLLM's suffix decoding does (other drafts: not compared with Python);
 - ``native step``: ``bubblespec_native.step``, the proposer's per-request loop in one call
   (counters and calibration, append to the request's live sequence, aligned-draft check,
@@ -26,7 +26,7 @@ numba's worker threads are counted too):
   the requests' live sequences in their groups (``extend_index=False``; siblings then draft
   from the stored responses only): where the native step's time goes, not a mode;
 - ``native step, appends deferred`` and ``proposer, appends deferred`` (also with the
-  global pool + live): the proposer's ``--src-defer-appends``: the same calls without the
+  global pool + live): the proposer's ``--defer-appends``: the same calls without the
   appends, which follow in one
   ``extend_sequences`` call (the proposer runs that on a worker thread, without the GIL,
   beside the engine's next forward; here it is run and timed on its own before the next
@@ -60,13 +60,15 @@ from bubblespec.bench import suffix as sb
 from bubblespec.core import batch as pybatch
 from bubblespec.core import suffix_index as pyindex
 from bubblespec.core.backend import load_native
-from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.core.candidates import Calibration, DrafterStats
 
 DEFERRED = ": its appends"  # the row of a deferred step's extend_sequences call
 STORED = 4  # finished responses per group (pushed drafts)
 SIBS = 8  # running requests per group
 K = sb.MAX_SPEC
 MAX_LEN = 8192
+LOCAL_SOURCES = ("pregen", "siblings", "self")
+"""The sources of the proposer rows without the global pool."""
 
 
 class NativeOurs(sb.Ours):
@@ -139,7 +141,7 @@ def index_driver(index_cls: type, request_cls: type, step: Callable, work: sb.Wo
         idx.add_sequence(sid, gi, first, live=True)
         reqs.append(request_cls(gi, sid, idx.matcher(gi, first), aligned=None,
                                 aligned_on=False, tail=first, n_out=1, out=[]))
-    params, cal, src = sb.PARAMS, Calibration(), SourceStats()
+    params, cal, src = sb.PARAMS, Calibration(), DrafterStats()
     if defer is None:
         return lambda b, new: step(idx, reqs, new, b.pos, K, MAX_LEN, params, cal, src)
 
@@ -171,15 +173,16 @@ class ProposerDriver:
     indices (none aligned); prompts are empty and the first token of each response was
     emitted before the first step (the index then holds what the other drivers' hold)."""
 
-    def __init__(self, work: sb.Work, sources: dict | None = None,
-                 deferred: list | None = None) -> None:
+    def __init__(self, work: sb.Work, sources: tuple[str, ...] = LOCAL_SOURCES,
+                 deferred: list | None = None, defer_appends: bool = False) -> None:
         from bubblespec.engine.proposer import BubbleSpecProposer
         ns = types.SimpleNamespace
         cfg = ns(speculative_config=ns(num_speculative_tokens=K),
                  model_config=ns(max_model_len=MAX_LEN, get_vocab_size=lambda: 1 << 30))
         self.prop = BubbleSpecProposer(cfg)
         p = sb.PARAMS
-        self.prop.bubblespec_configure({"max_depth": sb.DEPTH, "sources": sources or {},
+        self.prop.bubblespec_configure({"max_depth": sb.DEPTH, "sources": list(sources),
+                                        "defer_appends": defer_appends,
                                         "draft": {
             "max_spec_tokens": p.max_spec_tokens, "max_spec_factor": p.max_spec_factor,
             "max_spec_offset": p.max_spec_offset, "min_token_prob": p.min_token_prob}})
@@ -262,14 +265,14 @@ def measure(size: int, steps: int, seed: int, arctic: bool, ngram: bool,
     pending: list = []  # the appends a deferred row left, run and timed on their own
     if nat is not None and proposer:
         drivers["proposer (native)"] = (ProposerDriver(work), Batch(work))
-        # the cost of --src-global-live: every live output also in the global pool
+        # the cost of the global_live source: every live output also in the global pool
         drivers["proposer, global pool + live"] = (ProposerDriver(
-            work, {"global_pool": True, "global_live": True}), Batch(work))
+            work, (*LOCAL_SOURCES, "global", "global_live")), Batch(work))
         drivers["proposer, appends deferred"] = (ProposerDriver(
-            work, {"defer_appends": True}, pending), Batch(work))
+            work, LOCAL_SOURCES, pending, defer_appends=True), Batch(work))
         drivers["proposer, global + live, appends deferred"] = (ProposerDriver(
-            work, {"global_pool": True, "global_live": True, "defer_appends": True},
-            pending), Batch(work))
+            work, (*LOCAL_SOURCES, "global", "global_live"), pending, defer_appends=True),
+            Batch(work))
     if nat is not None:
         drivers["native step"] = (
             index_driver(nat.SuffixIndex, nat.Request, nat.step, work), Batch(work))

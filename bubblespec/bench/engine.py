@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bubblespec.core.sources import DRAFTER_NAMES
 from bubblespec.engine import EngineConfig, GenRequest
 from bubblespec.engine.engine import RolloutEngine
 from bubblespec.protocol.sampling import SamplingParams
@@ -110,7 +111,7 @@ async def run(args: EngineBenchConfig) -> None:
     # Old weights: sample B0 (the step that trains) and pre-generate B1 in "the bubble".
     # no global pool: it would hold the B1 pre-generation and blur the modes apart
     eng = await RolloutEngine.start(EngineConfig(model=old_dir, spec_mode="bubblespec",
-                                                 src_global=False))
+                                                 sources="pregen,siblings,self"))
     try:
         out0 = await eng.generate(r0)
         pregen = await eng.generate(r1)
@@ -141,9 +142,9 @@ async def run(args: EngineBenchConfig) -> None:
                 ("bubblespec_pregen_keyed", k1, pushed_keyed, True, False, False),
                 ("bubblespec_live_keyed", k1, None, False, True, False),
                 ("bubblespec_live_keyed_glive", k1, None, False, True, True)):
-            await eng.set_sources(pregen=drafts is not None, siblings=True,
-                                  self_context=not sib_only, global_pool=glob,
-                                  global_live=glive)
+            on = {"pregen": drafts is not None, "siblings": True, "self": not sib_only,
+                  "global": glob, "global_live": glive}
+            await eng.set_sources([s for s, yes in on.items() if yes])
             if drafts:
                 await eng.add_drafts(drafts)
             t = time.monotonic()
@@ -183,12 +184,12 @@ async def run(args: EngineBenchConfig) -> None:
             src = r["sources"]
             print(f"{r['mode']:<30}" + "  ".join(
                 f"{s}={src[s + '_wins']}/{src[s + '_drafted']}/{src[s + '_accepted']}"
-                for s in ("aligned", "group", "global")) + f"  none={src['empty']}")
+                for s in DRAFTER_NAMES) + f"  none={src['empty']}")
     if "suffix_keyed" in red:  # keyed sampling: both rows decode the very same tokens
         print(f"same tokens (keyed): suffix_keyed={red['suffix_keyed']:.3f} "
               f"bubblespec_live_keyed={red['bubblespec_live_keyed']:.3f} "
               f"bubblespec_live_keyed_glive={red['bubblespec_live_keyed_glive']:.3f} "
-              "(glive: live responses in the global pool, --src-global-live)")
+              "(glive: live responses in the global pool, the global_live source)")
     fmt = {k: (f"{red[k]:.3f}" if k in red else "n/a") for k in
            ("ngram", "suffix", "bubblespec_siblings", "bubblespec_pregen")}
     print(f"bubblespec_pregen_keyed (pre-generated drafts + keyed-noise sampling): "

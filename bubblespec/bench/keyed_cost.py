@@ -237,7 +237,7 @@ async def run(cfg: KeyedCostConfig) -> dict:
     doc = {"config": asdict(cfg), "model": model, "machine": machine(), "runs": runs}
     for spec in cfg.spec_modes:
         ecfg = EngineConfig(model=model, spec_mode=spec, max_num_seqs=max(cfg.sizes),
-                            src_pregen=False, src_global=False)
+                            sources="siblings,self")
         eng = await RolloutEngine.start(ecfg)
         try:
             for rep in range(-1, cfg.repeats):  # -1: warm-up, not recorded

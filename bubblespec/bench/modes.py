@@ -25,11 +25,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bubblespec.core.sources import DEFAULT_SOURCES, parse_sources, sources_flag
 from bubblespec.protocol.sampling import PregenWindow, SeedMode
 
 SCHEMA = "bubblespec.bench/v1"
 
-SPEC_OFF_SRCS = ["--no-src-pregen", "--no-src-siblings", "--no-src-self", "--no-src-global"]
+SPEC = "--spec-mode=bubblespec"
+WITH_HISTORY = (*DEFAULT_SOURCES, "history")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class Mode:
 
     name: str
     rank_args: tuple[str, ...]
+    """The rank's arguments; with `sources`, its `--sources` flag is appended."""
+    sources: tuple[str, ...] | None = None
+    """The draft sources of a bubblespec mode (`core.sources` names; the default ones when
+    not given; None for a mode that does not draft with bubblespec's index). Recorded with the mode's figures, where the simulator
+    reads them."""
     pregen: bool = False
     """Pass the next step's prompts ahead (pre-generation in the bubble)."""
     seed_mode: SeedMode = SeedMode.DEFAULT
@@ -53,9 +60,29 @@ class Mode:
     lookahead: int = 1
     """Future steps whose prompts each rollout hands ahead (1: the next step's only)."""
 
+    def __post_init__(self) -> None:
+        if self.sources is None and SPEC in self.rank_args:
+            object.__setattr__(self, "sources", DEFAULT_SOURCES)
+        if self.sources is not None:
+            srcs = parse_sources(self.sources)
+            object.__setattr__(self, "sources", srcs)
+            object.__setattr__(self, "rank_args", (*self.rank_args, sources_flag(srcs)))
+
     @property
     def key(self) -> str:
         return self.label or self.name
+
+
+def rank_sources(rank_args: Sequence[str]) -> tuple[str, ...] | None:
+    """The draft sources a rank started with `rank_args` is given: its last `--sources`
+    flag; without one the default if its speculation is bubblespec's, else None."""
+    found: tuple[str, ...] | None = DEFAULT_SOURCES if SPEC in rank_args else None
+    for i, a in enumerate(rank_args):
+        if a.startswith("--sources="):
+            found = parse_sources(a.split("=", 1)[1])
+        elif a == "--sources" and i + 1 < len(rank_args):
+            found = parse_sources(rank_args[i + 1])
+    return found
 
 
 MODES: tuple[Mode, ...] = (
@@ -63,15 +90,15 @@ MODES: tuple[Mode, ...] = (
     Mode("nospec-keyed", ("--spec-mode=none",), seed_mode=SeedMode.KEYED, label="nospec_keyed"),
     Mode("ngram", ("--spec-mode=ngram",)),
     Mode("suffix", ("--spec-mode=suffix",), needs="arctic_inference"),
-    Mode("history", ("--spec-mode=bubblespec", *SPEC_OFF_SRCS, "--src-history")),
-    Mode("bubblespec", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True),
-    Mode("bubblespec-keyed", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True,
+    Mode("history", (SPEC,), sources=("history",)),
+    Mode("bubblespec", (SPEC,), pregen=True),
+    Mode("bubblespec-keyed", (SPEC,), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed"),
-    Mode("bubblespec-history", ("--spec-mode=bubblespec", "--src-history"), pregen=True,
+    Mode("bubblespec-history", (SPEC,), sources=WITH_HISTORY, pregen=True,
          label="bubblespec_history"),
-    Mode("bubblespec-keyed-history", ("--spec-mode=bubblespec", "--src-history"), pregen=True,
+    Mode("bubblespec-keyed-history", (SPEC,), sources=WITH_HISTORY, pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_history"),
-    Mode("bubblespec-keyed-window", ("--spec-mode=bubblespec", "--no-src-history"),
+    Mode("bubblespec-keyed-window", (SPEC,),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window",
          pregen_window=PregenWindow.TRAINING),
 )
@@ -79,27 +106,21 @@ STREAM_MARGIN = 0.1
 """Keyed-margin threshold of the streamed modes: on the embedded model's schedule it covers
 the most flips with one branch per draft (`bubblespec bench flips`, README)."""
 BRANCH_MODES: tuple[Mode, ...] = (
-    Mode("bubblespec-keyed-nobranch", ("--spec-mode=bubblespec", "--no-src-history",
-                                       "--pregen-branches=0"), pregen=True,
+    Mode("bubblespec-keyed-nobranch", (SPEC, "--pregen-branches=0"), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_nobranch"),
-    Mode("bubblespec-keyed-window-nobranch", ("--spec-mode=bubblespec", "--no-src-history",
-                                              "--pregen-branches=0"), pregen=True,
+    Mode("bubblespec-keyed-window-nobranch", (SPEC, "--pregen-branches=0"), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_window_nobranch",
          pregen_window=PregenWindow.TRAINING),
-    Mode("bubblespec-keyed-branch", ("--spec-mode=bubblespec", "--no-src-history",
-                                     "--pregen-branches=1", "--pregen-branch-margin=0"),
+    Mode("bubblespec-keyed-branch", (SPEC, "--pregen-branches=1", "--pregen-branch-margin=0"),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_branch"),
-    Mode("bubblespec-keyed-window-branch", ("--spec-mode=bubblespec", "--no-src-history",
-                                            "--pregen-branches=1",
+    Mode("bubblespec-keyed-window-branch", (SPEC, "--pregen-branches=1",
                                             "--pregen-branch-margin=0"), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_window_branch",
          pregen_window=PregenWindow.TRAINING),
-    Mode("bubblespec-keyed-stream", ("--spec-mode=bubblespec", "--no-src-history",
-                                     "--pregen-branches=1",
+    Mode("bubblespec-keyed-stream", (SPEC, "--pregen-branches=1",
                                      f"--pregen-branch-margin={STREAM_MARGIN}"), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_stream"),
-    Mode("bubblespec-keyed-window-stream", ("--spec-mode=bubblespec", "--no-src-history",
-                                            "--pregen-branches=1",
+    Mode("bubblespec-keyed-window-stream", (SPEC, "--pregen-branches=1",
                                             f"--pregen-branch-margin={STREAM_MARGIN}"),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window_stream",
          pregen_window=PregenWindow.TRAINING),
@@ -113,8 +134,8 @@ KEYED_BASELINE_MODES: tuple[Mode, ...] = (
     Mode("ngram-keyed", ("--spec-mode=ngram",), seed_mode=SeedMode.KEYED, label="ngram_keyed"),
     Mode("suffix-keyed", ("--spec-mode=suffix",), seed_mode=SeedMode.KEYED,
          needs="arctic_inference", label="suffix_keyed"),
-    Mode("history-keyed", ("--spec-mode=bubblespec", *SPEC_OFF_SRCS, "--src-history"),
-         seed_mode=SeedMode.KEYED, label="history_keyed"),
+    Mode("history-keyed", (SPEC,), sources=("history",), seed_mode=SeedMode.KEYED,
+         label="history_keyed"),
 )
 """The baselines under keyed sampling: their tokens are those of keyed sampling without
 speculation, so their rows compare with bubblespec-keyed on identical outputs (run by
@@ -122,11 +143,9 @@ speculation, so their rows compare with bubblespec-keyed on identical outputs (r
 SPREAD_INFLIGHT = 16
 """Pre-generation lanes per rank of the spread modes (the rank's default is 64)."""
 ORDER_MODES: tuple[Mode, ...] = (
-    Mode("bubblespec-keyed-spread", ("--spec-mode=bubblespec", "--no-src-history",
-                                     f"--pregen-inflight={SPREAD_INFLIGHT}"), pregen=True,
+    Mode("bubblespec-keyed-spread", (SPEC, f"--pregen-inflight={SPREAD_INFLIGHT}"), pregen=True,
          seed_mode=SeedMode.KEYED, label="keyed_spread"),
-    Mode("bubblespec-keyed-spread-deep", ("--spec-mode=bubblespec", "--no-src-history",
-                                          f"--pregen-inflight={SPREAD_INFLIGHT}"),
+    Mode("bubblespec-keyed-spread-deep", (SPEC, f"--pregen-inflight={SPREAD_INFLIGHT}"),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_spread_deep",
          sync_args=("--pregen-depth=8",)),
 )
@@ -138,13 +157,13 @@ prompts by predicted length, predictions updated as pre-generated samples comple
 which responses get drafts first and longest: breadth-first over prompts (depth 1), or all
 8 samples of the prompt predicted longest first (`-deep`, depth 8)."""
 LOOKAHEAD_MODES: tuple[Mode, ...] = (
-    Mode("bubblespec-keyed-ahead2", ("--spec-mode=bubblespec", "--no-src-history"),
+    Mode("bubblespec-keyed-ahead2", (SPEC,),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_ahead2", lookahead=2),
-    Mode("bubblespec-keyed-ahead3", ("--spec-mode=bubblespec", "--no-src-history"),
+    Mode("bubblespec-keyed-ahead3", (SPEC,),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_ahead3", lookahead=3),
-    Mode("bubblespec-ahead2", ("--spec-mode=bubblespec", "--no-src-history"), pregen=True,
+    Mode("bubblespec-ahead2", (SPEC,), pregen=True,
          label="bubblespec_ahead2", lookahead=2),
-    Mode("bubblespec-keyed-window-ahead3", ("--spec-mode=bubblespec", "--no-src-history"),
+    Mode("bubblespec-keyed-window-ahead3", (SPEC,),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_window_ahead3",
          pregen_window=PregenWindow.TRAINING, lookahead=3),
 )
@@ -153,34 +172,30 @@ docs/design.md section 6): a bubble that covered the next step goes on to the on
 and a draft made under older weights is refreshed when the step before it hands it again;
 `-window-ahead3` also through the training window."""
 TAIL_FILL_MODES: tuple[Mode, ...] = (
-    Mode("bubblespec-keyed-tail5", ("--spec-mode=bubblespec", "--no-src-history",
-                                    "--tail-fill-budget=0.05"),
+    Mode("bubblespec-keyed-tail5", (SPEC, "--tail-fill-budget=0.05"),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_tail5"),
-    Mode("bubblespec-keyed-tail20", ("--spec-mode=bubblespec", "--no-src-history",
-                                     "--tail-fill-budget=0.2"),
+    Mode("bubblespec-keyed-tail20", (SPEC, "--tail-fill-budget=0.2"),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_tail20"),
-    Mode("bubblespec-tail5", ("--spec-mode=bubblespec", "--no-src-history",
-                              "--tail-fill-budget=0.05"),
+    Mode("bubblespec-tail5", (SPEC, "--tail-fill-budget=0.05"),
          pregen=True, label="bubblespec_tail5"),
-    Mode("bubblespec-keyed-ahead3-tail5", ("--spec-mode=bubblespec", "--no-src-history",
-                                           "--tail-fill-budget=0.05"),
+    Mode("bubblespec-keyed-ahead3-tail5", (SPEC, "--tail-fill-budget=0.05"),
          pregen=True, seed_mode=SeedMode.KEYED, label="keyed_ahead3_tail5", lookahead=3),
 )
 """Tail-fill (`--tail-fill-budget`, rank/tail_fill.py): pre-generation starts beside each
 rank's own last requests, with as many lanes as keep a modelled forward within 5% (20%) of
 its own; `-ahead3-tail5` with prompts handed three steps ahead, so that the queue outlasts
 a long step's bubble."""
-GLOBAL_LIVE = ("--src-global", "--src-global-live")
+GLOBAL_LIVE = DEFAULT_SOURCES
 FALLBACK_MODES: tuple[Mode, ...] = (
-    Mode("bubblespec-glive", ("--spec-mode=bubblespec", "--no-src-history", *GLOBAL_LIVE),
+    Mode("bubblespec-glive", (SPEC,), sources=GLOBAL_LIVE,
          pregen=True, label="bubblespec_glive"),
-    Mode("bubblespec-keyed-glive", ("--spec-mode=bubblespec", "--no-src-history",
-                                    *GLOBAL_LIVE),
-         pregen=True, seed_mode=SeedMode.KEYED, label="keyed_glive"),
+    Mode("bubblespec-keyed-glive", (SPEC,), sources=GLOBAL_LIVE, pregen=True,
+         seed_mode=SeedMode.KEYED, label="keyed_glive"),
 )
 """The fallback of a response that left its draft, as suffix decoding's: the global pool
-holds every prompt's responses while they are generated (`--src-global
---src-global-live`)."""
+holds every prompt's responses while they are generated (the `global` and `global_live`
+sources; the rank's default since they were measured, so these modes equal `bubblespec` and
+`bubblespec-keyed` and stay for the records that name them)."""
 ALL_MODES = (MODES + KEYED_BASELINE_MODES + BRANCH_MODES + ORDER_MODES + LOOKAHEAD_MODES
              + TAIL_FILL_MODES + FALLBACK_MODES)
 BASELINE = "nospec"

@@ -53,6 +53,7 @@ from bubblespec.bench.modes import (
     keyed_agreement,
     lengths_doc,
     mode_by_name,
+    rank_sources,
     reductions,
 )
 from bubblespec.bench.paced_figures import (
@@ -244,9 +245,8 @@ def shareable(mode: Mode, extra_rank_args: str = "") -> bool:
     pool). vLLM's suffix decoding keeps a global tree of past responses, bubblespec's global
     pool (on by default) recent responses and history earlier steps' responses: those would
     draft from the previous mode's outputs."""
-    a = [*mode.rank_args, *extra_rank_args.split()]
-    pool = "--src-global" in a or ("--spec-mode=bubblespec" in a and "--no-src-global" not in a)
-    return mode.needs == "" and "--src-history" not in a and not pool
+    sources = rank_sources([*mode.rank_args, *extra_rank_args.split()]) or ()
+    return mode.needs == "" and "history" not in sources and "global" not in sources
 
 
 def cluster_groups(modes: Sequence[Mode], extra_rank_args: str = "") -> list[list[Mode]]:
@@ -314,7 +314,9 @@ def run_group(group: Sequence[Mode], cfg: PacedBenchConfig, seed: int, model_dir
                 continue
             after, b_after = rank_pace(cluster.rank_urls), rank_branches(cluster)
             per_rank = {r: stats_delta(after[r], before[r]) for r in after}
+            sources = rank_sources(rank_args)
             res.update(rank_args=rank_args, sync_args=sync_args, cluster_start_s=start_s,
+                       sources=None if sources is None else list(sources),
                        pace_scale=scale,
                        branches={k: b_after[k] - b_before[k] for k in b_after},
                        mode_wall_s=time.monotonic() - t1, shared_cluster=name,

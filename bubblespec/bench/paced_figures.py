@@ -335,10 +335,15 @@ def accept_doc(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
                   if s["tokens_per_forward"] > 0)
         if not tok or not fwd:
             continue
+        # pre-generates: hands prompts ahead, and drafts from them (runs recorded before
+        # the modes' sources were: the former says it)
+        pre = bool(r.get("pregen")) and (r.get("sources") is None or "pregen" in r["sources"])
         row = {"accepted_per_forward": max(0.0, tok / fwd - 1.0),
                "drafted_per_forward": sum(s["draft_tokens"] for s in steps) / fwd,
-               "uses_pregen": bool(r.get("pregen"))}
-        if r.get("pregen"):
+               "uses_pregen": pre}
+        if r.get("sources") is not None:
+            row["sources"] = list(r["sources"])
+        if pre:
             row["pregen_coverage"] = sum(s["accepted_pregen_tokens"] for s in steps) / tok
         out[name] = row
     return out

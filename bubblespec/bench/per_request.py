@@ -31,7 +31,7 @@ def run_per_request(steps: int = 5, window: str = "training", top: int = 4, out:
     task, model = default_task(), str(default_model_dir())
     results: list[Any] = []
     with LocalCluster(ranks=2, model=model,
-                      rank_args=["--spec-mode=bubblespec", "--no-src-history"]) as cluster, \
+                      rank_args=["--spec-mode=bubblespec"]) as cluster, \
             BubbleSpecClient(cluster.gateway_url) as client:
         client.wait_ready(timeout_s=300)
         # the bench's greedy check first, so service step numbers (and so the derived

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from bubblespec.core.draft import DraftParams
+from bubblespec.core.sources import DRAFTER_NAMES
 from bubblespec.core.suffix_index import SuffixIndex
 from bubblespec.tasks.stats import length_stats, sibling_stats
 
-SOURCES = ("aligned", "group", "global")
 SOURCE_ROWS = ("bubblespec_siblings", "bubblespec_pregen", "bubblespec_pregen_keyed")
 """Engine-bench rows whose per-source counters are shown."""
 MODES = ("ngram", "suffix", "bubblespec_siblings", "bubblespec_live", "bubblespec_pregen",
@@ -120,9 +120,9 @@ def source_acceptance(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, flo
         src = r.get("sources") or {}
         if r["mode"] not in SOURCE_ROWS or not src:
             continue
-        total = sum(src.get(f"{s}_accepted", 0) for s in SOURCES)
+        total = sum(src.get(f"{s}_accepted", 0) for s in DRAFTER_NAMES)
         fig: dict[str, float | None] = {}
-        for s in SOURCES:
+        for s in DRAFTER_NAMES:
             drafted, acc = src.get(f"{s}_drafted", 0), src.get(f"{s}_accepted", 0)
             fig[f"{s}_acceptance"] = acc / drafted if drafted else None
             fig[f"{s}_share"] = acc / total if total else None
@@ -192,7 +192,7 @@ def table_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
               _fmt(rp["tokens_per_forward"])),
              ("  tokens from accepted drafts", _fmt(rp["accepted_share"], True))]
     for row, fig in stats["sources"].items():
-        for s in SOURCES:
+        for s in DRAFTER_NAMES:
             if fig[f"{s}_acceptance"] is not None:
                 acc, share = _fmt(fig[f"{s}_acceptance"], True), _fmt(fig[f"{s}_share"], True)
                 lines.append((f"{row}: {s} accepted/drafted (share)", f"{acc} ({share})"))

@@ -95,7 +95,7 @@ def _service(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--extra-rank-args", default="",
                    help="appended to every mode's rank arguments, for ablations "
-                        "(e.g. '--no-src-global')")
+                        "(e.g. '--sources=pregen,siblings,self')")
     p.add_argument("--model", default=None, help="HF model dir [the task's model]")
     p.add_argument("--task", choices=TASKS, default="addchain",
                    help="addchain (tiny model) or wordproblems (`make real-model`)")

@@ -1,11 +1,12 @@
 """One proposer engine step for a whole batch of requests: the reference implementation.
 
 Per request with newly emitted tokens: count the step, and the accepted tokens of its last
-draft (recorded against the draft's source in the calibration and the per-source counters);
+draft (recorded against the draft's drafter in the calibration and the per-drafter counters);
 append the tokens to the request's live sequence in the index; continue the aligned
 pre-generated response while the output still equals it (keyed noise makes it a coupled
-prediction); draft from the request's group matcher and, when it has one, its global-pool
-matcher; send the candidate with the highest calibrated expected accepted length
+prediction); ask every registered drafter (`core.drafters`: the aligned response, the
+request's group matcher, its global-pool matcher when it has one) for a candidate and send
+the one with the highest calibrated expected accepted length
 (:mod:`bubblespec.core.candidates`). This is the engine proposer's per-request loop; the
 native backend (``bubblespec_native.step``) is held to it token for token, counters and
 calibration included (see :mod:`bubblespec.core.backend`).
@@ -21,14 +22,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from bubblespec.core.candidates import (
-    Calibration,
-    Candidate,
-    SourceStats,
-    aligned_candidate,
-    choose,
-)
+from bubblespec.core.candidates import Calibration, DrafterStats, choose
 from bubblespec.core.draft import DraftParams
+from bubblespec.core.drafters import DRAFTERS
 
 RESYNC = 4
 """After the output leaves the aligned pre-generated response, drafting from it resumes once
@@ -80,8 +76,8 @@ class Request:
     _: KW_ONLY
     counters: DraftCounters = field(default_factory=DraftCounters)
     last_draft: int = 0
-    last_src: str = ""  # source of the last draft ("" when it came from elsewhere)
-    last_claim: float = 0.0  # its expected accepted tokens as the source stated them
+    last_src: str = ""  # drafter of the last draft ("" when it came from elsewhere)
+    last_claim: float = 0.0  # its expected accepted tokens as the drafter stated them
     aligned: list[int] | None = None  # pre-generated response with this sample index
     aligned_on: bool = True  # output equals the aligned response so far (or re-synced)
     tail: list[int] = field(default_factory=list)  # the last RESYNC output tokens
@@ -158,18 +154,11 @@ def follow_aligned(st: Any, sampled: list[int], budget: int) -> list[int]:
 
 
 def choose_draft(st: Request, sampled: list[int], aligned: list[int], budget: int,
-                 params: DraftParams, calib: Calibration, src: SourceStats) -> list[int]:
-    """Draft from every source of `st` and keep the candidate with the highest expected
-    accepted length; count the winner (or an empty step)."""
-    cands = [aligned_candidate(aligned, calib.aligned_rate())] if aligned else []
-    for name, m in (("group", st.matcher), ("global", st.gmatcher)):
-        if m is None:
-            continue
-        if budget > 0:
-            d = m.speculate(sampled, params)
-            cands.append(Candidate(name, d.token_ids, d.probs))
-        else:
-            m.extend(sampled)
+                 params: DraftParams, calib: Calibration, src: DrafterStats) -> list[int]:
+    """Ask every registered drafter for its candidate for `st` and keep the one with the
+    highest expected accepted length; count the winner (or an empty step)."""
+    cands = [c for d in DRAFTERS
+             if (c := d.candidate(st, sampled, aligned, budget, params, calib)) is not None]
     best, claim = choose(cands, budget, calib)
     if best is None:
         st.last_src, st.last_claim = "", 0.0
@@ -186,7 +175,7 @@ def extend_requests(index: Any, reqs: Sequence[Request], sampled: Sequence[list[
     """The appends a `step` with ``extend_index=False`` left: each non-empty ``sampled[i]``
     to the live sequence of ``reqs[i]``, in order, in one ``index.extend_sequences`` call
     (checked whole first). The engine proposer's deferred appends
-    (``src_defer_appends``) run this on a worker thread after sending the drafts."""
+    (``defer_appends``) run this on a worker thread after sending the drafts."""
     if len(reqs) < len(sampled):
         raise ValueError("extend_requests: one request per sampled list")
     rows = [i for i, new in enumerate(sampled) if len(new)]
@@ -195,7 +184,7 @@ def extend_requests(index: Any, reqs: Sequence[Request], sampled: Sequence[list[
 
 def step(index: Any, reqs: Sequence[Request], sampled: Sequence[list[int]],
          num_tokens: Sequence[int], k: int, max_model_len: int, params: DraftParams,
-         calib: Calibration, src: SourceStats, *, extend_index: bool = True,
+         calib: Calibration, src: DrafterStats, *, extend_index: bool = True,
          keep_out: bool = False, drafts: Sequence[Sequence[int]] | None = None,
          caps: Sequence[int] | None = None) -> list[list[int]]:
     """Drafts for one engine step: ``reqs[i]`` emitted ``sampled[i]`` and holds

@@ -1,22 +1,23 @@
 """Choosing one draft per request and step among several sources, by expected accepted length.
 
-A request may be drafted from several sources at once: the pre-generated response with its
-own sample index ("aligned"), its prompt group's suffix automaton (prompt, own output, live
-and finished siblings, other pre-generated responses: "group") and the global automaton of
-recent responses across prompts ("global", what vLLM's suffix decoding calls its global
-tree). Each source states a path probability per drafted token; the expected number of
+A request may be drafted by several drafters at once (`core.drafters`, named in
+`core.sources.DRAFTER_NAMES`): the pre-generated response with its own sample index
+("aligned"), its prompt group's suffix automaton (prompt, own output, live and finished
+siblings, other pre-generated responses: "group") and the global automaton of recent
+responses across prompts ("global", what vLLM's suffix decoding calls its global tree).
+Each drafter states a path probability per drafted token; the expected number of
 accepted tokens of a path draft is the sum of those probabilities (token i is accepted only
 if tokens 0..i are). The stated probabilities are frequency counts, not the target model's,
-and their bias differs per source: a large global pool gives confident counts for phrasing
-that other prompts share but this response may not. So each source's claims are rescaled by
+and their bias differs per drafter: a large global pool gives confident counts for phrasing
+that other prompts share but this response may not. So each drafter's claims are rescaled by
 what it delivered so far (:class:`Calibration`): accepted tokens over claimed tokens of its
-past winning drafts, a running ratio with a prior. A source that over-claims then loses to
+past winning drafts, a running ratio with a prior. A drafter that over-claims then loses to
 one that delivers, instead of being switched off.
 
 The aligned response carries no counts: it states p**(i+1) for token i, p being its observed
 per-token continuation rate (a geometric estimate with a prior).
 
-The choice is deterministic (ties by the fixed source order, aligned first) and never
+The choice is deterministic (ties by the drafters' fixed order, aligned first) and never
 exceeds the budget. Drafts never change what is sampled; the choice only decides how many
 tokens one verification forward may accept.
 """
@@ -26,13 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-SOURCES: tuple[str, ...] = ("aligned", "group", "global")
-"""Draft sources in tie-break order."""
+from bubblespec.core.sources import DRAFTER_NAMES
 
 
 @dataclass(slots=True)
 class Candidate:
-    """A path draft from one source: ``probs[i]`` is the stated probability that tokens
+    """A path draft from one drafter: ``probs[i]`` is the stated probability that tokens
     0..i are all accepted (non-increasing)."""
 
     source: str
@@ -42,20 +42,23 @@ class Candidate:
 
 @dataclass
 class Calibration:
-    """Per-source running ratio delivered / claimed, plus the aligned continuation rate.
+    """Per-drafter running ratio delivered / claimed, plus the aligned continuation rate.
 
     ``prior`` pseudo-tokens of a ratio of 1 (claims believed until data says otherwise);
     ``aligned_prior`` pseudo-(accepted, stopped) counts of the aligned continuation rate."""
 
     prior: float = 16.0
     aligned_prior: tuple[float, float] = (9.0, 1.0)
-    claimed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0.0))
-    delivered: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0.0))
+    claimed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DRAFTER_NAMES, 0.0))
+    delivered: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DRAFTER_NAMES, 0.0))
     al_acc: float = 0.0
     al_stop: float = 0.0
 
     def ratio(self, source: str) -> float:
-        """Accepted tokens per claimed token of `source`'s past winning drafts."""
+        """Accepted tokens per claimed token of drafter `source`'s past winning drafts; 1 for
+        the aligned drafter, whose claims are calibrated through its rate instead."""
+        if source == "aligned":
+            return 1.0
         return (self.delivered[source] + self.prior) / (self.claimed[source] + self.prior)
 
     def aligned_rate(self) -> float:
@@ -83,22 +86,21 @@ def aligned_candidate(token_ids: list[int], rate: float) -> Candidate:
 
 
 def expected_accepted(cand: Candidate, budget: int, calib: Calibration) -> float:
-    """Expected accepted tokens of `cand` cut to `budget` tokens, rescaled by its source's
-    record (the aligned source is calibrated through its rate instead)."""
-    claimed = sum(cand.probs[:budget])
-    return claimed if cand.source == "aligned" else claimed * calib.ratio(cand.source)
+    """Expected accepted tokens of `cand` cut to `budget` tokens, rescaled by its drafter's
+    record (`Calibration.ratio`)."""
+    return sum(cand.probs[:budget]) * calib.ratio(cand.source)
 
 
 def choose(cands: Sequence[Candidate], budget: int,
            calib: Calibration) -> tuple[Candidate | None, float]:
     """The candidate with the highest expected accepted length, cut to `budget` tokens, and
     its claim before rescaling (what :meth:`Calibration.record` wants back). Ties go to the
-    earlier source in :data:`SOURCES`; (None, 0.0) if no candidate drafts anything."""
+    earlier drafter in `DRAFTER_NAMES`; (None, 0.0) if no candidate drafts anything."""
     if budget <= 0:
         return None, 0.0
     best: Candidate | None = None
     best_val = 0.0
-    for cand in sorted(cands, key=lambda c: SOURCES.index(c.source)):
+    for cand in sorted(cands, key=lambda c: DRAFTER_NAMES.index(c.source)):
         if not cand.token_ids:
             continue
         val = expected_accepted(cand, budget, calib)
@@ -111,20 +113,20 @@ def choose(cands: Sequence[Candidate], budget: int,
 
 
 @dataclass
-class SourceStats:
-    """Per-source counters over engine steps: wins (steps whose draft came from the source),
+class DrafterStats:
+    """Per-drafter counters over engine steps: wins (steps whose draft came from the drafter),
     drafted tokens and accepted tokens; ``empty``: steps where no source drafted."""
 
-    wins: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
-    drafted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
-    accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    wins: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DRAFTER_NAMES, 0))
+    drafted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DRAFTER_NAMES, 0))
+    accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DRAFTER_NAMES, 0))
     empty: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        """Flat counters: ``<source>_wins``, ``<source>_drafted``, ``<source>_accepted``,
+        """Flat counters: ``<drafter>_wins``, ``<drafter>_drafted``, ``<drafter>_accepted``,
         ``empty``."""
         out = {"empty": self.empty}
-        for s in SOURCES:
+        for s in DRAFTER_NAMES:
             out[f"{s}_wins"] = self.wins[s]
             out[f"{s}_drafted"] = self.drafted[s]
             out[f"{s}_accepted"] = self.accepted[s]

@@ -2,6 +2,6 @@
 (lazily: importing the types does not load vLLM)."""
 
 from bubblespec.engine.config import EngineConfig
-from bubblespec.engine.types import DraftSources, GenRequest, GenResult, SampleResult, SpecMode
+from bubblespec.engine.types import GenRequest, GenResult, SampleResult, SpecMode
 
-__all__ = ["DraftSources", "EngineConfig", "GenRequest", "GenResult", "SampleResult", "SpecMode"]
+__all__ = ["EngineConfig", "GenRequest", "GenResult", "SampleResult", "SpecMode"]

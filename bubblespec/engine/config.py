@@ -7,10 +7,11 @@ neither vLLM nor torch (the rank parses its configuration before the engine star
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from bubblespec.core.sources import DEFAULT_SOURCES, SourceName, parse_sources
 from bubblespec.engine.types import SpecMode
 
 
@@ -45,29 +46,25 @@ class DraftingSettings(_Settings):
 class DraftSourceSettings(_Settings):
     """Which draft sources the proposer uses, and how the index takes each step's tokens."""
 
-    src_pregen: bool = True
-    """Draft from pre-generated responses."""
-    src_siblings: bool = True
-    """Draft from sibling responses of the same prompt."""
-    src_self: bool = True
-    """Draft from the request's own prompt and output."""
-    src_history: bool = False
-    """Keep finished responses across batches as drafts."""
-    src_global: bool = True
-    """Draft from a global pool of recent responses to any prompt."""
-    src_global_live: bool = True
-    """With `src_global`: the global pool also holds the responses still being generated
-    (as vLLM's suffix decoding does); a finished one stays in the pool when its prompt's
-    batch ends. It closes the gap to suffix decoding on live sources, and a response that
-    left its draft falls back on it, for a drafting cost per engine step; on by default
-    since the paced plain-sampling run (docs/results.md, "The live global pool by
+    sources: tuple[SourceName, ...] = DEFAULT_SOURCES
+    """Draft sources, comma-separated (`core.sources`; none: no source): pregen
+    (pre-generated responses), siblings (sibling responses of the same prompt), self (the
+    request's own prompt and output), history (finished responses kept across batches),
+    global (a global pool of recent responses to any prompt), global_live (with global: the
+    responses still being generated are in the pool too, as vLLM's suffix decoding does; on
+    by default since the paced plain-sampling run, docs/results.md "The live global pool by
     default")."""
-    src_defer_appends: bool = False
+    defer_appends: bool = False
     """Append each step's emitted tokens to the draft index after the step's drafts are
     sent, on a worker thread beside the next forward (native index: without the GIL),
     instead of before drafting. The appends leave the critical path, but a match without
     the batch's latest tokens costs more, so the saving is small, and with the global pool +
     live outputs it costs more than it saves (docs/results.md, "Native draft path")."""
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _named_sources(cls, v: Any) -> tuple[str, ...]:
+        return parse_sources(v)
 
 
 class SizingSettings(_Settings):

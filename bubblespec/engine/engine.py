@@ -18,11 +18,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from bubblespec.core.batch import DraftCounters
+from bubblespec.core.sources import parse_sources
 from bubblespec.engine import vllm_glue
 from bubblespec.engine.checkpoint import (
     CheckpointError,
@@ -166,10 +167,8 @@ class RolloutEngine:
         """What `bubblespec_configure` passes to the proposer (from the engine config)."""
         c = self.cfg
         return {"mode": c.spec_mode.value,
-                "sources": {"pregen": c.src_pregen, "siblings": c.src_siblings,
-                            "self_context": c.src_self, "history": c.src_history,
-                            "global_pool": c.src_global, "global_live": c.src_global_live,
-                            "defer_appends": c.src_defer_appends},
+                "sources": list(c.sources),
+                "defer_appends": c.defer_appends,
                 "draft": {"max_spec_tokens": c.num_speculative_tokens,
                           "max_spec_factor": c.max_spec_factor,
                           "max_spec_offset": c.max_spec_offset,
@@ -179,17 +178,13 @@ class RolloutEngine:
                 "global_token_budget": c.global_token_budget,
                 "fault_biased_verifier": c.fault_biased_verifier}
 
-    async def set_sources(self, pregen: bool, siblings: bool, self_context: bool,
-                          history: bool = False, global_pool: bool | None = None,
-                          global_live: bool | None = None,
+    async def set_sources(self, sources: Iterable[str] | str,
                           defer_appends: bool | None = None) -> None:
-        """Switch draft sources between batches (resets the draft index; `global_pool`,
-        `global_live` and `defer_appends` None keep the configured ones)."""
-        upd = {"src_pregen": pregen, "src_siblings": siblings, "src_self": self_context,
-               "src_history": history}
-        kept = {"src_global": global_pool, "src_global_live": global_live,
-                "src_defer_appends": defer_appends}
-        upd.update({k: v for k, v in kept.items() if v is not None})
+        """Switch the draft sources (`core.sources` names) between batches; resets the draft
+        index. `defer_appends` None keeps the configured one."""
+        upd: dict[str, Any] = {"sources": parse_sources(sources)}
+        if defer_appends is not None:
+            upd["defer_appends"] = defer_appends
         self.cfg = self.cfg.model_copy(update=upd)
         if self.speculative:
             await self.llm.collective_rpc("bubblespec_configure",

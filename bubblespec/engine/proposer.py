@@ -34,9 +34,10 @@ import numpy as np
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import Request, SuffixIndex, extend_requests, step
 from bubblespec.core.batch import RESYNC, DraftCounters, take_branch
-from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.core.candidates import Calibration, DrafterStats
 from bubblespec.core.draft_budget import DraftBudget
 from bubblespec.core.engine_time import EngineTime
+from bubblespec.core.sources import parse_sources
 from bubblespec.engine.faults import install_biased_verifier
 from bubblespec.engine.sampling import drafts_off
 from bubblespec.engine.vllm_glue import (
@@ -90,7 +91,7 @@ class BubbleSpecProposer:
         self.branches_taken = 0
         self.history_seqs: dict[str, list[tuple]] = {}  # finished outputs kept per group
         self.calib = Calibration()
-        self.src_stats = SourceStats()
+        self.src_stats = DrafterStats()
         self.budget: DraftBudget | None = None  # the per-step draft cap (`draft_budget`)
         self.acc_rej: dict[str, list[int]] = {}  # running request -> [accepted, rejections]
         self.cap_steps = self.cap_sum = 0
@@ -101,23 +102,24 @@ class BubbleSpecProposer:
 
     # ------------------------------------------------------------------ control (RPC)
     def bubblespec_configure(self, options: dict) -> str:
-        """Set mode ("bubblespec" | "ngram" | "suffix"), sources and draft parameters."""
+        """Set mode ("bubblespec" | "ngram" | "suffix"), sources (`core.sources` names;
+        without them: pregen, siblings and self), execution options and draft parameters."""
         self._settle()
         self.mode = options.get("mode", "bubblespec")
         if options.get("fault_biased_verifier"):  # negative control of the exactness tests
             install_biased_verifier(float(options["fault_biased_verifier"]))
-        src = options.get("sources", {})
-        self.pregen = bool(src.get("pregen", True))
-        self.siblings = bool(src.get("siblings", True))
-        self.self_context = bool(src.get("self_context", True))
-        self.history = bool(src.get("history", False))
-        self.global_pool = bool(src.get("global_pool", False))
+        # the sources (core.sources names) as the flags the per-step code reads
+        on = set(parse_sources(options.get("sources", ("pregen", "siblings", "self"))))
+        self.pregen = "pregen" in on
+        self.siblings = "siblings" in on
+        self.self_context = "self" in on
+        self.history = "history" in on
+        self.global_pool = "global" in on
         # live outputs mirrored into the global pool (shared groups only: a private group
         # goes when its request ends, and its mirrors would go with it)
-        self.global_live = self.global_pool and self.siblings and bool(
-            src.get("global_live", False))
+        self.global_live = self.global_pool and self.siblings and "global_live" in on
         self.mirrored_done: dict[str, list[tuple[Any, list[int]]]] = {}
-        self.defer_appends = bool(src.get("defer_appends", False))
+        self.defer_appends = bool(options.get("defer_appends", False))
         if self.defer_appends and self._appender is None:
             self._appender = ThreadPoolExecutor(1, thread_name_prefix="bubblespec-appends")
         dp = options.get("draft", {})
@@ -135,7 +137,7 @@ class BubbleSpecProposer:
             token_budget=int(options.get("token_budget", 4_000_000)),
             global_token_budget=int(options.get("global_token_budget", 200_000)))
         self.calib = Calibration()
-        self.src_stats = SourceStats()
+        self.src_stats = DrafterStats()
         if self.mode in ("ngram", "suffix"):
             self.inner = VllmProposer(self.vllm_config, self.mode,
                                       int(options.get("ngram_min", 2)),
@@ -234,7 +236,7 @@ class BubbleSpecProposer:
         steps where no source drafted), since `bubblespec_configure` or the last reset."""
         out = self.src_stats.as_dict()
         if reset:
-            self.src_stats = SourceStats()
+            self.src_stats = DrafterStats()
         return out
 
     # ------------------------------------------------------------------ per step

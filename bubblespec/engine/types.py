@@ -29,24 +29,6 @@ class SpecMode(str, Enum):
     BUBBLESPEC = "bubblespec"  # bubblespec's suffix index with pre-generated drafts
 
 
-@dataclass(frozen=True)
-class DraftSources:
-    """Which sources feed bubblespec's per-prompt-group index (each can be switched off)."""
-
-    pregen: bool = True
-    """Responses pre-generated in the previous step's bubble (pushed with add_drafts)."""
-    siblings: bool = True
-    """Live and finished sibling responses of the same prompt in the current batch."""
-    self_context: bool = True
-    """The request's own prompt and output (prompt lookup)."""
-    history: bool = False
-    """Responses to the same prompt from earlier steps (kept across batches)."""
-    global_pool: bool = False
-    """Recent responses to any prompt (one global pool, FIFO under a token budget), as
-    SuffixDecoding's global tree: drafts from step 0 on, also while pre-generating. The
-    engine's configuration turns it on (`EngineConfig.src_global`, with live outputs)."""
-
-
 @dataclass
 class GenRequest:
     """One prompt with `n` samples. `seeds` (one per sample) make sampling reproducible;

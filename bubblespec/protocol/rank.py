@@ -229,7 +229,7 @@ class DraftIndexBody(_Body):
     branches_taken: int = Field(0, description="Times a response followed a margin branch "
                                                "(since the engine started).")
     append_errors: int = Field(0, description="Deferred draft-index appends that failed "
-                                              "(--src-defer-appends; since the last "
+                                              "(--defer-appends; since the last "
                                               "configuration).")
     draft_cap_rows: int = Field(0, description="Decoding requests x engine steps whose draft "
                                 "cap the batch chose (`core.draft_budget`; since the last "

@@ -181,7 +181,7 @@ class RankWorker:
         return tokens
 
     async def _fetch_drafts(self, step: int, reqs: list[GenRequest]) -> int:
-        if self.sync is None or not self.engine.speculative or not self.cfg.src_pregen:
+        if self.sync is None or not self.engine.speculative or "pregen" not in self.cfg.sources:
             return 0
         drafts = await self.sync.fetch_drafts(step, sorted({r.group_key() for r in reqs}))
         items = [(d.prompt_key, d.sample_index, list(d.token_ids), d.branch_at)

@@ -27,11 +27,13 @@ one taken with the uncovered acceptance),
 `pregen_coverage` (share of the mode's generated tokens whose position was covered by an
 aligned pre-generated draft; optional, 1.0 when missing), optional explicit
 `accepted_per_forward_covered`, `accepted_per_forward_uncovered`,
-`drafted_per_forward_covered`, `drafted_per_forward_uncovered`, `uses_pregen`,
+`drafted_per_forward_covered`, `drafted_per_forward_uncovered`, `uses_pregen`, `sources`
+(the mode's draft sources, `core.sources` names, as the benches record them),
 `pregen_window` (pre-generates in the training window too; default: the name mentions
 "window").
-A mode uses pre-generation if `uses_pregen` says so, else if its name starts with
-"bubblespec" and does not mention "sibling". For such a mode without explicit split figures,
+A mode uses pre-generation if `uses_pregen` says so, else if its `sources` hold "pregen",
+else (figures recorded without either) if its name starts with "bubblespec" and does not
+mention "sibling". For such a mode without explicit split figures,
 the uncovered figure is taken from the "bubblespec_siblings" mode, else "suffix", else
 "suffix-keyed" (as `bench paced` names suffix decoding under keyed sampling), else the
 default; the covered figure is solved from the overall figure x at coverage y by harmonic
@@ -49,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bubblespec.core.sources import parse_sources
 from bubblespec.sim.tails import Rates, class_rate
 
 BASELINE_NAMES = ("none", "nospec", "no_spec", "baseline")
@@ -270,6 +273,8 @@ def load_accept_json(path: str | Path) -> tuple[list[ModeSpec], list[str]]:
             out.append(ModeSpec(name, 0.0, 0.0, source=src))
             continue
         uses = d.get("uses_pregen")
+        if uses is None and d.get("sources") is not None:
+            uses = "pregen" in parse_sources(d["sources"])
         uses = bool(uses) if uses is not None else (name.lower().startswith("bubblespec")
                                                     and "sibling" not in name.lower())
         x = _accepted(d)

@@ -1,9 +1,10 @@
 // One engine step of the proposer for a whole batch in one call: the C++ twin of
 // bubblespec/core/batch.py (per request: counters and the calibration record of its last
-// draft, append to the request's live sequence, the aligned pre-generated draft, drafts
-// from its group and global matchers, the candidate with the highest calibrated expected
-// accepted length). The calibration and per-source counters stay the Python objects of
-// bubblespec.core.candidates: read once per step, written back once (also on an error).
+// draft, append to the request's live sequence, the aligned pre-generated draft, a
+// candidate from every registered drafter (DRAFTERS below, core/drafters.py's twin), the
+// one with the highest calibrated expected accepted length). The calibration and
+// per-drafter counters stay the Python objects of bubblespec.core.candidates: read once
+// per step, written back once (also on an error).
 #pragma once
 
 #include <algorithm>
@@ -14,16 +15,16 @@
 
 namespace bsn {
 
-// candidates.Calibration and candidates.SourceStats for the length of one step.
+// candidates.Calibration and candidates.DrafterStats for the length of one step.
 struct Books {
   nb::handle cal, src;
   double prior = 0, ap0 = 0, ap1 = 0, al_acc = 0, al_stop = 0;
-  double claimed[4] = {}, delivered[4] = {};
-  int64_t wins[4] = {}, drafted[4] = {}, accepted[4] = {}, empty = 0;
+  double claimed[SRC_COUNT] = {}, delivered[SRC_COUNT] = {};
+  int64_t wins[SRC_COUNT] = {}, drafted[SRC_COUNT] = {}, accepted[SRC_COUNT] = {}, empty = 0;
 
-  // The source names as interned Python strings, made once.
+  // The drafter names as interned Python strings, made once.
   static nb::handle key(int s) {
-    static PyObject* keys[4] = {nullptr, nullptr, nullptr, nullptr};
+    static PyObject* keys[SRC_COUNT] = {};
     if (!keys[s]) keys[s] = PyUnicode_InternFromString(SRC_NAMES[s]);
     if (!keys[s]) throw nb::python_error();
     return keys[s];
@@ -38,7 +39,7 @@ struct Books {
     al_stop = nb::cast<double>(cal.attr("al_stop"));
     nb::object c = cal.attr("claimed"), d = cal.attr("delivered");
     nb::object w = src.attr("wins"), dr = src.attr("drafted"), a = src.attr("accepted");
-    for (int s = 1; s < 4; ++s) {
+    for (int s = 1; s < SRC_COUNT; ++s) {
       claimed[s] = num(c, s);
       delivered[s] = num(d, s);
       wins[s] = nb::cast<int64_t>(w[key(s)]);
@@ -52,7 +53,7 @@ struct Books {
     cal.attr("al_stop") = nb::float_(al_stop);
     nb::object c = cal.attr("claimed"), d = cal.attr("delivered");
     nb::object w = src.attr("wins"), dr = src.attr("drafted"), a = src.attr("accepted");
-    for (int s = 1; s < 4; ++s) {
+    for (int s = 1; s < SRC_COUNT; ++s) {
       c[key(s)] = nb::float_(claimed[s]);
       d[key(s)] = nb::float_(delivered[s]);
       w[key(s)] = nb::int_(wins[s]);
@@ -61,7 +62,10 @@ struct Books {
     }
     src.attr("empty") = nb::int_(empty);
   }
-  double ratio(int s) const { return (delivered[s] + prior) / (claimed[s] + prior); }
+  // candidates.Calibration.ratio: 1 for the aligned drafter (calibrated by its rate)
+  double ratio(int s) const {
+    return s == SRC_ALIGNED ? 1.0 : (delivered[s] + prior) / (claimed[s] + prior);
+  }
   double aligned_rate() const { return (al_acc + ap0) / (al_acc + al_stop + ap0 + ap1); }
   void record(int s, double claim, int64_t drafted_n, int64_t acc) {
     if (s == SRC_ALIGNED) {
@@ -82,6 +86,63 @@ inline double claim_of(const std::vector<double>& probs, int64_t budget) {
   for (size_t i = 0; i < n; ++i) sum.add(probs[i]);
   return sum.value();
 }
+
+// One drafter's candidate for a request at this step: its tokens and its claim (expected
+// accepted tokens as stated, before the calibration's rescaling).
+struct Cand {
+  const std::vector<int32_t>* toks = nullptr;
+  double claim = 0.0;
+};
+
+// What a drafter reads for request i: its aligned continuation (cut to the budget), the
+// matchers' drafts of phase 1 (two per request: group, global), the budget, the aligned
+// drafter's rate.
+struct DraftCtx {
+  const std::vector<int32_t>& al;
+  const std::vector<Draft>& ds;
+  size_t i;
+  int64_t budget;
+  double aligned_rate;
+};
+
+// drafters.AlignedDrafter: geometric path probabilities (candidates.aligned_candidate).
+inline bool aligned_drafter(const DraftCtx& x, Cand& c) {
+  if (x.al.empty()) return false;
+  PySum sum;
+  double q = 1.0;
+  for (size_t j = 0; j < x.al.size(); ++j) {
+    q *= x.aligned_rate;
+    sum.add(q);
+  }
+  c.toks = &x.al;
+  c.claim = sum.value();  // aligned drafts never exceed the budget
+  return true;
+}
+
+// drafters.MatcherDrafter: the draft phase 1 made with the request's J-th matcher.
+template <int J>
+inline bool matcher_drafter(const DraftCtx& x, Cand& c) {
+  if (x.budget <= 0) return false;
+  const Draft& d = x.ds[2 * x.i + J];
+  if (d.token_ids.empty()) return false;
+  c.toks = &d.token_ids;
+  c.claim = claim_of(d.probs, x.budget);
+  return true;
+}
+
+// The registered drafters, in tie-break order (drafters.DRAFTERS; their Src values name
+// them in the counters). A new drafter is a function above and its line here.
+struct DrafterEntry {
+  int8_t src;
+  bool (*candidate)(const DraftCtx&, Cand&);
+};
+inline constexpr DrafterEntry DRAFTERS[] = {
+    {SRC_ALIGNED, aligned_drafter},
+    {SRC_GROUP, matcher_drafter<0>},
+    {SRC_GLOBAL, matcher_drafter<1>},
+};
+static_assert(sizeof(DRAFTERS) / sizeof(DRAFTERS[0]) == SRC_COUNT - 1,
+              "one registered drafter per Src value");
 
 // batch.py: step. Phase 1 (index and matchers) and phase 2 (counters, calibration, aligned
 // draft, choice) touch disjoint state, so doing all of phase 1 first changes nothing; the
@@ -140,36 +201,25 @@ inline nb::list step(Index& idx, nb::handle reqs, nb::handle sampled, nb::handle
       tok = in.given.data() + in.goff[i];
       ntk = std::min(in.goff[i + 1] - in.goff[i], static_cast<size_t>(std::max<int64_t>(budget, 0)));
     } else {
-      // candidates in tie-break order; the first strictly higher expectation wins
+      // every drafter's candidate, in tie-break order; the first strictly higher
+      // expectation wins
       int8_t best = SRC_NONE;
       double best_val = 0.0, claim = 0.0;
-      if (!al.empty()) {
-        const double rate = bk.aligned_rate();
-        PySum sum;
-        double q = 1.0;
-        for (size_t j = 0; j < al.size(); ++j) {
-          q *= rate;
-          sum.add(q);
-        }
-        const double c = sum.value();  // aligned drafts never exceed the budget
-        if (c > best_val) best = SRC_ALIGNED, best_val = c, claim = c;
-      }
-      for (int j = 0; j < 2 && budget > 0; ++j) {
-        const Draft& d = ds[2 * i + j];
-        if (d.token_ids.empty()) continue;
-        const int8_t s = static_cast<int8_t>(SRC_GROUP + j);
-        const double c = claim_of(d.probs, budget);
-        const double val = c * bk.ratio(s);
-        if (val > best_val) best = s, best_val = val, claim = c;
+      const std::vector<int32_t>* best_toks = nullptr;
+      const DraftCtx x{al, ds, i, budget, bk.aligned_rate()};
+      for (const DrafterEntry& e : DRAFTERS) {
+        Cand c;
+        if (!e.candidate(x, c)) continue;
+        const double val = c.claim * bk.ratio(e.src);
+        if (val > best_val) best = e.src, best_val = val, claim = c.claim, best_toks = c.toks;
       }
       if (best == SRC_NONE) {
         r.last_src = SRC_NONE;
         r.last_claim = 0.0;
         bk.empty += 1;
       } else {
-        const std::vector<int32_t>& v = best == SRC_ALIGNED ? al : ds[2 * i + best - SRC_GROUP].token_ids;
-        tok = v.data();
-        ntk = std::min(v.size(), static_cast<size_t>(budget));
+        tok = best_toks->data();
+        ntk = std::min(best_toks->size(), static_cast<size_t>(budget));
         r.last_src = best;
         r.last_claim = claim;
         bk.wins[best] += 1;

@@ -80,6 +80,11 @@ nb::list keys_of(const Index& idx, const std::vector<int32_t>& slots) {
 
 NB_MODULE(bubblespec_native, mod) {
   mod.doc() = "Native (C++) twin of bubblespec.core's draft index, matcher and batch step.";
+  {  // the registered drafters' names, in tie-break order (sources.DRAFTER_NAMES)
+    nb::list names;
+    for (const DrafterEntry& e : DRAFTERS) names.append(nb::str(SRC_NAMES[e.src]));
+    mod.attr("DRAFTER_NAMES") = nb::tuple(names);
+  }
 
   nb::class_<Draft>(mod, "Draft", "A draft (bubblespec.core.draft.Draft, same fields).")
       .def_prop_ro("token_ids", [](const Draft& d) { return to_list(d.token_ids); })

@@ -14,10 +14,10 @@ namespace bsn {
 
 constexpr int64_t RESYNC = 4;
 
-// Draft sources (candidates.SOURCES, in tie-break order); NONE: no source (empty step, or
-// a draft that came from outside).
-enum Src : int8_t { SRC_NONE = 0, SRC_ALIGNED = 1, SRC_GROUP = 2, SRC_GLOBAL = 3 };
-inline const char* const SRC_NAMES[4] = {"", "aligned", "group", "global"};
+// Drafters (sources.DRAFTER_NAMES, in tie-break order); NONE: no drafter (empty step, or
+// a draft that came from outside). Registered in batch.hpp's DRAFTERS.
+enum Src : int8_t { SRC_NONE = 0, SRC_ALIGNED = 1, SRC_GROUP = 2, SRC_GLOBAL = 3, SRC_COUNT = 4 };
+inline const char* const SRC_NAMES[SRC_COUNT] = {"", "aligned", "group", "global"};
 
 // A request's draft counters by name: batch.DraftCounters, field for field (X(name, initial
 // value)); module.cpp hands them to Python as {name: value}. A new counter is one line here.

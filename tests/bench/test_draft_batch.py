@@ -26,7 +26,7 @@ def test_bench_draft_batch_smoke():
     assert "DRAFTS DIFFER" not in out.stdout
     proposer = any("proposer (native)" in line for line in lines)
     assert sum("drafts = python" in line for line in lines) == (4 if proposer else 2)
-    if proposer:  # the --src-global-live row, at both sizes
+    if proposer:  # the global_live source's row, at both sizes
         assert sum("proposer, global pool + live" in line for line in lines) == 2
     # the deferred step and, timed on its own, the appends it leaves for the forward's time
     rows = 2 * (3 if proposer else 1)  # native step (and 2 proposer) rows at both sizes

@@ -16,11 +16,13 @@ from bubblespec.bench.modes import (
     keyed_agreement,
     lengths_doc,
     mode_by_name,
+    rank_sources,
     reduction,
     reductions,
     reward_agreement,
     totals,
 )
+from bubblespec.core.sources import DEFAULT_SOURCES
 from bubblespec.train.schedule import step_figures
 
 
@@ -169,13 +171,16 @@ def test_modes():
     assert win.pregen and win.seed_mode == "keyed" and win.pregen_window == "training"
     assert all(m.pregen_window == "bubble" for m in MODES if m is not win)
     both = mode_by_name(["bubblespec-keyed-history"])[0]
-    assert both.pregen and both.seed_mode == "keyed" and "--src-history" in both.rank_args
+    assert both.pregen and both.seed_mode == "keyed" and "history" in both.sources
+    assert rank_sources(both.rank_args) == both.sources
     hist = mode_by_name(["history"])[0]
-    assert "--src-history" in hist.rank_args and "--no-src-pregen" in hist.rank_args
+    assert hist.sources == ("history",) and "--sources=history" in hist.rank_args
     assert not hist.pregen
     keyed = mode_by_name(["bubblespec-keyed"])[0]
     assert keyed.pregen and keyed.seed_mode == "keyed" and keyed.key == "keyed"
-    assert "--no-src-history" in mode_by_name(["bubblespec"])[0].rank_args
+    plain = mode_by_name(["bubblespec"])[0]
+    assert "history" not in plain.sources and rank_sources(plain.rank_args) == DEFAULT_SOURCES
+    assert mode_by_name(["nospec"])[0].sources is None
     with pytest.raises(ValueError):
         mode_by_name(["nope"])
 

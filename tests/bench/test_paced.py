@@ -178,13 +178,13 @@ def test_cluster_groups_share_only_stateless_engines() -> None:
                       ["bubblespec-keyed-window"], ["suffix-keyed"], ["suffix"],
                       ["ngram", "ngram-keyed"]]
     pool_off = cluster_groups(mode_by_name(["bubblespec", "bubblespec-keyed"]),
-                              "--no-src-global")
+                              "--sources=pregen,siblings,self")
     assert [[m.name for m in g] for g in pool_off] == [["bubblespec", "bubblespec-keyed"]]
     rep = [[m.name for m in g] for g in cluster_groups(mode_by_name(REPEATS_MODES.split(",")))]
     assert rep == [["nospec", "nospec-keyed"], ["history"], ["history-keyed"],
                    ["bubblespec-history"], ["bubblespec-keyed-history"]]
     # extra rank arguments that keep state across steps: every mode on its own cluster
-    alone = cluster_groups(mode_by_name(["nospec", "nospec-keyed"]), "--src-global")
+    alone = cluster_groups(mode_by_name(["nospec", "nospec-keyed"]), "--sources=global")
     assert [len(g) for g in alone] == [1, 1]
     # the same rank arguments but another synchronizer (pre-gen order): its own cluster
     order = cluster_groups(mode_by_name(["bubblespec-keyed-spread", "bubblespec-keyed-spread-deep",
@@ -240,7 +240,14 @@ def test_accept_doc_feeds_the_simulator(tmp_path) -> None:
     for s in keyed["steps"]:
         s["tokens_per_forward"] = 2.0
     keyed["pregen"] = True
-    doc = accept_doc({"nospec-keyed": base, "suffix-keyed": suffix, "bubblespec-keyed": keyed})
+    keyed["sources"] = ["pregen", "siblings", "self", "global", "global_live"]
+    live = {**keyed, "sources": ["siblings", "self"]}  # hands prompts ahead, drafts no pregen
+    doc = accept_doc({"nospec-keyed": base, "suffix-keyed": suffix, "bubblespec-keyed": keyed,
+                      "bubblespec-live": live})
+    assert doc["bubblespec-keyed"]["sources"] == keyed["sources"]
+    assert not doc["bubblespec-live"]["uses_pregen"] and "pregen_coverage" not in doc[
+        "bubblespec-live"]
+    del doc["bubblespec-live"]
     assert list(doc) == ["nospec", "suffix-keyed", "bubblespec-keyed"]
     path = tmp_path / "accept.json"
     path.write_text(json.dumps(doc))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from bubblespec.core import DraftParams
 from bubblespec.core.batch import DraftCounters
-from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.core.candidates import Calibration, DrafterStats
 
 
 @dataclass
@@ -71,7 +71,7 @@ def state(r: Any) -> tuple:
             r.n_out, list(r.out))
 
 
-def books(cal: Calibration, src: SourceStats) -> tuple:
+def books(cal: Calibration, src: DrafterStats) -> tuple:
     return (dict(cal.claimed), dict(cal.delivered), cal.al_acc, cal.al_stop, src.as_dict())
 
 
@@ -100,7 +100,7 @@ def drive(index_cls: type, request_cls: type, step: Callable, case: Case,
             reqs.append(request_cls(gi, ("out", gi, si), m, gm, aligned=aligned,
                                     aligned_on=aligned is not None, tail=[], n_out=0, out=[]))
             truths.append(truth)
-    cal, src = Calibration(prior=c.prior), SourceStats()
+    cal, src = Calibration(prior=c.prior), DrafterStats()
     log: list = []
     pos, drafts = [0] * len(reqs), [[] for _ in reqs]
     for _ in range(steps):

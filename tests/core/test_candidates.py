@@ -7,14 +7,14 @@ import random
 
 from bubblespec.core import DraftParams, SuffixIndex
 from bubblespec.core.candidates import (
-    SOURCES,
     Calibration,
     Candidate,
-    SourceStats,
+    DrafterStats,
     aligned_candidate,
     choose,
     expected_accepted,
 )
+from bubblespec.core.sources import DRAFTER_NAMES
 
 
 def cand(source: str, n: int, p: float) -> Candidate:
@@ -51,7 +51,7 @@ def test_deterministic_and_ties_by_source_order() -> None:
         assert best is not None and best.source == "aligned"
     best, _ = choose([cand("global", 4, 0.9), cand("group", 4, 0.9)], 4, cal)
     assert best is not None and best.source == "group"
-    assert SOURCES[0] == "aligned"
+    assert DRAFTER_NAMES[0] == "aligned"
 
 
 def test_empty_candidates_draft_nothing() -> None:
@@ -86,7 +86,7 @@ def test_aligned_rate_follows_its_record() -> None:
 
 
 def test_source_stats_counters() -> None:
-    st = SourceStats()
+    st = DrafterStats()
     st.wins["group"] += 2
     st.drafted["group"] += 7
     st.accepted["group"] += 3

@@ -14,7 +14,7 @@ import pytest
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import implementations
 from bubblespec.core.batch import DraftCounters
-from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.core.candidates import Calibration, DrafterStats
 
 IMPLS = implementations()
 
@@ -31,7 +31,7 @@ def run(impl: dict[str, Any], truth: list[int], aligned: list[int] | None,
     al = aligned or []
     div = next((i for i, t in enumerate(truth) if i >= len(al) or al[i] != t), None) \
         if al else None
-    cal, src = Calibration(prior=4.0), SourceStats()
+    cal, src = Calibration(prior=4.0), DrafterStats()
     pos, draft, after = 0, [], 0
     while pos < len(truth):
         a = 0

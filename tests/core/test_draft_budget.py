@@ -101,7 +101,7 @@ def test_step_honours_caps(impl: str) -> None:
     """`step`'s per-request caps cut drafts in both implementations."""
     from bubblespec.core import DraftParams
     from bubblespec.core.backend import implementations
-    from bubblespec.core.candidates import Calibration, SourceStats
+    from bubblespec.core.candidates import Calibration, DrafterStats
 
     impls = implementations()
     if impl not in impls:
@@ -116,7 +116,7 @@ def test_step_honours_caps(impl: str) -> None:
         reqs.append(m["Request"]("g", ("out", i), idx.matcher("g", [], use_global=False),
                                  None, aligned=resp, aligned_on=True, tail=[], n_out=0, out=[]))
     out = m["step"](idx, reqs, [[1], [1], [1]], [5, 5, 5], 8, 1000, DraftParams(max_spec_tokens=8),
-                    Calibration(), SourceStats(), caps=[0, 3, 12])
+                    Calibration(), DrafterStats(), caps=[0, 3, 12])
     assert [len(d) for d in out] == [0, 3, 8]
     assert [r.last_draft for r in reqs] == [0, 3, 8]
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import implementations, load_native
-from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.core.candidates import Calibration, DrafterStats
 from tests.core.batch_cases import Case, batch_case, drive
 
 pytestmark = pytest.mark.skipif(load_native() is None, reason="bubblespec_native is not built")
@@ -40,7 +40,7 @@ def test_errors_match() -> None:
     fail alike (the native step checks its whole input before changing anything)."""
     for impl in implementations().values():
         idx = impl["SuffixIndex"](max_depth=4)
-        cal, src = Calibration(), SourceStats()
+        cal, src = Calibration(), DrafterStats()
         p = DraftParams()
         with pytest.raises(ValueError):
             impl["step"](idx, [], [[1]], [5], 4, 100, p, cal, src)
@@ -98,7 +98,7 @@ def test_extend_requests_appends_what_a_step_left() -> None:
     got = []
     for impl in implementations().values():
         idx = impl["SuffixIndex"](max_depth=4)
-        cal, src, p = Calibration(), SourceStats(), DraftParams()
+        cal, src, p = Calibration(), DrafterStats(), DraftParams()
         reqs = []
         for sid in ("a", "b", "c"):
             idx.add_sequence(sid, 0, [1, 2], live=True)

@@ -13,7 +13,7 @@ import pytest
 from bubblespec.core import DraftParams
 from bubblespec.core.backend import implementations
 from bubblespec.core.batch import DraftCounters, take_branch
-from bubblespec.core.candidates import Calibration, SourceStats
+from bubblespec.core.candidates import Calibration, DrafterStats
 
 IMPLS = implementations()
 
@@ -27,7 +27,7 @@ def decode(impl: dict[str, Any], truth: list[int], aligned: list[int],
     m = idx.matcher(0, [1, 2], use_global=False)
     req = impl["Request"](0, ("out", 0), m, None, aligned=aligned, aligned_on=True,
                           tail=[], n_out=0, out=[])
-    al, cal, src = list(aligned), Calibration(prior=4.0), SourceStats()
+    al, cal, src = list(aligned), Calibration(prior=4.0), DrafterStats()
     pos, draft, forwards, switches = 0, [], 0, 0
     while pos < len(truth):
         a = 0

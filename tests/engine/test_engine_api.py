@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from bubblespec.core.sources import DEFAULT_SOURCES
 from bubblespec.engine import GenRequest
 from bubblespec.protocol.errors import ApiError, InvalidRequest
 from bubblespec.protocol.sampling import SamplingParams
@@ -94,7 +95,7 @@ def test_global_pool_drafts_across_prompt_groups(loop_runner, spec_engine) -> No
     p = default_task().make_prompts(1, 77)[0]
 
     def second_accepts(global_pool: bool) -> tuple[int, int, list[int]]:
-        loop_runner.run(spec_engine.set_sources(False, False, False, global_pool=global_pool))
+        loop_runner.run(spec_engine.set_sources(["global"] if global_pool else []))
         a, b = _greedy([p, p], max_new=64)
         a.group, b.group = "pool-a", "pool-b"
         first = loop_runner.run(spec_engine.generate([a]))[0].samples[0]
@@ -108,7 +109,7 @@ def test_global_pool_drafts_across_prompt_groups(loop_runner, spec_engine) -> No
         acc_on, n_on, ids_on = second_accepts(True)
         acc_off, _, ids_off = second_accepts(False)
     finally:
-        loop_runner.run(spec_engine.set_sources(True, True, True, global_pool=True))
+        loop_runner.run(spec_engine.set_sources(DEFAULT_SOURCES))
     assert acc_off == 0 and ids_on == ids_off
     assert acc_on >= n_on // 2, (acc_on, n_on)
 

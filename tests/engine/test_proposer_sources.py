@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from bubblespec.core.sources import DEFAULT_SOURCES
 from bubblespec.engine import GenRequest
 from bubblespec.protocol.rank import DraftIndexBody
 from bubblespec.protocol.sampling import SamplingParams
@@ -56,10 +57,12 @@ def test_source_counters_add_up_and_the_aligned_draft_wins(loop_runner, spec_eng
 
 
 def _run(loop_runner, eng, reqs, **sources) -> tuple[list, dict, dict, dict]:
-    """One batch with siblings and no pre-generated drafts under `sources` (set_sources'
-    other arguments): (results, source counters, index stats before and after the
-    release)."""
-    loop_runner.run(eng.set_sources(pregen=False, siblings=True, **sources))
+    """One batch with siblings and no pre-generated drafts, plus `sources` (those among
+    self, global and global_live that are True; defer_appends apart): (results, drafter
+    counters, index stats before and after the release)."""
+    defer = sources.pop("defer_appends", False)
+    loop_runner.run(eng.set_sources(["siblings", *(s for s, on in sources.items() if on)],
+                                    defer_appends=defer))
     loop_runner.run(eng.source_stats(reset=True))
     res = loop_runner.run(eng.generate(reqs))
     src = loop_runner.run(eng.source_stats(reset=True))
@@ -75,16 +78,14 @@ def _both(loop_runner, eng, reqs, first: dict, second: dict) -> list[tuple[dict,
     try:
         runs = [_run(loop_runner, eng, reqs, **first), _run(loop_runner, eng, reqs, **second)]
     finally:
-        loop_runner.run(eng.set_sources(pregen=True, siblings=True, self_context=True,
-                                        global_pool=True, global_live=False,
-                                        defer_appends=False))
+        loop_runner.run(eng.set_sources(DEFAULT_SOURCES, defer_appends=False))
     outs = [[s.output_ids for r in res for s in r.samples] for res, *_ in runs]
     assert outs[0] == outs[1]
     return [tuple(rest) for _, *rest in runs]
 
 
 def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_engine) -> None:
-    """`src_global_live`: the global pool holds the responses still being generated, so a
+    """The `global_live` source: the global pool holds the responses still being generated, so a
     request drafts from other prompts' live outputs; without it the pool holds finished
     responses only, and fills only as the batch's requests end.
     Greedy outputs are the same either way, and the finished outputs stay in the pool
@@ -92,7 +93,7 @@ def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_e
     prompts = default_task().make_prompts(6, 92)
     sp = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
     reqs = [GenRequest(input_ids=list(p.input_ids), n=1, sampling=sp) for p in prompts]
-    pool = {"self_context": False, "global_pool": True}
+    pool = {"self": False, "global": True}
     (src_off, _, _), (src_on, _, idx) = _both(loop_runner, spec_engine, reqs,
                                                {**pool, "global_live": False},
                                                {**pool, "global_live": True})
@@ -105,7 +106,7 @@ def test_live_outputs_in_the_global_pool_draft_other_prompts(loop_runner, spec_e
 
 def test_deferred_appends_draft_from_siblings_and_lose_no_token(loop_runner,
                                                                 spec_engine) -> None:
-    """`src_defer_appends`: each step's emitted tokens reach the index after its drafts, on
+    """`defer_appends`: each step's emitted tokens reach the index after its drafts, on
     the proposer's worker thread. Siblings still draft from each other, the index ends up
     with every token (the last step's appends are waited for), and keyed samples at T=1
     are bit-identical to those drafted with the appends inside the step."""
@@ -114,7 +115,7 @@ def test_deferred_appends_draft_from_siblings_and_lose_no_token(loop_runner,
                         seed_mode="keyed")
     reqs = [GenRequest(input_ids=list(p.input_ids), n=4, sampling=sp,
                        seeds=[11 * i + j for j in range(4)]) for i, p in enumerate(prompts)]
-    own = {"self_context": True, "global_pool": False}
+    own = {"self": True, "global": False}
     (src_now, idx_now, _), (src_later, idx_later, _) = _both(
         loop_runner, spec_engine, reqs, {**own, "defer_appends": False},
         {**own, "defer_appends": True})

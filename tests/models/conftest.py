@@ -38,7 +38,6 @@ def real_plain(loop_runner: LoopRunner, real_dir: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="package")
 def real_spec(loop_runner: LoopRunner, real_dir: Path) -> Iterator[Any]:
-    eng = _start(loop_runner, real_dir, spec_mode="bubblespec", num_speculative_tokens=8,
-                 src_global=True)
+    eng = _start(loop_runner, real_dir, spec_mode="bubblespec", num_speculative_tokens=8)
     yield eng
     loop_runner.run(eng.shutdown())

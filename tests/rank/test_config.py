@@ -29,6 +29,9 @@ def non_defaults() -> dict[str, Any]:
             out[name] = not default
         elif get_origin(info.annotation) is Literal:
             out[name] = next(a for a in get_args(info.annotation) if a != default)
+        elif isinstance(default, tuple):  # names out of a Literal: one the default lacks
+            (item,) = get_args(info.annotation)[:1]
+            out[name] = (next(a for a in get_args(item) if a not in default),)
         elif isinstance(default, enum.Enum):
             out[name] = SpecMode.NGRAM if default != SpecMode.NGRAM else SpecMode.NONE
         elif isinstance(default, int):
@@ -41,6 +44,8 @@ def non_defaults() -> dict[str, Any]:
 
 
 def as_text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(as_text, value))
     return str(value.value if isinstance(value, enum.Enum) else value)
 
 

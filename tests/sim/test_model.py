@@ -131,6 +131,15 @@ def test_accept_json_and_mode_flags(tmp_path):
     assert not m2["bubblespec_siblings"].uses_pregen and m2["bubblespec_pregen"].uses_pregen
     assert m2["bubblespec_pregen"].accepted == pytest.approx(0.4)
     assert m2["bubblespec_pregen"].accepted_covered == pytest.approx(2.0)
+    # the modes' recorded draft sources (core.sources names) decide over their names
+    srcs = tmp_path / "sources.json"
+    srcs.write_text(json.dumps({"nospec": {"accepted_per_forward": 0.0},
+                                "bubblespec-live": {"accepted_per_forward": 0.5,
+                                                    "sources": ["siblings", "global"]},
+                                "mine": {"accepted_per_forward": 1.0, "pregen_coverage": 0.5,
+                                         "sources": "pregen,siblings"}}))
+    m3 = {x.name: x for x in load_accept_json(srcs)[0]}
+    assert not m3["bubblespec-live"].uses_pregen and m3["mine"].uses_pregen
     f = parse_mode_flag("mine=pregen:2/5,0.5/2")
     assert (f.accepted_covered, f.drafted_covered, f.accepted, f.drafted) == (2, 5, 0.5, 2)
     merged = merge_modes(default_modes(), [f, parse_mode_flag("suffix=1/3")])
