@@ -1,20 +1,24 @@
-"""`bubblespec bench weight-push`: a weight push over a gloo process group against a
-checkpoint on disk, on the same weights and ranks, in one run.
+"""`bubblespec bench weight-push`: a weight push over a gloo process group and as tensors
+handed over in shared memory, against a checkpoint on disk, on the same weights and ranks,
+in one run.
 
     bubblespec bench weight-push                 # the warm-started policy, 2 ranks
     bubblespec bench weight-push --model DIR --ranks 2 --repeats 3
 
 Starts a LocalCluster (synchronizer, `--ranks` ranks, gateway) on the model, loads the
 model's tensors into this process (the trainer) with a perturbation per repeat (so each
-push is new weights), and per repeat, alternating which path goes first:
+push is new weights), and per repeat, rotating which path goes first:
 
 - disk: the trainer writes the tensors as safetensors into a fresh directory
   (`save_file`, fsynced), then `POST /v1/weights` reloads them on every rank (validation,
   vLLM's in-place reload);
 - gloo: `WeightGroup.push` broadcasts the tensors in buckets over the group (opened once,
-  before the first repeat, its set-up timed apart) and commits them on every rank.
+  before the first repeat, its set-up timed apart) and commits them on every rank;
+- tensors: `push_tensors` copies each bucket into shared memory and hands it over
+  (`/update_weights_from_tensor`); every rank copies it into staging, and the last bucket
+  loads the push (the trainer on the ranks' host, as a colocated one is).
 
-Both end with every rank serving the new version; each is timed from the trainer's first
+All three end with every rank serving the new version; each is timed from the trainer's first
 byte to the gateway's answer. Figures print side by side (median and each repeat) and go
 to `--out` as JSON. A modelled row puts the same two paths at 8B in bf16 (16 GB) from stated
 bandwidths; it is labelled modelled, not measured.
@@ -35,7 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bubblespec.client import BubbleSpecClient
-from bubblespec.client.weights import WeightGroup
+from bubblespec.client.weights import WeightGroup, push_tensors
 from bubblespec.cluster import LocalCluster
 
 
@@ -120,35 +124,43 @@ def run(cfg: WeightPushConfig) -> dict[str, Any]:
         group.open(num_ranks=cfg.ranks)
         open_s = time.perf_counter() - t0
         try:
+            paths = ("disk", "gloo", "tensors")
             for i in range(cfg.repeats):
-                a, b = _perturbed(base, 2 * i), _perturbed(base, 2 * i + 1)
                 row: dict[str, float] = {}
-                for path in (("disk", "gloo") if i % 2 == 0 else ("gloo", "disk")):
-                    w = a if path == "disk" else b
+                for j, path in enumerate(paths[i % 3:] + paths[:i % 3]):
+                    w = _perturbed(base, 3 * i + j)
+                    t0 = time.perf_counter()
                     if path == "disk":
                         row["disk_s"] = _disk_push(client, cfg.model, w, Path(tmp), version)
-                    else:
-                        t0 = time.perf_counter()
+                    elif path == "gloo":
                         assert group.push(w.items(), version=version) == version
                         row["gloo_s"] = time.perf_counter() - t0
+                    else:
+                        assert push_tensors(cluster.gateway_url, w.items(), version,
+                                            bucket_bytes=cfg.bucket_mib * 2**20) == version
+                        row["tensors_s"] = time.perf_counter() - t0
                     version += 1
                 rows.append(row)
-                print(f"repeat {i}: disk {row['disk_s']:.2f} s, gloo {row['gloo_s']:.2f} s",
-                      flush=True)
+                print(f"repeat {i}: disk {row['disk_s']:.2f} s, gloo {row['gloo_s']:.2f} s, "
+                      f"tensors {row['tensors_s']:.2f} s", flush=True)
         finally:
             group.close()
     disk = statistics.median(r["disk_s"] for r in rows)
     gloo = statistics.median(r["gloo_s"] for r in rows)
+    shm = statistics.median(r["tensors_s"] for r in rows)
     modelled = Modelled()
     out = {"config": asdict(cfg), "model_bytes": size, "tensors": len(base),
            "group_open_s": open_s, "repeats": rows, "median_disk_s": disk,
-           "median_gloo_s": gloo, "speedup": disk / gloo,
+           "median_gloo_s": gloo, "speedup": disk / gloo, "median_tensors_s": shm,
+           "tensors_speedup": disk / shm,
            "modelled_8b": {**asdict(modelled), **modelled.figures()}}
     print(f"\nweight push, {len(base)} tensors, {size / 2**20:.0f} MiB, {cfg.ranks} ranks, "
           f"{cfg.repeats} repeats (medians)")
     print(f"  disk (save + fsync + reload on every rank): {disk:8.2f} s")
     print(f"  gloo (broadcast in buckets + commit):       {gloo:8.2f} s   "
           f"({disk / gloo:.2f}x faster; group opened once in {open_s:.2f} s)")
+    print(f"  tensors (shared memory, staged + loaded):   {shm:8.2f} s   "
+          f"({disk / shm:.2f}x faster)")
     m = modelled.figures()
     print(f"  MODELLED 8B bf16 ({m['gigabytes']:.0f} GB): NCCL {m['nccl_s']:.1f} s vs disk "
           f"{m['disk_s']:.1f} s (bandwidths in bench/weight_push.py `Modelled`)")

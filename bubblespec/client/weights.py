@@ -1,4 +1,5 @@
-"""A trainer's weight push to the rollout ranks over a process group (no checkpoint on disk).
+"""A trainer's weight push to the rollout ranks without a checkpoint on disk: over a
+process group, or as tensors handed over in shared memory by a trainer on the ranks' host.
 
     from bubblespec.client.weights import WeightGroup
     with WeightGroup("http://GATEWAY:8000", master_address="TRAINER_HOST") as group:
@@ -13,19 +14,34 @@ call is in flight, then loads the push on every rank at once (`/v1/weights/commi
 names, dtypes and shapes are those of the model's checkpoint (Hugging Face names); a push
 must cover every tensor of the model. Every call has a deadline (`timeout_s`; gloo's
 collectives have the same), so a dead rank or gateway is an error, not a hang.
+
+A trainer on the ranks' host (colocated: SGLang's `/update_weights_from_tensor`) hands the
+tensors over instead, with no group to open:
+
+    from bubblespec.client.weights import push_tensors
+    push_tensors("http://GATEWAY:8000", model.state_dict().items(), version=step + 1)
+
+Each bucket is copied once into shared memory (torch's `file_system` sharing) and sent as
+handles (SGLang's `MultiprocessingSerializer` text); every rank copies it into staging, and
+the call that completes the model loads it on every rank at once.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import datetime
+import io
 import socket
 import threading
 from collections.abc import Iterable, Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Self
 
 import httpx
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as tmp
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20
 """Bytes per bucket (slime's default)."""
@@ -181,3 +197,54 @@ class WeightGroup:
                 pass
         self.group = self.store = None
         self.http.close()
+
+
+@contextlib.contextmanager
+def _shared_by_file_name() -> Iterator[None]:
+    """torch's `file_system` sharing strategy for the block: tensors put in shared memory
+    are named files another process (an engine worker) can map."""
+    before = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    try:
+        yield
+    finally:
+        tmp.set_sharing_strategy(before)
+
+
+def serialize_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's `MultiprocessingSerializer` text of (name, tensor) pairs: a `ForkingPickler`
+    dump in base64, CPU tensors shared by file name so that a process outside this one's
+    tree can map them."""
+    buf = io.BytesIO()
+    with _shared_by_file_name():
+        ForkingPickler(buf).dump([(str(n), t) for n, t in named])
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def push_tensors(gateway_url: str, named: Iterable[tuple[str, torch.Tensor]],
+                 version: int | None = None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 token: str | None = None, timeout_s: float = 900.0) -> int:
+    """Hand every tensor to the ranks in buckets (module docstring), then make sure the push
+    is loaded; the version the ranks now serve (`version` None: theirs + 1). The trainer's
+    tensors are not shared: each bucket is copied into shared memory, freed once the ranks
+    staged it. Nothing is loaded if any bucket is refused (WeightPushError names the
+    field)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=gateway_url.rstrip("/"), headers=headers,
+                      timeout=timeout_s) as http:
+        answer: dict[str, Any] | None = None
+        for bucket in buckets(named, bucket_bytes):
+            with _shared_by_file_name():
+                shared = [(name, torch.empty(t.shape, dtype=t.dtype).share_memory_()
+                           .copy_(t.detach())) for name, t in bucket]
+            answer = _answer(http.post("/update_weights_from_tensor", json={
+                "serialized_named_tensors": [serialize_tensors(shared)],
+                "weight_version": None if version is None else str(version),
+                "flush_cache": False}))
+            version = int(answer["weight_version"])
+            del shared
+        if answer is None:
+            raise WeightPushError(400, "no tensor to push", "named")
+        if not answer.get("loaded"):  # the buckets did not cover the model: say why
+            answer = _answer(http.post("/v1/weights/commit", json={}))
+        return int(answer["weight_version"])

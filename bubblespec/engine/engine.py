@@ -389,6 +389,38 @@ class RolloutEngine:
         self.pending_version = version
         return len(await self._staged())
 
+    async def receive_tensors(self, text: str, load_format: str | None,
+                              version: int) -> tuple[int, bool]:
+        """Stage tensors a colocated trainer handed over (SGLang's
+        `/update_weights_from_tensor`; `tensor_handles.py`) beside what is staged of the same
+        push; (tensors staged, whether they now cover the model). No group is needed: the
+        tensors are in shared memory. Refused with nothing staged: a version that does not
+        go up or differs from the push being staged (409), tensors that cannot be read or do
+        not fit the model (422 naming the field)."""
+        if version <= self.weight_version or self.pending_version not in (None, version):
+            raise ApiError(409, f"tensors refused (weights stay at version "
+                                f"{self.weight_version}): version {version} "
+                                + ("is not newer than the loaded one"
+                                   if version <= self.weight_version else
+                                   f"differs from the push being staged "
+                                   f"({self.pending_version})"), "weight_version")
+        manifest = {k: [v.dtype, list(v.shape)] for k, v in self.manifest.items()}
+        async with self._weights_lock:
+            try:
+                res = (await self.llm.collective_rpc(
+                    "bubblespec_stage_tensors", args=(text, load_format, manifest)))[0]
+            except Exception as e:  # noqa: BLE001
+                self._check_alive(e, "staging handed-over tensors")
+                raise ApiError(422, f"tensors refused, nothing applied: {e}",
+                               "serialized_named_tensors") from None
+        if "refused" in res:
+            field, why = res["refused"]
+            raise ApiError(422, f"tensors refused (nothing of them staged; weights stay at "
+                                f"version {self.weight_version}): {why}", field)
+        self.pending_version = version
+        staged = await self._staged()
+        return len(staged), missing_tensors(staged, self.manifest) is None
+
     async def commit_weights(self) -> int:
         """Load the staged push into the model at once, between batches, and take its
         version; refused (422, nothing applied, the staged push dropped) when it does not

@@ -76,6 +76,41 @@ class WorkerExtension:
         trim()
         return n
 
+    def bubblespec_stage_tensors(self, text: str, load_format: str | None,
+                                 manifest: dict[str, list]) -> dict[str, Any]:
+        """Stage the tensors a colocated trainer handed over (`tensor_handles.decode`),
+        copied out of the trainer's memory, beside what is staged already; nothing is staged
+        when any of them cannot be read or does not fit the model's `manifest` (name, dtype,
+        shape; a non-finite value; `manifest`: name -> [safetensors dtype, shape]).
+        {"staged": n} or {"refused": [field, why]}."""
+        import torch
+
+        from bubblespec.engine.checkpoint import TensorSpec, check_bucket
+        from bubblespec.engine.tensor_handles import HandleError, decode, dtype_name
+
+        try:
+            named = decode(text, load_format)
+        except HandleError as e:
+            return {"refused": ["serialized_named_tensors", str(e)]}
+        if not named:
+            return {"refused": ["serialized_named_tensors", "no tensor was sent"]}
+        refusal = check_bucket([n for n, _ in named], [dtype_name(t) for _, t in named],
+                               [list(t.shape) for _, t in named],
+                               {k: TensorSpec(d, tuple(sh)) for k, (d, sh) in manifest.items()})
+        if refusal is not None:
+            return {"refused": list(refusal)}
+        copies = []
+        for name, t in named:
+            c = t.detach().to("cpu", copy=True).contiguous()
+            if c.is_floating_point() and not bool(torch.isfinite(c).all()):
+                bad = int((~torch.isfinite(c)).sum())
+                why = f"tensor {name}: {bad} non-finite value(s) (NaN or inf)"
+                return {"refused": ["serialized_named_tensors", why]}
+            copies.append((name, c))
+        staged = self._weight_group().staged
+        staged.update(copies)
+        return {"staged": len(staged)}
+
     def bubblespec_discard_weights(self) -> int:
         """Drop the staged push (`GlooWeightEngine.discard`)."""
         return self._weight_group().discard()

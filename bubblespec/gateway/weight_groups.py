@@ -1,4 +1,5 @@
-"""A trainer's process-group weight push, fanned out to the ranks (`protocol/weights.py`),
+"""A trainer's weight push without a checkpoint, fanned out to the ranks
+(`protocol/weights.py`): over a process group, or as tensors a colocated trainer hands over;
 and a colocated trainer's release and resume of the engines' memory.
 
 The trainer opens a named group (`open`): every ready rank joins it, rank `rank_offset + i`
@@ -8,6 +9,13 @@ it. `commit` (SGLang's `/continue_generation`, or the bubblespec route) loads th
 on every rank at once with its version. Weight calls hold the rollout lock, so no step runs
 while a push is received or loaded, and the ranks advertise the new version only once the
 push is whole. A failure names the ranks; a rank's refusal (4xx) is the caller's 4xx.
+
+Handed-over tensors (`tensors`, SGLang's `/update_weights_from_tensor`) go to every rank that
+takes weights, each staging them from the trainer's shared memory; a call after which every
+rank holds the whole model loads the push at once (SGLang applies each call; a push in
+several calls is loaded by the call that completes it, by `/continue_generation` or the
+commit route). A call some rank refuses drops the whole push on every rank, so the ranks
+never stage different weights.
 """
 
 from __future__ import annotations
@@ -19,7 +27,11 @@ from typing import Any
 from bubblespec.gateway.errors import RankCallError
 from bubblespec.gateway.rollout import Rollouts
 from bubblespec.protocol.errors import ApiError
-from bubblespec.protocol.weights import InitWeightsGroupIn, WeightsFromDistributedIn
+from bubblespec.protocol.weights import (
+    InitWeightsGroupIn,
+    WeightsFromDistributedIn,
+    WeightsFromTensorIn,
+)
 
 
 @dataclass
@@ -39,6 +51,8 @@ class WeightGroups:
     def __init__(self, rollouts: Rollouts) -> None:
         self.rollouts = rollouts
         self.group: Group | None = None
+        self.tensor_push: Group | None = None
+        """A push of handed-over tensors staged and not loaded yet (None: none)."""
 
     def _fan(self, group: Group, route: str, body: dict[str, Any] | None = None,
              slack_s: float = 30.0) -> Any:
@@ -76,10 +90,7 @@ class WeightGroups:
             raise ApiError(400, f"backend {body.backend!r}: the ranks receive over gloo "
                                 "(bubblespec_gloo); NCCL pushes are not served yet", "backend")
         async with self.rollouts.lock:
-            ready = sorted((r for r in (await self.rollouts.discover()).ranks
-                            if r.takes_weights), key=lambda r: r.rank_id)
-            if not ready:
-                raise ApiError(503, "no rank is ready to join the weight group")
+            ready = await self._weight_ranks("join the weight group")
             if body.world_size != body.rank_offset + len(ready):
                 raise ApiError(400, f"world_size {body.world_size} does not fit: rank_offset "
                                     f"{body.rank_offset} + {len(ready)} ready rank(s) = "
@@ -121,27 +132,66 @@ class WeightGroups:
 
     async def commit(self, name: str | None = None) -> dict[str, Any] | None:
         """Load the staged push on every rank of the group; None when nothing is staged
-        (`name` None: the open group, whatever its name)."""
+        (`name` None: a staged push of handed-over tensors, else the open group, whatever
+        its name)."""
         async with self.rollouts.lock:
-            group = self.group if name is None else self._open_group(name)
+            if name is None and self.tensor_push is not None:
+                group, self.tensor_push = self.tensor_push, None
+            else:
+                group = self.group if name is None else self._open_group(name)
             if group is None or group.version is None:
                 if name is not None:
                     raise ApiError(409, "no pushed weights are staged", "weight_version")
                 return None
-            results = await self._fan(group, "/v1/weights/commit")
-            group.version = None
-            answers = self._raise("loading the pushed weights", group, results)
+            return await self._load(group)
+
+    async def _load(self, group: Group) -> dict[str, Any]:
+        results = await self._fan(group, "/v1/weights/commit")
+        group.version = None
+        answers = self._raise("loading the pushed weights", group, results)
         return {"weight_version": max(int(a["weight_version"]) for a in answers),
                 "ranks": {a["rank_id"]: int(a["weight_version"]) for a in answers}}
+
+    async def _weight_ranks(self, what: str) -> list[Any]:
+        """The ranks that take weights, by id (503 naming `what` when none is up)."""
+        ranks = sorted((r for r in (await self.rollouts.discover()).ranks if r.takes_weights),
+                       key=lambda r: r.rank_id)
+        if not ranks:
+            raise ApiError(503, f"no rank is up to {what}")
+        return ranks
+
+    async def tensors(self, body: WeightsFromTensorIn) -> dict[str, Any]:
+        """Every rank stages the handed-over tensors; loaded at once when the model is whole
+        on every rank (module doc)."""
+        async with self.rollouts.lock:
+            push = self.tensor_push or Group("tensors", await self._weight_ranks("take weights"),
+                                             self.rollouts.config.weights_timeout_s)
+            version = body.version()
+            if version is None:
+                version = push.version if push.version is not None else max(
+                    (r.weight_version or 0 for r in push.ranks), default=0) + 1
+            results = await self._fan(push, "/v1/weights/tensors", {
+                "serialized": body.serialized_named_tensors[0],
+                "load_format": body.load_format, "version": version})
+            try:
+                answers = self._raise("handed-over tensors", push, results)
+            except ApiError:
+                self.tensor_push = None  # no rank keeps a push another one refused
+                await self._fan(push, "/v1/weights/discard")
+                raise
+            push.version = version
+            if not all(a["complete"] for a in answers):
+                self.tensor_push = push
+                return {"weight_version": version, "loaded": False,
+                        "staged": {a["rank_id"]: a["staged"] for a in answers}}
+            self.tensor_push = None
+            return {**await self._load(push), "loaded": True}
 
     async def memory(self, action: str, tags: list[str] | None) -> dict[str, Any]:
         """Release or resume (`action`) the engines' memory on every rank that takes weights
         (colocated trainers: pre-generation stops first, drafts stay in the store)."""
         async with self.rollouts.lock:
-            ranks = sorted((r for r in (await self.rollouts.discover()).ranks
-                            if r.takes_weights), key=lambda r: r.rank_id)
-            if not ranks:
-                raise ApiError(503, "no rank is up to release or resume memory")
+            ranks = await self._weight_ranks("release or resume memory")
             group = Group("memory", ranks, self.rollouts.config.weights_timeout_s)
             results = await self._fan(group, f"/v1/memory/{action}", {"tags": tags})
         answers = self._raise(f"{action} memory", group, results)

@@ -1,10 +1,13 @@
-"""Bodies of a process-group weight push: the trainer's SGLang-shaped calls to the gateway
-(slime's `/init_weights_update_group`, `/update_weights_from_distributed`,
-`/destroy_weights_update_group`) and the gateway's calls to each rank (`/v1/weights/group`,
-`/v1/weights/bucket`, `/v1/weights/commit`, `/v1/weights/group/close`).
+"""Bodies of a weight push without a checkpoint: the trainer's SGLang-shaped calls to the
+gateway (slime's `/init_weights_update_group`, `/update_weights_from_distributed`,
+`/destroy_weights_update_group`; a colocated trainer's `/update_weights_from_tensor`) and
+the gateway's calls to each rank (`/v1/weights/group`, `/v1/weights/bucket`,
+`/v1/weights/tensors`, `/v1/weights/commit`, `/v1/weights/group/close`).
 
-The trainer is rank 0 of a named gloo group; it broadcasts each bucket's tensors in `names`
-order while the ranks receive them into staging; a commit loads the staged push at once.
+Over a process group the trainer is rank 0 of a named gloo group; it broadcasts each
+bucket's tensors in `names` order while the ranks receive them into staging. Handed-over
+tensors are handles into the trainer's shared memory, read by each rank's engine worker.
+Either way a commit loads the staged push at once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ MAX_TENSORS = 100_000
 """Most tensors one bucket may name."""
 MAX_DIMS = 8
 MAX_DIM = 2**31
+
+MAX_SERIALIZED_CHARS = 64 * 2**20
+"""Longest `serialized_named_tensors` entry (handles, not data: ~300 characters a tensor)."""
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 """What a colocated trainer releases and resumes (SGLang's tags; none or null: all)."""
@@ -117,6 +123,34 @@ class WeightsFromDistributedIn(_Tensors):
         return None if self.weight_version is None else int(str(self.weight_version))
 
 
+class WeightsFromTensorIn(_Lenient):
+    """POST /update_weights_from_tensor (SGLang's shape, as a colocated trainer sends it):
+    one entry per tensor-parallel rank of an engine, each SGLang's
+    `MultiprocessingSerializer` text of the named tensors (bubblespec ranks are TP 1: one
+    entry, handed to every rank)."""
+
+    serialized_named_tensors: list[Annotated[str, Field(min_length=1,
+                                                        max_length=MAX_SERIALIZED_CHARS)]] = (
+        Field(..., min_length=1, max_length=1, description="One entry (ranks are TP 1)."))
+    load_format: Literal["flattened_bucket"] | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: Annotated[str | int | None, AfterValidator(version_text)] = Field(
+        None, description="A non-negative integer, the same on every call of one push "
+                          "(default: the ranks' version + 1).")
+
+    def version(self) -> int | None:
+        return None if self.weight_version is None else int(str(self.weight_version))
+
+
+class TensorBucket(_Body):
+    """POST /v1/weights/tensors (a rank): stage handed-over tensors (`WeightsFromTensorIn`)."""
+
+    serialized: str = Field(..., min_length=1, max_length=MAX_SERIALIZED_CHARS)
+    load_format: Literal["flattened_bucket"] | None = None
+    version: L.WeightVersion
+
+
 class DestroyWeightsGroupIn(_Lenient):
     """POST /destroy_weights_update_group (SGLang's shape)."""
 
@@ -124,9 +158,10 @@ class DestroyWeightsGroupIn(_Lenient):
 
 
 class WeightCommitIn(_Lenient):
-    """POST /v1/weights/commit (gateway): load the staged push on every rank of the group."""
+    """POST /v1/weights/commit (gateway): load the staged push on every rank of the group
+    `group_name`; without one, whatever push is staged (handed-over tensors first)."""
 
-    group_name: GroupName = "weight_update_group"
+    group_name: GroupName | None = None
 
 
 class MemoryTagsIn(_Lenient):

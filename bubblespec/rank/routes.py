@@ -44,7 +44,12 @@ from bubblespec.protocol.rank import (
     StepShard,
     WeightUpdate,
 )
-from bubblespec.protocol.weights import MemoryTagsIn, WeightBucket, WeightGroupOpen
+from bubblespec.protocol.weights import (
+    MemoryTagsIn,
+    TensorBucket,
+    WeightBucket,
+    WeightGroupOpen,
+)
 from bubblespec.rank.service import RankService
 
 Rank = Annotated[RankService, Depends(app_service)]
@@ -149,6 +154,16 @@ async def weights_group(body: WeightGroupOpen, rank: Rank) -> dict[str, Any]:
 @protected.post("/v1/weights/bucket")
 async def weights_bucket(body: WeightBucket, rank: Rank) -> dict[str, Any]:
     return await rank.receive_bucket(body)
+
+
+@protected.post("/v1/weights/tensors")
+async def weights_tensors(body: TensorBucket, rank: Rank) -> dict[str, Any]:
+    return await rank.receive_tensors(body)
+
+
+@protected.post("/v1/weights/discard")
+async def weights_discard(rank: Rank) -> dict[str, Any]:
+    return await rank.discard_push()
 
 
 @protected.post("/v1/weights/commit")

@@ -51,7 +51,12 @@ from bubblespec.protocol.rank import (
     StepShard,
     WeightUpdate,
 )
-from bubblespec.protocol.weights import MEMORY_TAGS, WeightBucket, WeightGroupOpen
+from bubblespec.protocol.weights import (
+    MEMORY_TAGS,
+    TensorBucket,
+    WeightBucket,
+    WeightGroupOpen,
+)
 from bubblespec.rank.config import RankConfig
 from bubblespec.rank.tool_calls import parse_tool_calls
 from bubblespec.rank.worker import RankWorker, to_gen_request, to_sample_out
@@ -422,6 +427,21 @@ class RankService:
         staged = await worker.engine.receive_bucket(body.names, body.dtypes,
                                                     [list(s) for s in body.shapes], body.version)
         return {"rank_id": self.rank_id, "staged": staged, "version": body.version}
+
+    async def receive_tensors(self, body: TensorBucket) -> dict[str, Any]:
+        """Stop pre-generation, then stage the tensors a colocated trainer handed over."""
+        worker = self._ready()
+        await worker.stop_pregen()
+        staged, whole = await worker.engine.receive_tensors(body.serialized, body.load_format,
+                                                            body.version)
+        return {"rank_id": self.rank_id, "staged": staged, "complete": whole,
+                "version": body.version}
+
+    async def discard_push(self) -> dict[str, Any]:
+        """Drop whatever push is staged (a group stays open)."""
+        worker = self._ready()
+        await worker.engine.discard_push()
+        return {"rank_id": self.rank_id, "discarded": True}
 
     async def commit_weights(self) -> dict[str, Any]:
         """Load the staged push (between batches) and report the new version; with the

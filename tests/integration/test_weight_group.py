@@ -4,11 +4,15 @@ sequence) and through the Python API (`bubblespec.client.weights`); the ranks th
 exactly what a disk reload of the same weights samples (keyed ids). Drills: a wrong name,
 shape or dtype, a version going back, an incomplete push and a trainer that dies
 mid-broadcast each leave the old weights serving with the error named, and the group can be
-opened again."""
+opened again. The same for tensors a colocated trainer hands over in shared memory
+(`/update_weights_from_tensor`: the Python API, and SGLang's flattened buckets)."""
 
 from __future__ import annotations
 
+import base64
+import io
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -22,7 +26,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bubblespec.client import BubbleSpecClient
-from bubblespec.client.weights import WeightGroup, WeightPushError, free_port
+from bubblespec.client.weights import (
+    WeightGroup,
+    WeightPushError,
+    free_port,
+    push_tensors,
+    serialize_tensors,
+)
 from bubblespec.cluster import LocalCluster
 from tests.cluster.helpers import local_cluster
 
@@ -291,3 +301,156 @@ def test_release_and_resume_around_a_push_keep_the_drafts(cluster: LocalCluster,
         b = c.rollout(nxt, n=1, sampling_params=KEYED, seeds=[[7], [8]])
     assert b.step == a.step + 1 and b.counters.drafts_fetched_tokens > 0, b.counters
     assert {s.weight_version for p in b.prompts for s in p.samples} == {v0 + 1}
+
+
+# --------------------------------------------------------------- tensors handed over
+def test_handed_over_tensors_sample_what_a_disk_reload_samples(
+        cluster: LocalCluster, weights: dict[str, Any], task: Any) -> None:
+    """A colocated trainer (this process, on the ranks' host) hands the weights over in
+    shared memory (`push_tensors`, SGLang's `/update_weights_from_tensor`), in several
+    calls: the one that completes the model loads it on both ranks, and they sample what a
+    disk reload of the same weights samples."""
+    url = cluster.gateway_url
+    _, v0 = keyed_ids(cluster, task)
+    with BubbleSpecClient(url, timeout_s=300) as c:
+        c.update_weights(weights["dir"], version=v0 + 1)
+    from_disk, _ = keyed_ids(cluster, task)
+    t0 = time.perf_counter()
+    assert push_tensors(url, weights["base"].items(), version=v0 + 2,
+                        bucket_bytes=2**20) == v0 + 2
+    t_push = time.perf_counter() - t0
+    base_ids, v = keyed_ids(cluster, task)
+    assert v == v0 + 2 and base_ids != from_disk
+    assert push_tensors(url, weights["new"].items()) == v0 + 3  # version: theirs + 1
+    pushed, v = keyed_ids(cluster, task)
+    assert v == v0 + 3 and pushed == from_disk  # the tensors are the checkpoint
+    print(f"tensors handed to 2 ranks, embedded model, 1 MiB calls: {t_push:.2f} s "
+          "(not a benchmark)")
+
+
+SGLANG_COLOCATED = r"""
+# a colocated trainer as SGLang's callers write one (slime's colocated update): pause,
+# FlattenedTensorBucket's metadata class under SGLang's module path,
+# MultiprocessingSerializer's text, one call per bucket, continue_generation
+import base64, dataclasses, io, os, sys, types, httpx, torch
+import torch.multiprocessing as mp
+from multiprocessing.reduction import ForkingPickler
+from safetensors.torch import load_file
+for name in ("sglang", "sglang.srt", "sglang.srt.weight_sync"):
+    sys.modules[name] = types.ModuleType(name)
+mod = types.ModuleType("sglang.srt.weight_sync.tensor_bucket")
+@dataclasses.dataclass
+class FlattenedTensorMetadata:
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+FlattenedTensorMetadata.__module__ = mod.__name__
+mod.FlattenedTensorMetadata = FlattenedTensorMetadata
+sys.modules[mod.__name__] = mod
+mp.set_sharing_strategy("file_system")
+url, model_dir, version = sys.argv[1], sys.argv[2], sys.argv[3]
+named = list(load_file(os.path.join(model_dir, "model.safetensors")).items())
+half = len(named) // 2
+http = httpx.Client(base_url=url, timeout=300)
+assert http.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
+for i, bucket in enumerate((named[:half], named[half:])):
+    flats, meta, at = [], [], 0
+    for n, t in bucket:
+        flats.append(t.flatten())
+        meta.append(FlattenedTensorMetadata(n, t.shape, t.dtype, at, at + t.numel(), t.numel()))
+        at += t.numel()
+    flat = torch.cat(flats)  # kept until the ranks answer: its memory is what they map
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump({"flattened_tensor": flat, "metadata": meta})
+    r = http.post("/update_weights_from_tensor", json={
+        "serialized_named_tensors": [base64.b64encode(buf.getvalue()).decode()],
+        "load_format": "flattened_bucket", "flush_cache": i == 1,
+        "weight_version": version})
+    assert r.status_code == 200 and r.json()["success"], r.text
+    print("call", i, "loaded", r.json()["loaded"], "served",
+          http.get("/get_weight_version").json()["weight_version"], flush=True)
+r = http.post("/continue_generation", json={})
+assert r.status_code == 200, r.text
+"""
+
+
+def test_sglangs_colocated_sequence_with_flattened_buckets(
+        cluster: LocalCluster, weights: dict[str, Any], task: Any, tmp_path: Path) -> None:
+    """SGLang's request shape from a trainer process of its own: two flattened buckets
+    between pause and continue; the first stages (the ranks still serve the old version),
+    the second completes the model and loads it; the ranks sample what a disk reload of
+    the same weights samples."""
+    _, v0 = keyed_ids(cluster, task)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    out, err = tmp_path / "out", tmp_path / "err"
+    try:  # to files, not pipes: torch's shared-memory manager outlives the trainer a while
+        with out.open("w") as o, err.open("w") as e:
+            p = subprocess.run([sys.executable, "-c", SGLANG_COLOCATED, cluster.gateway_url,
+                                weights["dir"], str(v0 + 1)], check=False, stdout=o,
+                               stderr=e, stdin=subprocess.DEVNULL, timeout=300, env=env)
+    finally:
+        httpx.post(cluster.gateway_url + "/continue_generation", json={}, timeout=120)
+    assert p.returncode == 0, err.read_text()[-2000:]
+    assert out.read_text().splitlines() == [f"call 0 loaded False served {v0}",
+                                            f"call 1 loaded True served {v0 + 1}"]
+    pushed, v = keyed_ids(cluster, task)
+    assert v == v0 + 1
+    with BubbleSpecClient(cluster.gateway_url, timeout_s=300) as c:
+        c.update_weights(weights["dir"], version=v0 + 2)
+    assert keyed_ids(cluster, task) == (pushed, v0 + 2)
+
+
+def test_refused_tensors_leave_the_old_weights_serving(cluster: LocalCluster,
+                                                       weights: dict[str, Any],
+                                                       task: Any) -> None:
+    url = cluster.gateway_url
+    before, v0 = keyed_ids(cluster, task)
+    new = weights["new"]
+    name, t = next((k, v) for k, v in new.items() if v.ndim == 2)
+    nan = t.clone()
+    nan[0, 0] = float("nan")
+    cases = [("names", [("model.no_such.weight", t)]), ("shapes", [(name, t[:-1])]),
+             ("dtypes", [(name, t.to(torch.float64))]),
+             ("serialized_named_tensors", [(name, nan)])]
+    for field, bucket in cases:
+        with pytest.raises(WeightPushError) as e:
+            push_tensors(url, bucket, version=v0 + 1)
+        assert (e.value.status, e.value.field) == (400, field), e.value  # SGLang's 400
+    with pytest.raises(WeightPushError) as e:  # versions only go up
+        push_tensors(url, new.items(), version=v0)
+    assert (e.value.status, e.value.field) == (409, "weight_version"), e.value
+    with pytest.raises(WeightPushError) as e:  # a push must cover the model
+        push_tensors(url, [(name, t)], version=v0 + 1)
+    assert (e.value.status, e.value.field) == (400, "names") and "not sent" in str(e.value)
+    # a call refused after one that staged drops the whole push on every rank
+    first = [(k, v) for k, v in new.items() if k != name]
+    push = {"serialized_named_tensors": [serialize_tensors(first)], "weight_version": str(v0 + 1)}
+    with httpx.Client(base_url=url, timeout=300) as http:
+        r = http.post("/update_weights_from_tensor", json=push)
+        assert r.status_code == 200 and r.json()["loaded"] is False, r.text
+        bad = {**push, "serialized_named_tensors": [serialize_tensors([(name, t[:-1])])]}
+        r = http.post("/update_weights_from_tensor", json=bad)
+        assert r.status_code == 400 and r.json()["field"] == "shapes", r.text
+        r = http.post("/v1/weights/commit", json={})
+        assert r.status_code == 409 and r.json()["field"] == "weight_version", r.text
+        # not tensors, or tensors another process cannot map: refused, named
+        for payload, why in ((pickle.dumps([(name, os.getpid)]), "posix.getpid"),
+                             (_fd_shared([(name, t)]), "file_system")):
+            r = http.post("/update_weights_from_tensor", json={
+                "serialized_named_tensors": [base64.b64encode(payload).decode()]})
+            assert r.status_code == 400, r.text
+            assert r.json()["field"] == "serialized_named_tensors" and why in r.text, r.text
+    assert keyed_ids(cluster, task) == (before, v0)
+    assert push_tensors(url, new.items(), version=v0 + 1) == v0 + 1
+
+
+def _fd_shared(named: list[tuple[str, torch.Tensor]]) -> bytes:
+    """A pickle of tensors shared by file descriptor (torch's default strategy)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump([(n, x.clone()) for n, x in named])
+    return buf.getvalue()

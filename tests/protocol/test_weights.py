@@ -8,9 +8,11 @@ from pydantic import ValidationError
 
 from bubblespec.protocol.weights import (
     InitWeightsGroupIn,
+    TensorBucket,
     WeightBucket,
     WeightGroupOpen,
     WeightsFromDistributedIn,
+    WeightsFromTensorIn,
 )
 
 SLIME_INIT = {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1,
@@ -56,3 +58,29 @@ def test_rank_bodies_forbid_what_they_do_not_know() -> None:
     with pytest.raises(ValidationError):
         WeightBucket.model_validate({"names": ["a"], "dtypes": ["float32"], "shapes": [[1]],
                                      "version": -1})
+
+
+SGLANG_TENSORS = {"serialized_named_tensors": ["gASVAAAA"], "load_format": "flattened_bucket",
+                  "flush_cache": False, "abort_all_requests": False, "weight_version": "8"}
+
+
+def test_sglangs_update_weights_from_tensor_body_parses() -> None:
+    b = WeightsFromTensorIn.model_validate({**SGLANG_TENSORS, "unknown_key": 1})
+    assert b.version() == 8 and b.load_format == "flattened_bucket" and not b.flush_cache
+    plain = WeightsFromTensorIn.model_validate({"serialized_named_tensors": ["x"]})
+    assert plain.load_format is None and plain.version() is None and plain.flush_cache
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"serialized_named_tensors": []}, "serialized_named_tensors"),
+    ({"serialized_named_tensors": ["a", "b"]}, "serialized_named_tensors"),  # TP 2
+    ({"serialized_named_tensors": [""]}, "serialized_named_tensors"),
+    ({"load_format": "direct"}, "load_format"),
+    ({"weight_version": "v8"}, "weight_version"),
+])
+def test_bad_tensor_bodies_name_the_field(bad: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        WeightsFromTensorIn.model_validate({**SGLANG_TENSORS, **bad})
+    assert e.value.errors()[0]["loc"][0] == field
+    with pytest.raises(ValidationError):
+        TensorBucket.model_validate({"serialized": "x", "version": 1, "extra": 0})

@@ -11,6 +11,10 @@ Routes (SGLang's names, bodies and answers; bodies in `bubblespec.protocol.sglan
   `input_token_logprobs` from `logprob_start_len` on;
 - POST /v1/next_prompts  the next step's prompts alone, or the next steps' batches (bubblespec);
 - POST /update_weights_from_disk  {model_path, weight_version}: every rank reloads;
+- POST /init_weights_update_group, /update_weights_from_distributed,
+  /destroy_weights_update_group, /v1/weights/commit: a trainer's push over a gloo group;
+  POST /update_weights_from_tensor: tensors a colocated trainer hands over in shared memory;
+  POST /release_memory_occupation, /resume_memory_occupation (`gateway/weight_groups.py`);
 - POST /abort_request  {rid}: that request if still queued; {abort_all}: every queued
   request, and the running step on every rank (its unfinished samples answer with finish
   reason abort and the tokens they have, which AReaL re-sends as prompt + partial output);

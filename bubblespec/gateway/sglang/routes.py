@@ -30,6 +30,7 @@ from bubblespec.protocol.weights import (
     MemoryTagsIn,
     WeightCommitIn,
     WeightsFromDistributedIn,
+    WeightsFromTensorIn,
 )
 
 B = TypeVar("B", bound=BaseModel)
@@ -197,12 +198,27 @@ async def update_weights_from_distributed(request: Request) -> JSONResponse:
     return await _weight_call(request, WeightsFromDistributedIn, run)
 
 
+@protected.post("/update_weights_from_tensor")
+async def update_weights_from_tensor(request: Request) -> JSONResponse:
+    """A colocated trainer's tensors, handed over in shared memory (CPU) or by CUDA IPC:
+    every rank stages them; the call that completes the model loads it on every rank."""
+    async def run(g: WeightGroups, body: WeightsFromTensorIn) -> dict[str, Any]:
+        if body.abort_all_requests:
+            fronts(request).batcher.abort()
+        res = await g.tensors(body)
+        return {"message": "Succeeded to update parameter online.",
+                **res, "weight_version": str(res["weight_version"])}
+
+    return await _weight_call(request, WeightsFromTensorIn, run)
+
+
 @protected.post("/v1/weights/commit")
 async def commit_weights(request: Request) -> JSONResponse:
     """bubblespec: load the staged push now (what `/continue_generation` does first)."""
     async def run(g: WeightGroups, body: WeightCommitIn) -> dict[str, Any]:
         res = await g.commit(body.group_name)
-        assert res is not None  # a named group without a staged push is a 409
+        if res is None:
+            raise ApiError(409, "no pushed weights are staged", "weight_version")
         return {"weight_version": str(res["weight_version"]), "ranks": res["ranks"]}
 
     return await _weight_call(request, WeightCommitIn, run)

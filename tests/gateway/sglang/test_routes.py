@@ -151,7 +151,7 @@ def test_bearer_token(gw_token: TestClient) -> None:
                   "/pause_generation", "/continue_generation", "/flush_cache",
                   "/v1/next_prompts", "/init_weights_update_group",
                   "/update_weights_from_distributed", "/destroy_weights_update_group",
-                  "/v1/weights/commit"):
+                  "/update_weights_from_tensor", "/v1/weights/commit"):
         r = gw_token.post(route, json=GEN)
         assert r.status_code == 401 and r.json()["field"] == "authorization", route
     r = gw_token.post("/generate", json={**GEN, "stream": True}, headers=AUTH)
@@ -252,6 +252,15 @@ def test_weight_group_routes_refuse_before_calling_a_rank(gw: TestClient) -> Non
     refused(gw.post("/destroy_weights_update_group", json={"group_name": "g"}), 404,
             "group_name")
     refused(gw.post("/v1/weights/commit", json={"group_name": "g"}), 404, "group_name")
+    refused(gw.post("/v1/weights/commit", json={}), 409, "weight_version")
+    tensors = {"serialized_named_tensors": ["gASVAAAA"], "load_format": "flattened_bucket"}
+    refused(gw.post("/update_weights_from_tensor", json={**tensors, "load_format": "direct"}),
+            400, "load_format")
+    refused(gw.post("/update_weights_from_tensor",
+                    json={**tensors, "serialized_named_tensors": ["a", "b"]}), 400,
+            "serialized_named_tensors")
+    r = gw.post("/update_weights_from_tensor", json=tensors)  # no rank to take them
+    assert r.status_code == 503 and r.json()["success"] is False
     # nothing staged: the end of a pause just resumes
     assert gw.post("/continue_generation").json() == {"success": True,
                                                       "message": "Generation continued."}
