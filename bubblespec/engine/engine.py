@@ -108,8 +108,8 @@ class RolloutEngine:
         self.last_good_version = 0
         """The version of `last_good_path` (a restarted engine comes back on it: weights
         pushed over a process group since then are not on disk)."""
-        self.weight_group: str | None = None
-        """The trainer's weight group this engine joined (None: none open)."""
+        self.weight_groups: set[str] = set()
+        """The trainer's weight groups this engine joined (slime: one per pipeline stage)."""
         self.pending_version: int | None = None
         """The version of the push being staged (None: nothing staged)."""
         self.tokens_generated = 0
@@ -329,10 +329,14 @@ class RolloutEngine:
 
     # ------------------------------------------------------ process-group weight pushes
     async def open_weight_group(self, init_info: dict[str, Any]) -> None:
-        """Join the trainer's named gloo group (`weight_group.py`); what was staged from an
-        earlier group is dropped. Blocks until every member joined or the group's deadline
-        (an error: 504 field master_address)."""
-        self.pending_version = None
+        """Join the trainer's named gloo group (`weight_group.py`; other groups stay open);
+        a group of that name is left first, and what was staged is dropped unless another
+        group is open (a trainer starting over). Blocks until every member joined or the
+        group's deadline (an error: 504 field master_address)."""
+        name = str(init_info.get("group_name"))
+        if name in self.weight_groups or not self.weight_groups:
+            await self._discard_staged()
+        self.weight_groups.discard(name)
         try:
             await vllm_glue.open_weight_transfer(self.llm, init_info)
         except Exception as e:  # noqa: BLE001 (the store's and gloo's errors vary)
@@ -340,25 +344,33 @@ class RolloutEngine:
             raise ApiError(504, f"could not join weight group {init_info.get('group_name')!r} "
                                 f"at {init_info.get('master_address')}:"
                                 f"{init_info.get('master_port')}: {e}", "master_address") from None
-        self.weight_group = str(init_info.get("group_name"))
+        self.weight_groups.add(name)
 
-    async def close_weight_group(self) -> None:
-        """Leave the group and drop anything staged (idempotent)."""
+    async def close_weight_group(self, name: str | None = None) -> None:
+        """Leave group `name` (what is staged stays while another group is open), or every
+        group and drop what is staged (`name` None); idempotent."""
+        if name is not None:
+            self.weight_groups.discard(name)
+            await self.llm.collective_rpc("bubblespec_close_weight_group", args=(name,))
+            if not self.weight_groups:
+                await self._discard_staged()
+            return
         self.pending_version = None
-        self.weight_group = None
+        self.weight_groups = set()
         await vllm_glue.close_weight_transfer(self.llm)
 
     async def receive_bucket(self, names: list[str], dtypes: list[str],
-                             shapes: list[list[int]], version: int) -> int:
+                             shapes: list[list[int]], version: int,
+                             group_name: str = "bubblespec") -> int:
         """Receive one bucket of a push into staging (the model is untouched until
         `commit_weights`); how many tensors are staged now. A bucket the model cannot take
         (422 naming names/dtypes/shapes) or whose version does not go up (409) is still
         received in full, so that the trainer's broadcast completes and the group stays in
         step; a broken broadcast (a dead trainer) drops the staged push and closes the group
         (502)."""
-        if self.weight_group is None:
-            raise ApiError(409, "no weight group is open on this rank: open one first",
-                           "group_name")
+        if group_name not in self.weight_groups:
+            raise ApiError(409, f"weight group {group_name!r} is not open on this rank: open "
+                                "it first", "group_name")
         refusal = check_bucket(names, dtypes, shapes, self.manifest)
         if refusal is None and (version <= self.weight_version or
                                 self.pending_version not in (None, version)):
@@ -367,7 +379,7 @@ class RolloutEngine:
                        f"version {version} differs from the push being staged "
                        f"({self.pending_version}); every bucket of a push has one version")
         info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
-                "discard": refusal is not None}
+                "discard": refusal is not None, "group_name": group_name}
         async with self._weights_lock:
             try:
                 await vllm_glue.receive_weight_bucket(self.llm, info)
@@ -376,7 +388,7 @@ class RolloutEngine:
                 if "non-finite" in str(e):  # received in full: the group is in step
                     await self._discard_staged()
                     raise ApiError(422, f"push refused, nothing applied: {e}", "names") from None
-                await self._drop_push()
+                await self._drop_push(group_name)
                 raise ApiError(502, f"the push broke off mid-bucket ({type(e).__name__}: {e}); "
                                     "nothing of it was applied, weights stay at version "
                                     f"{self.weight_version}; the group is closed: open it "
@@ -459,11 +471,11 @@ class RolloutEngine:
         with contextlib.suppress(Exception):
             await self.llm.collective_rpc("bubblespec_discard_weights")
 
-    async def _drop_push(self) -> None:
+    async def _drop_push(self, group_name: str) -> None:
         """Forget the staged push and leave the group (after a broken broadcast)."""
         await self._discard_staged()
         with contextlib.suppress(Exception):
-            await self.close_weight_group()
+            await self.close_weight_group(group_name)
 
     def _check_alive(self, error: BaseException, what: str) -> None:
         if not self.alive:

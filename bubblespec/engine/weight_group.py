@@ -14,6 +14,10 @@ Every collective has the group's deadline (`timeout_s`); a trainer that dies mid
 an error at the rank within it (gloo reports a closed peer at once), and the group is then
 closed so that it can be opened again under the same name.
 
+Several named groups may be open at once (slime opens one per pipeline stage of its
+trainer, `slime-pp_<i>`, each broadcasting that stage's tensors); their buckets stage into
+one push, loaded by one commit.
+
 `GlooWeightEngine` is registered with vLLM's `WeightTransferEngineFactory` under
 `WEIGHT_GROUP_BACKEND` (`register`, called where the worker extension is imported, in every engine
 process); GPU ranks could use vLLM's own `nccl` engine in its place (not built here: no GPU
@@ -60,13 +64,14 @@ class GlooInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class GlooUpdateInfo(WeightTransferUpdateInfo):
-    """One bucket: the tensors broadcast from rank 0, in this order. `discard`: receive and
-    drop (the rank refused the bucket but keeps the group in step)."""
+    """One bucket: the tensors broadcast from rank 0 of group `group_name`, in this order.
+    `discard`: receive and drop (the rank refused the bucket but keeps the group in step)."""
 
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
     discard: bool = False
+    group_name: str = "bubblespec"
 
 
 class GlooWeightEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
@@ -79,21 +84,20 @@ class GlooWeightEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
     def __init__(self, config: Any, vllm_config: Any, device: torch.device,
                  model: torch.nn.Module) -> None:
         super().__init__(config, vllm_config, device, model)
-        self.group: Any = None
-        self.group_name: str | None = None
+        self.groups: dict[str, Any] = {}
         self.staged: dict[str, torch.Tensor] = {}
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
-        """Join the trainer's group (blocks until every member joined, or the deadline)."""
-        self.shutdown()
+        """Join the trainer's group (blocks until every member joined, or the deadline); a
+        group of the same name is left first, other groups stay open."""
+        self.close_group(init_info.group_name)
         timeout = datetime.timedelta(seconds=init_info.timeout_s)
         store = dist.TCPStore(init_info.master_address, init_info.master_port,
                               world_size=init_info.world_size, is_master=False,
                               timeout=timeout)
         rank = init_info.rank_offset + int(self.parallel_config.rank)
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore(init_info.group_name, store),
-                                           rank, init_info.world_size, timeout)
-        self.group_name = init_info.group_name
+        self.groups[init_info.group_name] = dist.ProcessGroupGloo(
+            dist.PrefixStore(init_info.group_name, store), rank, init_info.world_size, timeout)
 
     def start_weight_update(self) -> None:
         """Nothing to prepare: buckets go to staging, the model is touched at `commit`."""
@@ -107,15 +111,17 @@ class GlooWeightEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         """Receive every tensor of the bucket (always, so the broadcast completes), then
         stage it; a non-finite value refuses the bucket (ValueError naming the tensor)."""
-        if self.group is None:
-            raise RuntimeError("no weight group is open on this engine")
+        group = self.groups.get(update_info.group_name)
+        if group is None:
+            raise RuntimeError(f"no weight group {update_info.group_name!r} is open on this "
+                               "engine")
         received = []
         for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names,
                                            update_info.shapes):
             t = torch.empty([int(d) for d in shape], dtype=torch_dtype(dtype_name))
             opts = dist.BroadcastOptions()
             opts.rootRank = 0
-            self.group.broadcast([t], opts).wait()
+            group.broadcast([t], opts).wait()
             received.append((name, t))
         if update_info.discard:
             return
@@ -136,10 +142,13 @@ class GlooWeightEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
         n, self.staged = len(self.staged), {}
         return n
 
+    def close_group(self, name: str) -> None:
+        """Leave group `name` (dropping it closes its connections); what is staged stays."""
+        self.groups.pop(name, None)
+
     def shutdown(self) -> None:
-        """Leave the group (dropping it closes its connections) and drop what is staged."""
-        self.group = None
-        self.group_name = None
+        """Leave every group and drop what is staged."""
+        self.groups = {}
         self.staged = {}
 
 

@@ -111,6 +111,11 @@ class WorkerExtension:
         staged.update(copies)
         return {"staged": len(staged)}
 
+    def bubblespec_close_weight_group(self, name: str) -> bool:
+        """Leave weight group `name` (`GlooWeightEngine.close_group`); others stay open."""
+        self._weight_group().close_group(name)
+        return True
+
     def bubblespec_discard_weights(self) -> int:
         """Drop the staged push (`GlooWeightEngine.discard`)."""
         return self._weight_group().discard()

@@ -3,10 +3,12 @@
 and a colocated trainer's release and resume of the engines' memory.
 
 The trainer opens a named group (`open`): every ready rank joins it, rank `rank_offset + i`
-for the i-th rank by id, and the gateway remembers which ranks those are. Each bucket
-(`bucket`) goes to those ranks at once, while the trainer broadcasts it; the ranks stage
-it. `commit` (SGLang's `/continue_generation`, or the bubblespec route) loads the staged push
-on every rank at once with its version. Weight calls hold the rollout lock, so no step runs
+for the i-th rank by id, and the gateway remembers which ranks those are. Several groups may
+be open at once (slime opens one per pipeline stage of its trainer, `slime-pp_<i>`, each
+broadcasting that stage's tensors): their buckets stage into one push. Each bucket
+(`bucket`) goes to its group's ranks at once, while the trainer broadcasts it; the ranks
+stage it. `commit` (SGLang's `/continue_generation`, or the bubblespec route) loads the
+staged push on every rank at once with its version. Weight calls hold the rollout lock, so no step runs
 while a push is received or loaded, and the ranks advertise the new version only once the
 push is whole. A failure names the ranks; a rank's refusal (4xx) is the caller's 4xx.
 
@@ -50,7 +52,8 @@ class WeightGroups:
 
     def __init__(self, rollouts: Rollouts) -> None:
         self.rollouts = rollouts
-        self.group: Group | None = None
+        self.groups: dict[str, Group] = {}
+        """The open groups by name."""
         self.tensor_push: Group | None = None
         """A push of handed-over tensors staged and not loaded yet (None: none)."""
 
@@ -78,11 +81,16 @@ class WeightGroups:
                             f"{bad}", errors[0].field or "group_name")
 
     def _open_group(self, name: str) -> Group:
-        g = self.group
-        if g is None or g.name != name:
+        g = self.groups.get(name)
+        if g is None:
+            opened = ", ".join(repr(n) for n in sorted(self.groups))
             raise ApiError(404, f"no weight group named {name!r} is open"
-                                + (f" (open: {g.name!r})" if g else ""), "group_name")
+                                + (f" (open: {opened})" if opened else ""), "group_name")
         return g
+
+    def _staged_version(self) -> int | None:
+        """The version of the push the open groups are staging (None: nothing staged)."""
+        return next((g.version for g in self.groups.values() if g.version is not None), None)
 
     async def open(self, body: InitWeightsGroupIn) -> dict[str, Any]:
         """Every ready rank joins the trainer's group; the world size must count them."""
@@ -95,10 +103,10 @@ class WeightGroups:
                 raise ApiError(400, f"world_size {body.world_size} does not fit: rank_offset "
                                     f"{body.rank_offset} + {len(ready)} ready rank(s) = "
                                     f"{body.rank_offset + len(ready)}", "world_size")
-            if self.group is not None:  # a new group replaces the old one on every rank
-                await self._fan(self.group, "/v1/weights/group/close")
+            old = self.groups.pop(body.group_name, None)
+            if old is not None:  # a group of that name is opened again: left first
+                await self._fan(old, "/v1/weights/group/close", {"group_name": old.name})
             group = Group(body.group_name, ready, body.timeout_s)
-            self.group = None
             results = await asyncio.gather(*(
                 self.rollouts.pool.post(r, "/v1/weights/group", {
                     "master_address": body.master_address, "master_port": body.master_port,
@@ -107,7 +115,7 @@ class WeightGroups:
                     body.timeout_s + 30.0) for i, r in enumerate(ready)),
                 return_exceptions=True)
             self._raise("joining the weight group", group, results)
-            self.group = group
+            self.groups[group.name] = group
         return {"group_name": group.name, "ranks": [r.rank_id for r in ready]}
 
     async def bucket(self, body: WeightsFromDistributedIn) -> dict[str, Any]:
@@ -116,36 +124,47 @@ class WeightGroups:
             group = self._open_group(body.group_name)
             version = body.version()
             if version is None:
-                version = group.version if group.version is not None else max(
+                staged = self._staged_version()
+                version = staged if staged is not None else max(
                     (r.weight_version or 0 for r in group.ranks), default=0) + 1
             results = await self._fan(group, "/v1/weights/bucket", {
                 "names": body.names, "dtypes": body.dtypes, "shapes": body.shapes,
-                "version": version})
+                "version": version, "group_name": group.name})
             try:
                 answers = self._raise("weight bucket", group, results)
             except ApiError as e:
                 if e.status >= 500:  # the ranks closed the group: nothing is staged
-                    self.group = None
+                    self.groups.pop(group.name, None)
+                    for g in self.groups.values():
+                        g.version = None
                 raise
             group.version = version
         return {"version": version, "staged": {a["rank_id"]: a["staged"] for a in answers}}
 
     async def commit(self, name: str | None = None) -> dict[str, Any] | None:
-        """Load the staged push on every rank of the group; None when nothing is staged
-        (`name` None: a staged push of handed-over tensors, else the open group, whatever
-        its name)."""
+        """Load the staged push on every rank; None when nothing is staged. `name`: a group
+        that must be open (its push and the other groups' are one push); None: a staged
+        push of handed-over tensors, else whatever the open groups staged."""
         async with self.rollouts.lock:
+            if name is not None:
+                self._open_group(name)
             if name is None and self.tensor_push is not None:
                 group, self.tensor_push = self.tensor_push, None
-            else:
-                group = self.group if name is None else self._open_group(name)
-            if group is None or group.version is None:
+                return await self._load(group)
+            staging = [g for g in self.groups.values() if g.version is not None]
+            if not staging:
                 if name is not None:
                     raise ApiError(409, "no pushed weights are staged", "weight_version")
                 return None
-            return await self._load(group)
+            ranks = {r.rank_id: r for g in staging for r in g.ranks}
+            for g in staging:
+                g.version = None
+            return await self._load(Group(",".join(g.name for g in staging),
+                                          [ranks[k] for k in sorted(ranks)],
+                                          max(g.timeout_s for g in staging), 0))
 
     async def _load(self, group: Group) -> dict[str, Any]:
+        """Every rank of `group` loads what it staged."""
         results = await self._fan(group, "/v1/weights/commit")
         group.version = None
         answers = self._raise("loading the pushed weights", group, results)
@@ -200,8 +219,7 @@ class WeightGroups:
     async def close(self, name: str) -> dict[str, Any]:
         """Every rank of the group leaves it (what is staged is dropped)."""
         async with self.rollouts.lock:
-            group = self._open_group(name)
-            self.group = None
-            results = await self._fan(group, "/v1/weights/group/close")
+            group = self.groups.pop(name, None) or self._open_group(name)
+            results = await self._fan(group, "/v1/weights/group/close", {"group_name": name})
         self._raise("closing the weight group", group, results)
         return {"group_name": name, "closed": True}

@@ -88,11 +88,20 @@ def version_text(v: str | int | None) -> str | int | None:
 
 
 class WeightBucket(_Tensors):
-    """POST /v1/weights/bucket (a rank): receive one bucket the trainer broadcasts."""
+    """POST /v1/weights/bucket (a rank): receive one bucket the trainer broadcasts in group
+    `group_name`."""
 
     model_config = ConfigDict(extra="forbid")
 
     version: L.WeightVersion
+    group_name: GroupName = "bubblespec"
+
+
+class WeightGroupClose(_Body):
+    """POST /v1/weights/group/close (a rank): leave group `group_name` (what is staged
+    stays), or every group, dropping what is staged (None)."""
+
+    group_name: GroupName | None = None
 
 
 class InitWeightsGroupIn(_Lenient):

@@ -48,6 +48,7 @@ from bubblespec.protocol.weights import (
     MemoryTagsIn,
     TensorBucket,
     WeightBucket,
+    WeightGroupClose,
     WeightGroupOpen,
 )
 from bubblespec.rank.service import RankService
@@ -172,5 +173,5 @@ async def weights_commit(rank: Rank) -> dict[str, Any]:
 
 
 @protected.post("/v1/weights/group/close")
-async def weights_group_close(rank: Rank) -> dict[str, Any]:
-    return await rank.close_weight_group()
+async def weights_group_close(body: WeightGroupClose, rank: Rank) -> dict[str, Any]:
+    return await rank.close_weight_group(body.group_name)

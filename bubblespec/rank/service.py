@@ -425,7 +425,8 @@ class RankService:
         worker = self._ready()
         await worker.stop_pregen()
         staged = await worker.engine.receive_bucket(body.names, body.dtypes,
-                                                    [list(s) for s in body.shapes], body.version)
+                                                    [list(s) for s in body.shapes], body.version,
+                                                    body.group_name)
         return {"rank_id": self.rank_id, "staged": staged, "version": body.version}
 
     async def receive_tensors(self, body: TensorBucket) -> dict[str, Any]:
@@ -454,10 +455,10 @@ class RankService:
         self.metrics.weight_version.labels(self.rank_id).set(v)
         return {"rank_id": self.rank_id, "weight_version": v}
 
-    async def close_weight_group(self) -> dict[str, Any]:
-        """Leave the weight group, dropping anything staged."""
+    async def close_weight_group(self, name: str | None) -> dict[str, Any]:
+        """Leave weight group `name` (None: every group, dropping what is staged)."""
         worker = self._ready()
-        await worker.engine.close_weight_group()
+        await worker.engine.close_weight_group(name)
         return {"rank_id": self.rank_id, "closed": True}
 
     async def draft_index(self) -> DraftIndexBody:

@@ -146,6 +146,57 @@ def test_slimes_sequence_through_the_sglang_routes(cluster: LocalCluster,
         back.push(weights["base"].items(), version=v0 + 2)  # the module's other tests start there
 
 
+def test_one_group_per_pipeline_stage_stage_one_push(cluster: LocalCluster,
+                                                     weights: dict[str, Any],
+                                                     task: Any) -> None:
+    """slime with a pipeline-parallel trainer: one group per stage (`slime-pp_0`,
+    `slime-pp_1`), both open at once, each stage broadcasting its half of the tensors
+    concurrently; `/continue_generation` loads the one push, which samples what a disk
+    reload of the same weights samples."""
+    import threading
+
+    _, v0 = keyed_ids(cluster, task)
+    url = cluster.gateway_url
+    items = list(weights["new"].items())
+    halves = {"slime-pp_0": items[: len(items) // 2], "slime-pp_1": items[len(items) // 2:]}
+    groups = {name: WeightGroup(url, group_name=name, timeout_s=120) for name in halves}
+    for g in groups.values():
+        g.open(num_ranks=2)  # the second does not close the first
+    answers: dict[str, httpx.Response] = {}
+
+    def stage(name: str) -> None:
+        with httpx.Client(base_url=url, timeout=300) as http:
+            bucket = halves[name]
+            body = {"names": [n for n, _ in bucket],
+                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    "shapes": [list(t.shape) for _, t in bucket], "group_name": name,
+                    "flush_cache": False, "weight_version": str(v0 + 1)}
+            answers[name] = _broadcast_while(groups[name], http,
+                                             "/update_weights_from_distributed", body,
+                                             [t for _, t in bucket])
+
+    with httpx.Client(base_url=url, timeout=300) as http:
+        assert http.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
+        threads = [threading.Thread(target=stage, args=(n,)) for n in halves]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for name, r in answers.items():
+            assert r.status_code == 200 and r.json()["success"] is True, (name, r.text)
+        assert version(cluster) == v0  # staged in two groups, loaded by neither alone
+        r = http.post("/continue_generation", json={})
+        assert r.status_code == 200 and r.json()["weight_version"] == str(v0 + 1), r.text
+    for g in groups.values():
+        g.close()
+    pushed, v = keyed_ids(cluster, task)
+    assert v == v0 + 1
+    with BubbleSpecClient(url, timeout_s=300) as c:
+        c.update_weights(weights["dir"], version=v0 + 2)
+    assert keyed_ids(cluster, task) == (pushed, v0 + 2)
+    push_tensors(url, weights["base"].items(), version=v0 + 3)  # where the next tests start
+
+
 def _broadcast_while(group: WeightGroup, http: httpx.Client, route: str,
                      body: dict[str, Any], tensors: list[torch.Tensor]) -> httpx.Response:
     """POST `body` on a thread while broadcasting `tensors` from rank 0 (slime's order)."""
