@@ -18,6 +18,7 @@ interleaved -> generate_sequences -> weight push).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import uuid
@@ -149,3 +150,16 @@ def test_agent_loop_steps_with_a_weight_push_and_pregenerated_next_batch(
     assert set(versions.tolist()) == {2}
     with BubbleSpecClient(setup["url"]) as c:
         assert {r.weight_version for r in c.ranks()} == {3}
+    # the same push handed over in shared memory (`weight_sync: tensors`, one host)
+    from omegaconf import OmegaConf, open_dict
+
+    rollout = copy.deepcopy(cfg.actor_rollout_ref.rollout)
+    with open_dict(rollout):
+        rollout.engine_kwargs.bubblespec.weight_sync = "tensors"
+    by_tensors = BubbleSpecServerAdapter(config=rollout, model_config=cfg.actor_rollout_ref.model,
+                                         device_mesh=None)
+    assert OmegaConf.select(rollout, "engine_kwargs.bubblespec.weight_sync") == "tensors"
+    pushed = asyncio.run(by_tensors.update_weights(iter(trainer_weights()), global_steps=3))
+    assert pushed["weight_version"] == 4
+    with BubbleSpecClient(setup["url"]) as c:
+        assert {r.weight_version for r in c.ranks()} == {4}

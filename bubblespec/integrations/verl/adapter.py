@@ -14,7 +14,9 @@ first, so the adapter:
 2. pushes them as version `global_steps + 1` (weight versions start at 0 and only go up):
    by default (`weight_sync: group`) over a gloo process group with every rank server
    (`bubblespec.client.weights.WeightGroup`, opened on the first push, the trainer's rank 0
-   at `trainer_address`), loaded on every rank at once; with `weight_sync: disk` it writes
+   at `trainer_address`), loaded on every rank at once; with `weight_sync: tensors` it
+   hands them over in shared memory (`push_tensors`, SGLang's `/update_weights_from_tensor`:
+   the trainer's rank 0 and every rank server on one host); with `weight_sync: disk` it writes
    them to `<weights_dir>/v<version>/model.safetensors` and asks the server actor to reload
    every rank (`POST /v1/weights`), then removes the previous version's directory.
 
@@ -130,6 +132,15 @@ class BubbleSpecServerAdapter(BaseRollout):
             raise
         return {"weight_version": v, "ranks": dict(self._group.last_ranks), "skipped": {}}
 
+    def _hand_over(self, url: str, tensors: dict[str, torch.Tensor], version: int
+                   ) -> dict[str, Any]:
+        """Hand the tensors over in shared memory; every rank loads them at once."""
+        from bubblespec.client.weights import push_tensors
+
+        v = push_tensors(url, tensors.items(), version, token=self.settings.token,
+                         timeout_s=self.settings.start_timeout_s)
+        return {"weight_version": v, "ranks": {}, "skipped": {}}
+
     async def resume(self, tags: list[str]) -> None:
         """No-op: the rank servers keep weights and KV cache on their own devices."""
 
@@ -154,9 +165,10 @@ class BubbleSpecServerAdapter(BaseRollout):
         steps = kwargs.get("global_steps")
         version = int(steps) + 1 if steps is not None else self.version + 1
         server = ray.get_actor(SERVER_NAME, namespace=NAMESPACE)
-        if self.settings.weight_sync == "group":
+        if self.settings.weight_sync in ("group", "tensors"):
             url = await server.gateway_url.remote()
-            result = await asyncio.to_thread(self._push, url, tensors, version)
+            push = self._push if self.settings.weight_sync == "group" else self._hand_over
+            result = await asyncio.to_thread(push, url, tensors, version)
             await server.set_global_steps.remote(steps)
             self.version = version
             return result

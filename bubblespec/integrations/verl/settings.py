@@ -62,10 +62,12 @@ class BubbleSpecSettings(BaseModel):
     pregen_window: PregenWindow | None = Field(
         None, description="`training`: also through the training window until the weight "
         "push (rollout devices idle while the trainer trains). Default: the gateway's.")
-    weight_sync: Literal["group", "disk"] = Field(
+    weight_sync: Literal["group", "tensors", "disk"] = Field(
         "group", description="How the trainer's rank 0 pushes each weight version: "
         "`group`: broadcast over a gloo process group the rank servers join (no disk); "
-        "`disk`: a safetensors directory under `weights_dir` the ranks reload.")
+        "`tensors`: handed over in shared memory (the trainer's rank 0 and every rank "
+        "server on one host); `disk`: a safetensors directory under `weights_dir` the "
+        "ranks reload.")
     trainer_address: str | None = Field(
         None, description="The address the rank servers reach the trainer's rank 0 at for "
         "the weight group [its node's IP as Ray reports it].")
