@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import io
 import pickle
 from dataclasses import dataclass
@@ -74,10 +75,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch", "Size"): torch.Size,
     ("torch.storage", "UntypedStorage"): torch.UntypedStorage,
     ("torch", "UntypedStorage"): torch.UntypedStorage,
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
-    ("collections", "OrderedDict"): __import__("collections").OrderedDict,
-    ("copyreg", "_reconstructor"): __import__("copyreg")._reconstructor,
-    ("builtins", "object"): object,
+    ("collections", "OrderedDict"): collections.OrderedDict,
     ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"): FlatMeta,
     ("sglang.srt.model_executor.model_runner", "FlattenedTensorMetadata"): FlatMeta,
 }
