@@ -12,7 +12,8 @@
     bubblespec bench soak [--steps 200]      # make soak (1,000 steps): memory and budgets stay flat
     bubblespec bench workload-stats A.json B.json  # entropy, siblings, lengths side by side
     bubblespec bench policy [--model DIR]    # lengths, endings, reward of the real policy
-    bubblespec bench weight-push [--model DIR]  # gloo process-group push vs disk reload
+    bubblespec bench weight-push [--model DIR]  # gloo, shared-memory tensors and disk pushes
+    bubblespec bench control-plane [--ranks 64]  # one synchronizer under many ranks
 
 Each benchmark's module is imported only when it runs (the engine bench imports vLLM).
 """
@@ -293,6 +294,23 @@ def _workload_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="", help="also write the figures (JSON)")
 
 
+def _control_plane(sub: argparse._SubParsersAction) -> None:
+    from bubblespec.bench.control_plane import ControlPlaneConfig
+
+    d = ControlPlaneConfig()
+    p = sub.add_parser("control-plane", help="one synchronizer daemon under many ranks' calls",
+                       description="Simulated ranks (asyncio gRPC clients in worker "
+                       "processes, no engines) replay a rank's calls against one daemon: "
+                       "fetch burst, decode, report, claims, draft pushes, stop polls, "
+                       "heartbeats (bubblespec/bench/control_plane.py).")
+    for name in ("ranks", "procs", "steps", "prompts_per_rank", "samples", "draft_tokens",
+                 "lanes", "chunk", "seed"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    for name in ("step_s", "chunk_ms", "poll_ms"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    p.add_argument("--out", default="", help="JSON of the figures")
+
+
 def _weight_push(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("weight-push", help="a gloo process-group weight push vs a disk reload",
                        description="Push the same weights to the ranks of a LocalCluster "
@@ -323,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bubblespec bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for add in (_service, _paced, _engine, _suffix, _draft_batch, _keyed_cost, _per_request,
-                _flips, _sync, _soak, _workload_stats, _policy, _weight_push):
+                _flips, _sync, _soak, _workload_stats, _policy, _weight_push,
+                _control_plane):
         add(sub)
     return p
 
@@ -502,6 +521,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_policy(args)
     elif args.bench == "weight-push":
         return _run_weight_push(args)
+    elif args.bench == "control-plane":
+        from bubblespec.bench.control_plane import ControlPlaneConfig
+        from bubblespec.bench.control_plane import run as run_cp
+
+        fields = ControlPlaneConfig.__dataclass_fields__
+        run_cp(ControlPlaneConfig(**{k: getattr(args, k) for k in fields}))
     else:
         from bubblespec.bench import sync_latency
 

@@ -1,0 +1,311 @@
+"""`bubblespec bench control-plane`: one synchronizer daemon under the load of many ranks.
+
+    bubblespec bench control-plane --ranks 64 --procs 2 --steps 3
+
+Starts a daemon (its own process, as in production) and `--procs` worker processes, each
+simulating `--ranks / --procs` ranks with asyncio gRPC clients (no engines), and plays the
+gateway's part here. Per step, every simulated rank does what a rank does:
+
+- at the step's start, fetches the pre-generated drafts of its prompts (the **fetch burst**:
+  every rank at once, `--samples` drafts of `--draft-tokens` tokens per prompt);
+- decodes its shard for a long-tailed time (lognormal around `--step-s`, the longest rank
+  last), then reports done;
+- in its bubble, claims pre-generation tasks for the next step (`--lanes` at a time) and
+  pushes their drafts in chunks of `--chunk` tokens every `--chunk-ms`, polling the stop
+  signal every `--poll-ms`, until the stop fires (the last rank reported done);
+- heartbeats every second throughout.
+
+What it measures: per call kind, the count and latency p50 / p99 as the ranks see them;
+calls per second the daemon served; the **stop latency** (from the last rank's report to
+each rank seeing the stop, p50 / p99 / max); the fetch burst's time to the last rank; the
+daemon's CPU (seconds of CPU per wall second, from /proc) and peak RSS. `requirement`
+scales the call rates linearly to other rank counts (the same per-rank call pattern) and
+charges each call the daemon CPU measured per call here: the CPU one daemon would need, and
+whether one core (one Python process) covers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bubblespec.bench.sync_latency import _start_daemon
+from bubblespec.protocol.domain import PregenDraft, PregenTask
+from bubblespec.protocol.sampling import SamplingParams
+from bubblespec.synchronizer.client import SyncClient
+
+PROMPT_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    """What `bubblespec bench control-plane` runs (its flags)."""
+
+    ranks: int = 32
+    procs: int = 2
+    steps: int = 3
+    prompts_per_rank: int = 2
+    samples: int = 8
+    draft_tokens: int = 512
+    step_s: float = 3.0
+    lanes: int = 16
+    chunk: int = 64
+    chunk_ms: float = 80.0
+    poll_ms: float = 80.0
+    seed: int = 0
+    out: str = ""
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def _key(step: int, p: int) -> str:
+    return f"s{step}p{p}"
+
+
+class _Rank:
+    """One simulated rank: its calls, timed, and the step's events."""
+
+    def __init__(self, rank_id: str, client: SyncClient, cfg: ControlPlaneConfig,
+                 calls: dict[str, list[float]]) -> None:
+        self.id, self.c, self.cfg, self.calls = rank_id, client, cfg, calls
+
+    async def _timed(self, kind: str, coro: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await coro
+        finally:
+            self.calls.setdefault(kind, []).append(time.perf_counter() - t0)
+
+    async def step(self, step: int, prompts: list[str], decode_s: float) -> dict[str, float]:
+        cfg = self.cfg
+        t_start = time.time()
+        if step > 0:
+            await self._timed("FetchDrafts", self.c.fetch_drafts(step, prompts))
+        t_fetched = time.time()
+        await asyncio.sleep(decode_s)
+        t_done = time.time()
+        stop = await self._timed("ReportDone", self.c.report_done(step, self.id))
+        pushes: dict[tuple[str, int], int] = {}
+        last_poll = 0.0
+        while not stop:
+            if len(pushes) < cfg.lanes:
+                claim = await self._timed("ClaimTasks", self.c.claim_tasks(
+                    step, self.id, cfg.lanes - len(pushes)))
+                for t in claim.tasks:
+                    pushes[(t.prompt_key, t.sample_index)] = 0
+                stop = stop or claim.stop
+            drafts = []
+            for k, done in list(pushes.items()):
+                if done >= cfg.draft_tokens:
+                    continue
+                n = min(cfg.chunk, cfg.draft_tokens - done)
+                drafts.append(PregenDraft(k[0], k[1], list(range(done, done + n)),
+                                          complete=done + n >= cfg.draft_tokens, offset=done))
+                pushes[k] = done + n
+            if drafts:
+                await self._timed("PushDrafts", self.c.push_drafts(step + 1, self.id, drafts))
+            for k in [k for k, d in pushes.items() if d >= cfg.draft_tokens]:
+                del pushes[k]
+            if time.monotonic() - last_poll >= cfg.poll_ms / 1000:
+                last_poll = time.monotonic()
+                stop = stop or await self._timed("PollStop", self.c.poll_stop(step, self.id))
+            if not stop:
+                await asyncio.sleep(cfg.chunk_ms / 1000)
+        return {"start": t_start, "fetched": t_fetched, "done": t_done, "saw_stop": time.time()}
+
+
+async def _worker_main(conn: Any, address: str, rank_ids: list[str],
+                       cfg: ControlPlaneConfig) -> None:
+    calls: dict[str, list[float]] = {}
+    async with SyncClient(address, timeout_s=30.0) as c:
+        await c.wait_ready(30.0)
+        ranks = [_Rank(r, c, cfg, calls) for r in rank_ids]
+        for r in ranks:
+            await r._timed("RegisterRank", c.register(r.id, f"http://{r.id}"))
+        halt = asyncio.Event()
+
+        async def beats(r: _Rank) -> None:
+            while not halt.is_set():
+                await r._timed("Heartbeat", c.heartbeat(r.id))
+                try:
+                    await asyncio.wait_for(halt.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+
+        hb = [asyncio.create_task(beats(r)) for r in ranks]
+        conn.send("ready")
+        while True:
+            msg = await asyncio.to_thread(conn.recv)
+            if msg is None:
+                break
+            step, plan = msg  # plan: rank id -> (its prompts, its decode seconds)
+            calls.clear()
+            events = await asyncio.gather(*(r.step(step, *plan[r.id]) for r in ranks))
+            conn.send({"events": dict(zip(rank_ids, events)), "calls": calls})
+        halt.set()
+        await asyncio.gather(*hb)
+
+
+def _worker(conn: Any, address: str, rank_ids: list[str], cfg: ControlPlaneConfig) -> None:
+    asyncio.run(_worker_main(conn, address, rank_ids, cfg))
+
+
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _drive(address: str, cfg: ControlPlaneConfig, conns: list[Any],
+                 groups: list[list[str]], daemon_pid: int) -> dict[str, Any]:
+    rng = random.Random(cfg.seed)
+    rank_ids = [r for g in groups for r in g]
+    per_rank = cfg.prompts_per_rank
+    steps_out = []
+    async with SyncClient(address, timeout_s=60.0) as gw:
+        for step in range(cfg.steps):
+            nxt = [PregenTask(_key(step + 1, p), list(range(PROMPT_TOKENS)), s, p * 64 + s,
+                              SamplingParams(max_new_tokens=cfg.draft_tokens))
+                   for p in range(per_rank * len(rank_ids)) for s in range(cfg.samples)]
+            await gw.open_step(step, {r: per_rank * cfg.samples for r in rank_ids}, nxt)
+            # long-tailed decode times; the last rank's is the step's length
+            times = sorted(rng.lognormvariate(0.0, 0.5) for _ in rank_ids)
+            scale = cfg.step_s / times[-1]
+            order = rank_ids[:]
+            rng.shuffle(order)
+            plan = {r: ([_key(step, i * per_rank + p) for p in range(per_rank)],
+                        times[j] * scale) for i, r in enumerate(rank_ids)
+                    for j in [order.index(r)]}
+            cpu0, t0 = _proc_cpu_s(daemon_pid), time.time()
+            for conn, g in zip(conns, groups):
+                conn.send((step, {r: plan[r] for r in g}))
+            replies = [await asyncio.to_thread(conn.recv) for conn in conns]
+            wall, cpu = time.time() - t0, _proc_cpu_s(daemon_pid) - cpu0
+            events = {k: v for rep in replies for k, v in rep["events"].items()}
+            calls: dict[str, list[float]] = {}
+            for rep in replies:
+                for k, v in rep["calls"].items():
+                    calls.setdefault(k, []).extend(v)
+            last_done = max(e["done"] for e in events.values())
+            stop_lat = [e["saw_stop"] - last_done for e in events.values()]
+            steps_out.append({
+                "step": step, "wall_s": wall, "daemon_cpu_s": cpu,
+                "daemon_cpu_per_wall": cpu / wall, "daemon_rss_mib": _proc_rss_mib(daemon_pid),
+                "fetch_burst_s": (max(e["fetched"] for e in events.values())
+                                  - min(e["start"] for e in events.values())) if step else None,
+                "stop_latency_s": {"p50": _pct(stop_lat, 0.5), "p99": _pct(stop_lat, 0.99),
+                                   "max": max(stop_lat)},
+                "calls": {k: {"n": len(v), "per_s": len(v) / wall,
+                              "p50_ms": 1e3 * _pct(v, 0.5), "p99_ms": 1e3 * _pct(v, 0.99)}
+                          for k, v in sorted(calls.items())},
+            })
+            if step > 0:
+                await gw.close_step(step - 1)
+    return {"steps": steps_out}
+
+
+def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
+    """Start the daemon and the workers, run the steps, print and return the figures."""
+    if cfg.ranks < 1 or cfg.procs < 1 or cfg.steps < 2:
+        raise ValueError("control-plane: ranks and procs >= 1, steps >= 2")
+    proc, address, _ = _start_daemon()
+    ctx = mp.get_context("spawn")
+    groups = [[f"r{i}" for i in range(k, cfg.ranks, cfg.procs)] for k in range(cfg.procs)]
+    groups = [g for g in groups if g]
+    conns, workers = [], []
+    try:
+        for g in groups:
+            here, there = ctx.Pipe()
+            w = ctx.Process(target=_worker, args=(there, address, g, cfg), daemon=True)
+            w.start()
+            conns.append(here)
+            workers.append(w)
+        for conn in conns:
+            if not conn.poll(120) or conn.recv() != "ready":
+                raise RuntimeError("a worker did not register its ranks in time")
+        out = asyncio.run(_drive(address, cfg, conns, groups, proc.pid))
+        for conn in conns:
+            conn.send(None)
+        for w in workers:
+            w.join(30)
+    finally:
+        for w in workers:
+            if w.is_alive():
+                w.kill()
+        proc.terminate()
+        proc.wait(timeout=10)
+    summary = summarize(out["steps"])
+    out = {"config": asdict(cfg), **out, "summary": summary,
+           "requirement": [requirement(cfg, summary, n) for n in (64, 1024)]}
+    print(format_lines(out))
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figures over the steps after step 0 (step 0 has nothing to fetch)."""
+    later = steps[1:]
+    kinds = sorted({k for s in later for k in s["calls"]})
+    wall = sum(s["wall_s"] for s in later)
+    calls = {k: {"per_s": sum(s["calls"].get(k, {}).get("n", 0) for s in later) / wall,
+                 "p50_ms": statistics.median(s["calls"][k]["p50_ms"] for s in later
+                                             if k in s["calls"]),
+                 "p99_ms": max(s["calls"][k]["p99_ms"] for s in later if k in s["calls"])}
+             for k in kinds}
+    return {"calls": calls, "calls_per_s": sum(c["per_s"] for c in calls.values()),
+            "daemon_cpu_per_wall": sum(s["daemon_cpu_s"] for s in later) / wall,
+            "daemon_rss_mib": max(s["daemon_rss_mib"] for s in steps),
+            "fetch_burst_s": max(s["fetch_burst_s"] for s in later),
+            "stop_latency_p99_s": max(s["stop_latency_s"]["p99"] for s in later),
+            "stop_latency_max_s": max(s["stop_latency_s"]["max"] for s in later)}
+
+
+def requirement(cfg: ControlPlaneConfig, summary: dict[str, Any], ranks: int
+                ) -> dict[str, float]:
+    """The measured pattern at `ranks` ranks: calls per second (linear in the ranks) and the
+    daemon CPU they need at the CPU per call measured here (core-seconds per second: above
+    1, one Python daemon cannot keep up)."""
+    per_call = summary["daemon_cpu_per_wall"] / max(summary["calls_per_s"], 1e-9)
+    calls = summary["calls_per_s"] * ranks / cfg.ranks
+    return {"ranks": ranks, "calls_per_s": calls, "daemon_cpu_per_call_ms": 1e3 * per_call,
+            "daemon_cores_needed": calls * per_call}
+
+
+def format_lines(out: dict[str, Any]) -> str:
+    cfg, s = out["config"], out["summary"]
+    lines = [(f"control plane: {cfg['ranks']} ranks in {cfg['procs']} processes, one daemon, "
+             f"{cfg['steps']} steps (figures over steps 1..)"),
+             f"{'call':<14}{'per s':>10}{'p50 ms':>10}{'p99 ms':>10}"]
+    for k, c in s["calls"].items():
+        lines.append(f"{k:<14}{c['per_s']:>10.1f}{c['p50_ms']:>10.2f}{c['p99_ms']:>10.2f}")
+    lines += [(f"all calls: {s['calls_per_s']:.0f}/s; daemon CPU {s['daemon_cpu_per_wall']:.2f} "
+              f"s per wall s, peak RSS {s['daemon_rss_mib']:.0f} MiB"),
+              (f"fetch burst to the last rank: {s['fetch_burst_s'] * 1e3:.0f} ms; stop latency "
+              f"p99 {s['stop_latency_p99_s'] * 1e3:.0f} ms, max "
+              f"{s['stop_latency_max_s'] * 1e3:.0f} ms (poll every {cfg['poll_ms']:.0f} ms)")]
+    for r in out.get("requirement", []):
+        lines.append(f"the same pattern at {r['ranks']} ranks: {r['calls_per_s']:.0f} calls/s, "
+                     f"{r['daemon_cores_needed']:.2f} daemon cores at "
+                     f"{r['daemon_cpu_per_call_ms']:.3f} ms CPU per call (linear scaling)")
+    return "\n".join(lines)
