@@ -11,8 +11,10 @@ gateway's part here. Per step, every simulated rank does what a rank does:
 - decodes its shard for a long-tailed time (lognormal around `--step-s`, the longest rank
   last), then reports done;
 - in its bubble, claims pre-generation tasks for the next step (`--lanes` at a time) and
-  pushes their drafts in chunks of `--chunk` tokens every `--chunk-ms`, polling the stop
-  signal every `--poll-ms`, until the stop fires (the last rank reported done);
+  pushes their drafts in chunks of `--chunk` tokens every `--chunk-ms`, until the stop
+  fires (the last rank reported done): learnt by polling every `--poll-ms` (`--stop-by
+  poll`), or pushed by the daemon on the step stream as a rank does (`--stop-by stream`,
+  `WatchStep`, a poll then confirming it);
 - heartbeats every second throughout.
 
 What it measures: per call kind, the count and latency p50 / p99 as the ranks see them;
@@ -60,6 +62,9 @@ class ControlPlaneConfig:
     chunk: int = 64
     chunk_ms: float = 80.0
     poll_ms: float = 80.0
+    stop_by: str = "poll"
+    """How a rank in its bubble learns of the stop: `poll` (PollStop every `poll_ms`) or
+    `stream` (the daemon pushes it on WatchStep)."""
     seed: int = 0
     out: str = ""
 
@@ -98,6 +103,14 @@ class _Rank:
         stop = await self._timed("ReportDone", self.c.report_done(step, self.id))
         pushes: dict[tuple[str, int], int] = {}
         last_poll = 0.0
+        pushed = asyncio.Event()
+        watcher = None
+        if cfg.stop_by == "stream" and not stop:
+            async def watch() -> None:
+                await self.c.wait_stop(step, self.id, timeout_s=600)
+                self.calls.setdefault("WatchStep", []).append(0.0)
+                pushed.set()
+            watcher = asyncio.create_task(watch())
         while not stop:
             if len(pushes) < cfg.lanes:
                 claim = await self._timed("ClaimTasks", self.c.claim_tasks(
@@ -117,11 +130,18 @@ class _Rank:
                 await self._timed("PushDrafts", self.c.push_drafts(step + 1, self.id, drafts))
             for k in [k for k, d in pushes.items() if d >= cfg.draft_tokens]:
                 del pushes[k]
-            if time.monotonic() - last_poll >= cfg.poll_ms / 1000:
+            if pushed.is_set():
+                stop = True
+            elif cfg.stop_by == "poll" and time.monotonic() - last_poll >= cfg.poll_ms / 1000:
                 last_poll = time.monotonic()
                 stop = stop or await self._timed("PollStop", self.c.poll_stop(step, self.id))
             if not stop:
-                await asyncio.sleep(cfg.chunk_ms / 1000)
+                try:
+                    await asyncio.wait_for(pushed.wait(), cfg.chunk_ms / 1000)
+                except asyncio.TimeoutError:
+                    pass
+        if watcher is not None:
+            watcher.cancel()
         return {"start": t_start, "fetched": t_fetched, "done": t_done, "saw_stop": time.time()}
 
 
@@ -303,7 +323,9 @@ def format_lines(out: dict[str, Any]) -> str:
               f"s per wall s, peak RSS {s['daemon_rss_mib']:.0f} MiB"),
               (f"fetch burst to the last rank: {s['fetch_burst_s'] * 1e3:.0f} ms; stop latency "
               f"p99 {s['stop_latency_p99_s'] * 1e3:.0f} ms, max "
-              f"{s['stop_latency_max_s'] * 1e3:.0f} ms (poll every {cfg['poll_ms']:.0f} ms)")]
+              f"{s['stop_latency_max_s'] * 1e3:.0f} ms ("
+              + (f"poll every {cfg['poll_ms']:.0f} ms)" if cfg["stop_by"] == "poll"
+                 else "pushed on the step stream)"))]
     for r in out.get("requirement", []):
         lines.append(f"the same pattern at {r['ranks']} ranks: {r['calls_per_s']:.0f} calls/s, "
                      f"{r['daemon_cores_needed']:.2f} daemon cores at "

@@ -308,6 +308,8 @@ def _control_plane(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("step_s", "chunk_ms", "poll_ms"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    p.add_argument("--stop-by", choices=("poll", "stream"), default=d.stop_by,
+                   help="how a rank in its bubble learns of the stop")
     p.add_argument("--out", default="", help="JSON of the figures")
 
 

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bubblespec.bench.control_plane import ControlPlaneConfig, requirement, run
 
 
-def test_a_few_ranks_against_one_daemon(tmp_path) -> None:
+@pytest.mark.parametrize("stop_by", ["poll", "stream"])
+def test_a_few_ranks_against_one_daemon(tmp_path, stop_by: str) -> None:
     cfg = ControlPlaneConfig(ranks=6, procs=2, steps=2, prompts_per_rank=1, samples=4,
                              draft_tokens=96, step_s=0.8, chunk=32, chunk_ms=40.0,
-                             poll_ms=40.0, out=str(tmp_path / "cp.json"))
+                             poll_ms=40.0, stop_by=stop_by, out=str(tmp_path / "cp.json"))
     out = run(cfg)
     assert json.loads((tmp_path / "cp.json").read_text())["summary"] == out["summary"]
     s = out["summary"]
     assert set(s["calls"]) >= {"FetchDrafts", "ReportDone", "ClaimTasks", "PushDrafts",
-                               "PollStop", "Heartbeat"}
+                               "Heartbeat", "PollStop" if stop_by == "poll" else "WatchStep"}
     later = out["steps"][1]
     assert later["calls"]["FetchDrafts"]["n"] == 6 and later["calls"]["ReportDone"]["n"] == 6
     # every rank saw the stop, after the last report and within a few polls of it
