@@ -22,7 +22,7 @@ from bubblespec.core.engine_time import (
     PER_TOKEN_EXTRA_S,
     EngineTime,
 )
-from bubblespec.sim.model import SimConfig
+from bubblespec.sim.model import ControlPlane, SimConfig
 from bubblespec.sim.policy import (
     default_modes,
     load_accept_json,
@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="ACC/DRAFTED per forward while pre-generating (default 'mode': each mode's "
       "uncovered figures, as the rank's proposer drafts for pre-gen lanes; 0/0: plain "
       "decoding)")
+    a("--control-plane-json", metavar="PATH",
+      help="charge one synchronizer daemon's cost (the fetch burst at each step's start, the "
+      "stop's latency), from `bubblespec bench control-plane --out` figures; default: free")
     a("--rpc-ms", type=float, default=0.5,
       help="synchronizer RPC latency in ms (default 0.5, assumed in-cluster gRPC; measure "
       "with bubblespec bench sync)")
@@ -231,7 +234,10 @@ def scenario(args: argparse.Namespace) -> Scenario:
                     pregen_inflight=args.pregen_inflight, train_s=args.train_s,
                     pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
                     rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv,
-                    cover_cv=args.cover_cv, lookahead=max(1, args.lookahead), seed=args.seed)
+                    cover_cv=args.cover_cv, lookahead=max(1, args.lookahead), seed=args.seed,
+                    control_plane=(ControlPlane.from_bench(
+                        json.loads(Path(args.control_plane_json).read_text()))
+                        if args.control_plane_json else None))
     acceptance = "from " + Path(args.accept_json).name if args.accept_json else "assumed"
     return Scenario(cfg, ranks, modes, et, lengths, notes, acceptance)
 

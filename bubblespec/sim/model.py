@@ -50,6 +50,45 @@ NO_FLIP = np.iinfo(np.int64).max // 4
 """The flip position of a response that never leaves its draft (`_requests`' `flip`)."""
 
 
+@dataclass(frozen=True)
+class ControlPlane:
+    """What one synchronizer daemon costs a step, from `bubblespec bench control-plane`
+    (its JSON's `config` and `summary`): the daemon serves `calls_per_rank_s` calls per
+    rank per second at `cpu_per_call_s` of CPU each on `cores`; above one core's worth of
+    load (`load`), every call queues in proportion. At each step's start every rank fetches
+    its prompts' drafts (at `fetch_tokens_per_s`, the measured burst rate), on the critical
+    path; the stop reaches a pre-generating rank `stop_latency_s` after the last rank is
+    done."""
+
+    calls_per_rank_s: float
+    cpu_per_call_s: float
+    fetch_tokens_per_s: float
+    stop_latency_s: float
+    cores: float = 1.0
+
+    @classmethod
+    def from_bench(cls, doc: dict) -> ControlPlane:
+        """From the figures `bubblespec bench control-plane --out` writes."""
+        cfg, s = doc["config"], doc["summary"]
+        fetched = cfg["ranks"] * cfg["prompts_per_rank"] * cfg["samples"] * cfg["draft_tokens"]
+        return cls(calls_per_rank_s=s["calls_per_s"] / cfg["ranks"],
+                   cpu_per_call_s=s["daemon_cpu_per_wall"] / max(s["calls_per_s"], 1e-9),
+                   fetch_tokens_per_s=fetched / max(s["fetch_burst_s"], 1e-9),
+                   stop_latency_s=s["stop_latency_p99_s"])
+
+    def load(self, ranks: int) -> float:
+        """Daemon cores the ranks' calls need, per core it has (above 1: it queues)."""
+        return ranks * self.calls_per_rank_s * self.cpu_per_call_s / self.cores
+
+    def fetch_s(self, tokens: float, ranks: int) -> float:
+        """The fetch burst of `tokens` draft tokens to `ranks` ranks."""
+        return tokens / self.fetch_tokens_per_s * max(1.0, self.load(ranks))
+
+    def stop_s(self, ranks: int) -> float:
+        """From the last rank's report to a pre-generating rank seeing the stop."""
+        return self.stop_latency_s * max(1.0, self.load(ranks))
+
+
 @dataclass
 class SimConfig:
     """Workload and scheduling parameters (defaults and their sources in `--help`)."""
@@ -119,6 +158,9 @@ class SimConfig:
     (`ModeSpec.rate_spread`; one uniform quantile per request, shared by the modes so that
     they are compared on the same luck)."""
     seed: int = 0
+    control_plane: ControlPlane | None = None
+    """Charge the synchronizer's cost (`ControlPlane`): None, free (the projections before
+    issue 60)."""
 
 
 @dataclass
@@ -140,6 +182,8 @@ class StepResult:
     stop_lag_s: float
     rank_forwards: list[int] = field(default_factory=list)
     """Forwards (decode steps) of each rank in the step."""
+    control_plane_s: float = 0.0
+    """Of `step_time_s`, the synchronizer's (`SimConfig.control_plane`)."""
 
 
 @dataclass
@@ -156,6 +200,8 @@ class Summary:
     pregen_bubble_share: float
     coverage: float
     stop_lag_s: float
+    control_plane_s: float = 0.0
+    """Mean seconds per step the synchronizer cost (fetch burst, stop past the train window)."""
     speedup: float = 1.0
     cp_reduction: float = 0.0
     steps: list[StepResult] = field(default_factory=list)
@@ -299,6 +345,11 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
         tokens = int(L[s].sum())
         cov_share = float(req.covered.sum()) / max(tokens, 1)
         busy, lag, ptok = 0.0, 0.0, 0
+        cp = cfg.control_plane
+        # the synchronizer's charge: the fetch burst at the step's start, and the stop's
+        # lateness where it runs past the train window
+        burst = cp.fetch_s(float(covered.sum()), ranks) if cp and mode.uses_pregen else 0.0
+        charged = burst
         step_time = fmax
         window = cfg.train_s if mode.pregen_window else 0.0
         if mode.uses_pregen and s + 1 < cfg.steps:
@@ -320,12 +371,16 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
                 drafts.update(t, s, pg.covered[part], head[part], L[t].ravel())
             busy = float(pg.busy_in_bubble.sum())
             over = max(0.0, float(pg.stop_t.max()) - fmax)  # until the last rank is free
+            if cp is not None:  # the stop reaches the ranks later: part may pass the window
+                stop = cp.stop_s(ranks)
+                charged += max(0.0, over + stop - cfg.train_s) - max(0.0, over - cfg.train_s)
+                over += stop
             step_time = fmax + max(0.0, over - cfg.train_s)
             lag = max(0.0, over - window)  # past the stop signal
             ptok = pg.pregen_tokens
-        out.append(StepResult(s, step_time, fmax, tokens, int(tl.finish_k[slow]),
+        out.append(StepResult(s, step_time + burst, fmax, tokens, int(tl.finish_k[slow]),
                               int(tl.finish_k.sum()), float((fmax - F).sum()), busy, cov_share,
-                              ptok, lag, [int(k) for k in tl.finish_k]))
+                              ptok, lag, [int(k) for k in tl.finish_k], charged))
     return out
 
 
@@ -377,7 +432,8 @@ def summarise(ranks: int, mode: str, steps: list[StepResult], warmup: int) -> Su
         bubble_fraction=bub / max(ranks * roll, 1e-12),
         pregen_bubble_share=sum(x.pregen_busy_s for x in use) / bub if bub > 0 else 0.0,
         coverage=sum(x.coverage * x.tokens for x in use) / max(tok, 1),
-        stop_lag_s=max(x.stop_lag_s for x in use), steps=steps)
+        stop_lag_s=max(x.stop_lag_s for x in use),
+        control_plane_s=sum(x.control_plane_s for x in use) / len(use), steps=steps)
 
 
 def run_scenario(cfg: SimConfig, ranks: int, modes: list[ModeSpec], et: EngineTime,

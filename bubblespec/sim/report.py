@@ -50,6 +50,11 @@ def lines_table(results: list[Summary]) -> list[str]:
             f"{s.cp_decode_steps:.0f}", f"{s.cp_reduction:.1%}", f"{s.bubble_fraction:.1%}",
             f"{s.pregen_bubble_share:.1%}", f"{s.coverage:.2f}", f"{s.stop_lag_s:.2f}",
             f"{s.speedup:.2f}x"))
+    charged = [s for s in results if s.control_plane_s > 0]
+    for s in charged:
+        out.append(f"{TAG} control plane (R={s.ranks}, {s.mode}): {s.control_plane_s:.3f} s "
+                   f"a step, {s.control_plane_s / max(s.step_time_s, 1e-12):.2%} of it "
+                   "(fetch burst + stop past the train window; `--control-plane-json`)")
     out.append(f"{TAG} columns: step_s = rollout step time (until every rank is free); "
                "tok/s = response tokens/s over all ranks; cp_steps = decode steps (forwards) "
                "of the slowest rank; cp_cut = their reduction vs no speculation; bubble = "

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from bubblespec.sim.model import SimConfig, run_scenario
+from bubblespec.sim.model import ControlPlane, SimConfig, run_scenario
 from bubblespec.sim.policy import (
     ModeSpec,
     default_modes,
@@ -75,6 +75,31 @@ def test_pregen_only_in_pregen_modes_and_shares_are_fractions(et):
     for s in rows.values():
         assert 0 <= s.bubble_fraction < 1 and 0 <= s.pregen_bubble_share <= 1 + 1e-9
         assert 0 <= s.coverage <= 1
+
+
+BENCH = {"config": {"ranks": 64, "prompts_per_rank": 2, "samples": 8, "draft_tokens": 512},
+         "summary": {"calls_per_s": 1117.0, "daemon_cpu_per_wall": 0.51, "fetch_burst_s": 0.08,
+                     "stop_latency_p99_s": 0.083}}
+
+
+def test_the_control_plane_is_charged_to_pre_generating_modes_and_grows_with_the_ranks(et):
+    cp = ControlPlane.from_bench(BENCH)
+    assert cp.fetch_tokens_per_s == pytest.approx(64 * 2 * 8 * 512 / 0.08)
+    assert cp.load(64) == pytest.approx(0.51) and cp.load(1024) == pytest.approx(16 * 0.51)
+    assert cp.stop_s(64) == pytest.approx(0.083) and cp.stop_s(1024) > 0.083
+    free = by_name(run_scenario(SimConfig(**SMALL), 16, default_modes(), et, SHORT))
+    shares = {}
+    for ranks in (16, 256):
+        rows = by_name(run_scenario(SimConfig(**SMALL, control_plane=cp), ranks,
+                                    default_modes(), et, SHORT))
+        assert rows["suffix"].control_plane_s == 0 and rows["bubblespec"].control_plane_s > 0
+        shares[ranks] = rows["bubblespec"].control_plane_s / rows["bubblespec"].step_time_s
+        if ranks == 16:  # the same draws: only the charge differs
+            assert rows["suffix"].step_time_s == free["suffix"].step_time_s
+            assert rows["bubblespec"].step_time_s == pytest.approx(
+                free["bubblespec"].step_time_s + rows["bubblespec"].control_plane_s)
+    assert shares[256] > shares[16]
+    assert all(s.control_plane_s == 0 for s in free.values())
 
 
 def test_synthetic_lengths_have_the_stated_shape():
