@@ -73,16 +73,24 @@ class Mode:
         return self.label or self.name
 
 
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of the last `flag` in `args` (`--flag=V` or `--flag V`), None without one."""
+    value = None
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+        elif a == flag and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
 def rank_sources(rank_args: Sequence[str]) -> tuple[str, ...] | None:
     """The draft sources a rank started with `rank_args` is given: its last `--sources`
     flag; without one the default if its speculation is bubblespec's, else None."""
-    found: tuple[str, ...] | None = DEFAULT_SOURCES if SPEC in rank_args else None
-    for i, a in enumerate(rank_args):
-        if a.startswith("--sources="):
-            found = parse_sources(a.split("=", 1)[1])
-        elif a == "--sources" and i + 1 < len(rank_args):
-            found = parse_sources(rank_args[i + 1])
-    return found
+    given = flag_value(rank_args, "--sources")
+    if given is not None:
+        return parse_sources(given)
+    return DEFAULT_SOURCES if SPEC in rank_args else None
 
 
 MODES: tuple[Mode, ...] = (

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bubblespec.bench.modes import baseline_of
+from bubblespec.bench.modes import baseline_of, flag_value
 
 SCHEMA = "bubblespec.bench.paced/v1"
 CONFIG_KEYS = ("ranks", "prompts", "n", "steps", "pace", "pace_scale")
@@ -89,13 +89,8 @@ def run_scale(run: Mapping[str, Any], scale: float) -> float:
 
 def tail_fill_budget(rank_args: list[str]) -> float:
     """The `--tail-fill-budget` a mode's ranks ran with (0: the default, off)."""
-    value = 0.0
-    for i, a in enumerate(rank_args):
-        if a.startswith("--tail-fill-budget="):
-            value = float(a.split("=", 1)[1])
-        elif a == "--tail-fill-budget" and i + 1 < len(rank_args):
-            value = float(rank_args[i + 1])
-    return value
+    value = flag_value(rank_args, "--tail-fill-budget")
+    return 0.0 if value is None else float(value)
 
 
 @dataclass

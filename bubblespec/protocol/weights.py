@@ -117,22 +117,28 @@ class InitWeightsGroupIn(_Lenient):
                              "deadline for the join and every collective.")
 
 
-class WeightsFromDistributedIn(_Tensors):
-    """POST /update_weights_from_distributed (SGLang's shape): one bucket of a push."""
+class _PushCall(_Lenient):
+    """What every SGLang call of a push carries: whether to flush the cache, the push's
+    version."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    group_name: GroupName = "weight_update_group"
     flush_cache: bool = True
     weight_version: Annotated[str | int | None, AfterValidator(version_text)] = Field(
-        None, description="A non-negative integer, the same on every bucket of one push "
+        None, description="A non-negative integer, the same on every call of one push "
                           "(default: the ranks' version + 1).")
 
     def version(self) -> int | None:
         return None if self.weight_version is None else int(str(self.weight_version))
 
 
-class WeightsFromTensorIn(_Lenient):
+class WeightsFromDistributedIn(_Tensors, _PushCall):
+    """POST /update_weights_from_distributed (SGLang's shape): one bucket of a push."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    group_name: GroupName = "weight_update_group"
+
+
+class WeightsFromTensorIn(_PushCall):
     """POST /update_weights_from_tensor (SGLang's shape, as a colocated trainer sends it):
     one entry per tensor-parallel rank of an engine, each SGLang's
     `MultiprocessingSerializer` text of the named tensors (bubblespec ranks are TP 1: one
@@ -142,14 +148,7 @@ class WeightsFromTensorIn(_Lenient):
                                                         max_length=MAX_SERIALIZED_CHARS)]] = (
         Field(..., min_length=1, max_length=1, description="One entry (ranks are TP 1)."))
     load_format: Literal["flattened_bucket"] | None = None
-    flush_cache: bool = True
     abort_all_requests: bool = False
-    weight_version: Annotated[str | int | None, AfterValidator(version_text)] = Field(
-        None, description="A non-negative integer, the same on every call of one push "
-                          "(default: the ranks' version + 1).")
-
-    def version(self) -> int | None:
-        return None if self.weight_version is None else int(str(self.weight_version))
 
 
 class TensorBucket(_Body):

@@ -20,6 +20,7 @@ import torch
 
 from bubblespec.client.weights import _shared_by_file_name, serialize_tensors
 from bubblespec.engine.tensor_handles import HandleError, decode
+from tests.sglang_shapes import SGLANG_TRAINER_PREAMBLE
 
 READER = textwrap.dedent("""
     import sys, torch
@@ -34,27 +35,8 @@ READER = textwrap.dedent("""
             print(n, str(t.dtype), list(t.shape), repr(t.double().sum().item()))
 """)
 
-SGLANG_TRAINER = textwrap.dedent("""
-    # a trainer as SGLang's colocated callers write one: FlattenedTensorBucket's metadata
-    # class under SGLang's module path, MultiprocessingSerializer's dump (file_system)
-    import base64, io, sys, types, dataclasses, torch
-    import torch.multiprocessing as mp
-    from multiprocessing.reduction import ForkingPickler
-    for name in ("sglang", "sglang.srt", "sglang.srt.weight_sync"):
-        sys.modules[name] = types.ModuleType(name)
-    mod = types.ModuleType("sglang.srt.weight_sync.tensor_bucket")
-    @dataclasses.dataclass
-    class FlattenedTensorMetadata:
-        name: str
-        shape: torch.Size
-        dtype: torch.dtype
-        start_idx: int
-        end_idx: int
-        numel: int
-    FlattenedTensorMetadata.__module__ = mod.__name__
-    mod.FlattenedTensorMetadata = FlattenedTensorMetadata
-    sys.modules[mod.__name__] = mod
-    mp.set_sharing_strategy("file_system")
+SGLANG_TRAINER = SGLANG_TRAINER_PREAMBLE + textwrap.dedent("""
+    # a trainer as SGLang's colocated callers write one (tests/sglang_shapes.py)
     named = [("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
              ("b", torch.full((4,), 0.5, dtype=torch.float32))]
     flats, meta, at = [], [], 0

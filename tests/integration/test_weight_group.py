@@ -35,6 +35,7 @@ from bubblespec.client.weights import (
 )
 from bubblespec.cluster import LocalCluster
 from tests.cluster.helpers import local_cluster
+from tests.sglang_shapes import SGLANG_TRAINER_PREAMBLE
 
 pytestmark = pytest.mark.engine
 
@@ -379,29 +380,12 @@ def test_handed_over_tensors_sample_what_a_disk_reload_samples(
           "(not a benchmark)")
 
 
-SGLANG_COLOCATED = r"""
+SGLANG_COLOCATED = SGLANG_TRAINER_PREAMBLE + r"""
 # a colocated trainer as SGLang's callers write one (slime's colocated update): pause,
 # FlattenedTensorBucket's metadata class under SGLang's module path,
 # MultiprocessingSerializer's text, one call per bucket, continue_generation
-import base64, dataclasses, io, os, sys, types, httpx, torch
-import torch.multiprocessing as mp
-from multiprocessing.reduction import ForkingPickler
+import httpx
 from safetensors.torch import load_file
-for name in ("sglang", "sglang.srt", "sglang.srt.weight_sync"):
-    sys.modules[name] = types.ModuleType(name)
-mod = types.ModuleType("sglang.srt.weight_sync.tensor_bucket")
-@dataclasses.dataclass
-class FlattenedTensorMetadata:
-    name: str
-    shape: torch.Size
-    dtype: torch.dtype
-    start_idx: int
-    end_idx: int
-    numel: int
-FlattenedTensorMetadata.__module__ = mod.__name__
-mod.FlattenedTensorMetadata = FlattenedTensorMetadata
-sys.modules[mod.__name__] = mod
-mp.set_sharing_strategy("file_system")
 url, model_dir, version = sys.argv[1], sys.argv[2], sys.argv[3]
 named = list(load_file(os.path.join(model_dir, "model.safetensors")).items())
 half = len(named) // 2
