@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bubblespec.bench.sync_latency import _start_daemon
+from bubblespec.bench.sync_latency import start_daemon
 from bubblespec.protocol.domain import PregenDraft, PregenTask
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.synchronizer.client import SyncClient
@@ -247,7 +247,7 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
     """Start the daemon and the workers, run the steps, print and return the figures."""
     if cfg.ranks < 1 or cfg.procs < 1 or cfg.steps < 2:
         raise ValueError("control-plane: ranks and procs >= 1, steps >= 2")
-    proc, address, _ = _start_daemon()
+    proc, address, _ = start_daemon()
     ctx = mp.get_context("spawn")
     groups = [[f"r{i}" for i in range(k, cfg.ranks, cfg.procs)] for k in range(cfg.procs)]
     groups = [g for g in groups if g]

@@ -25,7 +25,7 @@ from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.synchronizer.client import SyncClient
 
 
-def _start_daemon() -> tuple[subprocess.Popen[str], str, int]:
+def start_daemon() -> tuple[subprocess.Popen[str], str, int]:
     """A daemon on free loopback ports; returns (process, host:port, metrics port)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "bubblespec.synchronizer.server", "--port", "0",
@@ -97,7 +97,7 @@ def _server_side_us(metrics_port: int) -> dict[str, float]:
 
 def run(n: int = 2000) -> dict[str, dict[str, float]]:
     """Start a daemon, measure round trips and in-daemon handler time, stop it."""
-    proc, address, metrics_port = _start_daemon()
+    proc, address, metrics_port = start_daemon()
     try:
         result = asyncio.run(measure(address, n))
         result["server_handler_mean_us"] = _server_side_us(metrics_port)

@@ -359,6 +359,16 @@ class RolloutEngine:
         self.weight_groups = set()
         await vllm_glue.close_weight_transfer(self.llm)
 
+    def _push_version_refusal(self, version: int) -> str | None:
+        """Why a pushed piece of `version` cannot be staged (None: it can): versions only
+        go up, and every piece of one push has the push's version."""
+        if version <= self.weight_version:
+            return f"version {version} is not newer than the loaded {self.weight_version}"
+        if self.pending_version not in (None, version):
+            return (f"version {version} differs from the push being staged "
+                    f"({self.pending_version}); every piece of a push has one version")
+        return None
+
     async def receive_bucket(self, names: list[str], dtypes: list[str],
                              shapes: list[list[int]], version: int,
                              group_name: str = "bubblespec") -> int:
@@ -372,12 +382,8 @@ class RolloutEngine:
             raise ApiError(409, f"weight group {group_name!r} is not open on this rank: open "
                                 "it first", "group_name")
         refusal = check_bucket(names, dtypes, shapes, self.manifest)
-        if refusal is None and (version <= self.weight_version or
-                                self.pending_version not in (None, version)):
-            refusal = ("weight_version", f"version {version} is not newer than the loaded "
-                       f"{self.weight_version}" if version <= self.weight_version else
-                       f"version {version} differs from the push being staged "
-                       f"({self.pending_version}); every bucket of a push has one version")
+        if refusal is None and (why := self._push_version_refusal(version)) is not None:
+            refusal = ("weight_version", why)
         info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
                 "discard": refusal is not None, "group_name": group_name}
         async with self._weights_lock:
@@ -409,13 +415,9 @@ class RolloutEngine:
         tensors are in shared memory. Refused with nothing staged: a version that does not
         go up or differs from the push being staged (409), tensors that cannot be read or do
         not fit the model (422 naming the field)."""
-        if version <= self.weight_version or self.pending_version not in (None, version):
+        if (why := self._push_version_refusal(version)) is not None:
             raise ApiError(409, f"tensors refused (weights stay at version "
-                                f"{self.weight_version}): version {version} "
-                                + ("is not newer than the loaded one"
-                                   if version <= self.weight_version else
-                                   f"differs from the push being staged "
-                                   f"({self.pending_version})"), "weight_version")
+                                f"{self.weight_version}): {why}", "weight_version")
         manifest = {k: [v.dtype, list(v.shape)] for k, v in self.manifest.items()}
         async with self._weights_lock:
             try:

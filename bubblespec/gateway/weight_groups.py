@@ -47,6 +47,16 @@ class Group:
     """The version of the push being staged (None: nothing staged)."""
 
 
+def _push_version(given: int | None, staged: int | None, ranks: list[Any]) -> int:
+    """A push's version: the one the trainer gave, else that of the push being staged, else
+    the ranks' newest + 1."""
+    if given is not None:
+        return given
+    if staged is not None:
+        return staged
+    return max((r.weight_version or 0 for r in ranks), default=0) + 1
+
+
 class WeightGroups:
     """The trainer's weight groups with the ranks (one open at a time)."""
 
@@ -122,11 +132,7 @@ class WeightGroups:
         """Every rank of the group receives one bucket into staging."""
         async with self.rollouts.lock:
             group = self._open_group(body.group_name)
-            version = body.version()
-            if version is None:
-                staged = self._staged_version()
-                version = staged if staged is not None else max(
-                    (r.weight_version or 0 for r in group.ranks), default=0) + 1
+            version = _push_version(body.version(), self._staged_version(), group.ranks)
             results = await self._fan(group, "/v1/weights/bucket", {
                 "names": body.names, "dtypes": body.dtypes, "shapes": body.shapes,
                 "version": version, "group_name": group.name})
@@ -185,10 +191,7 @@ class WeightGroups:
         async with self.rollouts.lock:
             push = self.tensor_push or Group("tensors", await self._weight_ranks("take weights"),
                                              self.rollouts.config.weights_timeout_s)
-            version = body.version()
-            if version is None:
-                version = push.version if push.version is not None else max(
-                    (r.weight_version or 0 for r in push.ranks), default=0) + 1
+            version = _push_version(body.version(), push.version, push.ranks)
             results = await self._fan(push, "/v1/weights/tensors", {
                 "serialized": body.serialized_named_tensors[0],
                 "load_format": body.load_format, "version": version})
