@@ -57,9 +57,11 @@ test-slow: install real-model
 
 # Node drills on three Ray nodes of this host (a head, two worker nodes with one rank each):
 # the head's synchronizer killed mid-step, a worker node frozen past the heartbeat timeout,
-# a worker node killed while it owes a shard and a new node joining (docs/results.md).
+# a worker node killed while it owes a shard and a new node joining (docs/results.md), and a
+# role whose node agent dies three times in a row (tests/cluster/test_ray_placement.py).
 test-nodes: install
 	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m nodes tests/cluster/test_ray_nodes.py \
+		tests/cluster/test_ray_placement.py \
 		--durations=10
 
 # The main job: a local cluster (synchronizer, 2 ranks, gateway) on the embedded model,

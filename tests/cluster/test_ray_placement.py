@@ -182,6 +182,8 @@ def _info(actor: Any, incarnation: int, timeout_s: float = 120.0) -> dict[str, A
         time.sleep(0.25)
 
 
+@pytest.mark.slow
+@pytest.mark.nodes
 def test_a_role_dies_with_its_node_agent_three_times_in_a_row(nodes: RayNodes, tmp_path: Any
                                                               ) -> None:
     """The actor takes a worker node's whole `worker` resource and a placement group holds
