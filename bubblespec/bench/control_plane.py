@@ -14,8 +14,14 @@ gateway's part here. Per step, every simulated rank does what a rank does:
   pushes their drafts in chunks of `--chunk` tokens every `--chunk-ms`, until the stop
   fires (the last rank reported done): learnt by polling every `--poll-ms` (`--stop-by
   poll`), or pushed by the daemon on the step stream as a rank does (`--stop-by stream`,
-  `WatchStep`, a poll then confirming it);
-- heartbeats every second throughout.
+  `WatchStep`, polling only while the stream is not live, as the rank's `StopWatch`);
+- heartbeats every second throughout (with the step it finished, as a rank does).
+
+`--restart-at-step K` is the restart drill: in step K's bubble (once the median rank is done)
+the daemon is SIGKILLed and started again on the same port and its journal (`--no-journal`:
+without one). The drill reports the daemon's downtime, the time until every rank's calls
+reach the new daemon, whether the step completed, and every complete draft a rank had
+acknowledged that the next step's fetch does not find (lost), before and after the kill.
 
 What it measures: per call kind, the count and latency p50 / p99 as the ranks see them;
 calls per second the daemon served; the **stop latency** (from the last rank's report to
@@ -34,15 +40,23 @@ import multiprocessing as mp
 import os
 import random
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bubblespec.bench.sync_latency import start_daemon
-from bubblespec.protocol.domain import PregenDraft, PregenTask
+from bubblespec.protocol.domain import (
+    DraftStatus,
+    PregenDraft,
+    PregenTask,
+    RankStatus,
+    StepEventKind,
+)
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.synchronizer.client import SyncClient
+from bubblespec.synchronizer.errors import SyncError
 
 PROMPT_TOKENS = 256
 
@@ -65,6 +79,10 @@ class ControlPlaneConfig:
     stop_by: str = "poll"
     """How a rank in its bubble learns of the stop: `poll` (PollStop every `poll_ms`) or
     `stream` (the daemon pushes it on WatchStep)."""
+    restart_at_step: int = -1
+    """SIGKILL the daemon in this step's bubble and start it again (the drill); -1: never."""
+    journal: bool = True
+    """The daemon keeps a journal (`--journal-path`, as `bubblespec up` runs it)."""
     seed: int = 0
     out: str = ""
 
@@ -84,6 +102,8 @@ class _Rank:
     def __init__(self, rank_id: str, client: SyncClient, cfg: ControlPlaneConfig,
                  calls: dict[str, list[float]]) -> None:
         self.id, self.c, self.cfg, self.calls = rank_id, client, cfg, calls
+        self.done_step: int | None = None
+        """The newest step it finished: its heartbeats say so (a lost report heals)."""
 
     async def _timed(self, kind: str, coro: Any) -> Any:
         t0 = time.perf_counter()
@@ -100,14 +120,24 @@ class _Rank:
         t_fetched = time.time()
         await asyncio.sleep(decode_s)
         t_done = time.time()
+        self.done_step = step
         stop = await self._timed("ReportDone", self.c.report_done(step, self.id))
         pushes: dict[tuple[str, int], int] = {}
+        acked: list[tuple[str, int, float]] = []  # complete drafts stored: key, index, when
         last_poll = 0.0
         pushed = asyncio.Event()
         watcher = None
+        live = [False]  # the step stream delivers (stream mode): no polls meanwhile
         if cfg.stop_by == "stream" and not stop:
             async def watch() -> None:
-                await self.c.wait_stop(step, self.id, timeout_s=600)
+                def on_live(up: bool) -> None:
+                    live[0] = up
+
+                events = self.c.watch_step(step, self.id, on_live=on_live)
+                async for ev in events:
+                    if ev.step > step or ev.kind is not StepEventKind.OPENED:
+                        break
+                await events.aclose()
                 self.calls.setdefault("WatchStep", []).append(0.0)
                 pushed.set()
             watcher = asyncio.create_task(watch())
@@ -127,12 +157,18 @@ class _Rank:
                                           complete=done + n >= cfg.draft_tokens, offset=done))
                 pushes[k] = done + n
             if drafts:
-                await self._timed("PushDrafts", self.c.push_drafts(step + 1, self.id, drafts))
+                res = await self._timed("PushDrafts",
+                                        self.c.push_drafts(step + 1, self.id, drafts))
+                now = time.time()
+                acked += [(d.prompt_key, d.sample_index, now)
+                          for d, st in zip(drafts, res.statuses)
+                          if d.complete and st is DraftStatus.STORED]
             for k in [k for k, d in pushes.items() if d >= cfg.draft_tokens]:
                 del pushes[k]
             if pushed.is_set():
                 stop = True
-            elif cfg.stop_by == "poll" and time.monotonic() - last_poll >= cfg.poll_ms / 1000:
+            elif ((cfg.stop_by == "poll" or not live[0])
+                  and time.monotonic() - last_poll >= cfg.poll_ms / 1000):
                 last_poll = time.monotonic()
                 stop = stop or await self._timed("PollStop", self.c.poll_stop(step, self.id))
             if not stop:
@@ -142,7 +178,8 @@ class _Rank:
                     pass
         if watcher is not None:
             watcher.cancel()
-        return {"start": t_start, "fetched": t_fetched, "done": t_done, "saw_stop": time.time()}
+        return {"start": t_start, "fetched": t_fetched, "done": t_done, "saw_stop": time.time(),
+                "acked": acked}
 
 
 async def _worker_main(conn: Any, address: str, rank_ids: list[str],
@@ -157,7 +194,11 @@ async def _worker_main(conn: Any, address: str, rank_ids: list[str],
 
         async def beats(r: _Rank) -> None:
             while not halt.is_set():
-                await r._timed("Heartbeat", c.heartbeat(r.id))
+                try:
+                    await r._timed("Heartbeat",
+                                   c.heartbeat(r.id, RankStatus(done_step=r.done_step)))
+                except SyncError:  # the daemon is down (the restart drill): beat on
+                    pass
                 try:
                     await asyncio.wait_for(halt.wait(), 1.0)
                 except asyncio.TimeoutError:
@@ -195,13 +236,54 @@ def _proc_rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def _drive(address: str, cfg: ControlPlaneConfig, conns: list[Any],
-                 groups: list[list[str]], daemon_pid: int) -> dict[str, Any]:
+class _Daemon:
+    """The daemon process, which the restart drill replaces."""
+
+    def __init__(self, journal: str | None) -> None:
+        self.args = ("--journal-path", journal) if journal else ()
+        self.proc, self.address, _ = start_daemon(*self.args)
+        self.port = int(self.address.rsplit(":", 1)[1])
+
+    def kill_and_restart(self) -> tuple[float, float]:
+        """SIGKILL, then a new daemon on the same port and journal; (killed, up) times."""
+        self.proc.kill()
+        self.proc.wait(30)
+        killed = time.time()
+        self.proc, _, _ = start_daemon(*self.args, port=self.port)
+        return killed, time.time()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+async def _drill(gw: SyncClient, daemon: _Daemon, at_s: float, rank_ids: list[str]
+                 ) -> dict[str, Any]:
+    """Kill and restart the daemon `at_s` from now; then wait until every rank was heard by
+    the new one (a heartbeat, at most one interval after it is up)."""
+    await asyncio.sleep(at_s)
+    killed, up = await asyncio.to_thread(daemon.kill_and_restart)
+    snap = await gw.get_state()
+    restored = {"step": snap.current_step, "ranks": len(snap.ranks),
+                "drafts": snap.store.sequences, "tokens": snap.store.tokens}
+    while True:
+        snap = await gw.get_state()
+        heard = time.time() - up
+        if (len(snap.ranks) >= len(rank_ids)
+                and all(r.last_heartbeat_age_s < heard for r in snap.ranks)):
+            break
+        await asyncio.sleep(0.05)
+    return {"killed": killed, "downtime_s": up - killed, "ranks_back_s": time.time() - killed,
+            "restored": restored}
+
+
+async def _drive(cfg: ControlPlaneConfig, conns: list[Any], groups: list[list[str]],
+                 daemon: _Daemon) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     rank_ids = [r for g in groups for r in g]
     per_rank = cfg.prompts_per_rank
     steps_out = []
-    async with SyncClient(address, timeout_s=60.0) as gw:
+    async with SyncClient(daemon.address, timeout_s=60.0) as gw:
         for step in range(cfg.steps):
             nxt = [PregenTask(_key(step + 1, p), list(range(PROMPT_TOKENS)), s, p * 64 + s,
                               SamplingParams(max_new_tokens=cfg.draft_tokens))
@@ -215,11 +297,17 @@ async def _drive(address: str, cfg: ControlPlaneConfig, conns: list[Any],
             plan = {r: ([_key(step, i * per_rank + p) for p in range(per_rank)],
                         times[j] * scale) for i, r in enumerate(rank_ids)
                     for j in [order.index(r)]}
-            cpu0, t0 = _proc_cpu_s(daemon_pid), time.time()
+            pid = daemon.proc.pid
+            cpu0, t0 = _proc_cpu_s(pid), time.time()
+            drill = None
+            if step == cfg.restart_at_step:  # mid-bubble: the median rank is done
+                drill = asyncio.create_task(_drill(gw, daemon, times[len(times) // 2] * scale
+                                                   + 0.3, rank_ids))
             for conn, g in zip(conns, groups):
                 conn.send((step, {r: plan[r] for r in g}))
             replies = [await asyncio.to_thread(conn.recv) for conn in conns]
-            wall, cpu = time.time() - t0, _proc_cpu_s(daemon_pid) - cpu0
+            wall = time.time() - t0
+            cpu = _proc_cpu_s(pid) - cpu0 if daemon.proc.pid == pid else float("nan")
             events = {k: v for rep in replies for k, v in rep["events"].items()}
             calls: dict[str, list[float]] = {}
             for rep in replies:
@@ -227,9 +315,14 @@ async def _drive(address: str, cfg: ControlPlaneConfig, conns: list[Any],
                     calls.setdefault(k, []).extend(v)
             last_done = max(e["done"] for e in events.values())
             stop_lat = [e["saw_stop"] - last_done for e in events.values()]
+            restart = None
+            if drill is not None:
+                restart = await drill
+                restart["lost"] = await _lost(gw, step, events, restart.pop("killed"))
             steps_out.append({
+                "restart": restart,
                 "step": step, "wall_s": wall, "daemon_cpu_s": cpu,
-                "daemon_cpu_per_wall": cpu / wall, "daemon_rss_mib": _proc_rss_mib(daemon_pid),
+                "daemon_cpu_per_wall": cpu / wall, "daemon_rss_mib": _proc_rss_mib(daemon.proc.pid),
                 "fetch_burst_s": (max(e["fetched"] for e in events.values())
                                   - min(e["start"] for e in events.values())) if step else None,
                 "stop_latency_s": {"p50": _pct(stop_lat, 0.5), "p99": _pct(stop_lat, 0.99),
@@ -247,7 +340,8 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
     """Start the daemon and the workers, run the steps, print and return the figures."""
     if cfg.ranks < 1 or cfg.procs < 1 or cfg.steps < 2:
         raise ValueError("control-plane: ranks and procs >= 1, steps >= 2")
-    proc, address, _ = start_daemon()
+    tmp = tempfile.TemporaryDirectory(prefix="bubblespec-cp-")
+    daemon = _Daemon(os.path.join(tmp.name, "sync.journal") if cfg.journal else None)
     ctx = mp.get_context("spawn")
     groups = [[f"r{i}" for i in range(k, cfg.ranks, cfg.procs)] for k in range(cfg.procs)]
     groups = [g for g in groups if g]
@@ -255,14 +349,14 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
     try:
         for g in groups:
             here, there = ctx.Pipe()
-            w = ctx.Process(target=_worker, args=(there, address, g, cfg), daemon=True)
+            w = ctx.Process(target=_worker, args=(there, daemon.address, g, cfg), daemon=True)
             w.start()
             conns.append(here)
             workers.append(w)
         for conn in conns:
             if not conn.poll(120) or conn.recv() != "ready":
                 raise RuntimeError("a worker did not register its ranks in time")
-        out = asyncio.run(_drive(address, cfg, conns, groups, proc.pid))
+        out = asyncio.run(_drive(cfg, conns, groups, daemon))
         for conn in conns:
             conn.send(None)
         for w in workers:
@@ -271,9 +365,9 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
         for w in workers:
             if w.is_alive():
                 w.kill()
-        proc.terminate()
-        proc.wait(timeout=10)
-    summary = summarize(out["steps"])
+        daemon.stop()
+        tmp.cleanup()
+    summary = summarize([s for s in out["steps"] if s["restart"] is None])
     out = {"config": asdict(cfg), **out, "summary": summary,
            "requirement": [requirement(cfg, summary, n) for n in (64, 1024)]}
     print(format_lines(out))
@@ -281,6 +375,20 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(out, indent=2))
     return out
+
+
+async def _lost(gw: SyncClient, step: int, events: dict[str, Any], killed: float
+                ) -> dict[str, int]:
+    """Complete drafts for step + 1 the ranks had acknowledged, and those of them the
+    restarted daemon does not hand out, acknowledged before the kill and after."""
+    acked = [(k, i, t) for e in events.values() for k, i, t in e["acked"]]
+    keys = sorted({k for k, _, _ in acked})
+    have = {(d.prompt_key, d.sample_index)
+            for d in await gw.fetch_drafts(step + 1, keys) if d.complete}
+    before = [(k, i) for k, i, t in acked if t < killed]
+    after = [(k, i) for k, i, t in acked if t >= killed]
+    return {"acked_before_kill": len(before), "lost_before_kill": len(set(before) - have),
+            "acked_after_restart": len(after), "lost_after_restart": len(set(after) - have)}
 
 
 def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -326,6 +434,20 @@ def format_lines(out: dict[str, Any]) -> str:
               f"{s['stop_latency_max_s'] * 1e3:.0f} ms ("
               + (f"poll every {cfg['poll_ms']:.0f} ms)" if cfg["stop_by"] == "poll"
                  else "pushed on the step stream)"))]
+    for st in out["steps"]:
+        d = st["restart"]
+        if d is None:
+            continue
+        lost, got = d["lost"], d["restored"]
+        lines += [(f"restart drill at step {st['step']} ("
+                   f"{'journal' if cfg['journal'] else 'NO journal'}): daemon down "
+                   f"{d['downtime_s']:.2f} s, every rank heard again {d['ranks_back_s']:.2f} s "
+                   f"after the kill; restored step {got['step']}, {got['ranks']} ranks, "
+                   f"{got['drafts']} drafts; the step completed (stop p99 "
+                   f"{st['stop_latency_s']['p99'] * 1e3:.0f} ms after the last report)"),
+                  (f"  complete drafts acknowledged before the kill: {lost['acked_before_kill']}"
+                   f", lost {lost['lost_before_kill']}; after the restart: "
+                   f"{lost['acked_after_restart']}, lost {lost['lost_after_restart']}")]
     for r in out.get("requirement", []):
         lines.append(f"the same pattern at {r['ranks']} ranks: {r['calls_per_s']:.0f} calls/s, "
                      f"{r['daemon_cores_needed']:.2f} daemon cores at "

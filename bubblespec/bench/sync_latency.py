@@ -25,11 +25,13 @@ from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.synchronizer.client import SyncClient
 
 
-def start_daemon() -> tuple[subprocess.Popen[str], str, int]:
-    """A daemon on free loopback ports; returns (process, host:port, metrics port)."""
+def start_daemon(*args: str, port: int = 0) -> tuple[subprocess.Popen[str], str, int]:
+    """A daemon on loopback (`port` 0: a free one) with extra flags `args`; returns
+    (process, host:port, metrics port)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bubblespec.synchronizer.server", "--port", "0",
-         "--metrics-port", "0", "--metrics-host", "127.0.0.1", "--shutdown-grace-s", "0"],
+        [sys.executable, "-m", "bubblespec.synchronizer.server", "--port", str(port),
+         "--metrics-port", "0", "--metrics-host", "127.0.0.1", "--shutdown-grace-s", "0",
+         *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     lines = []

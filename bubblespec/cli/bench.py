@@ -310,6 +310,11 @@ def _control_plane(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     p.add_argument("--stop-by", choices=("poll", "stream"), default=d.stop_by,
                    help="how a rank in its bubble learns of the stop")
+    p.add_argument("--restart-at-step", type=int, default=d.restart_at_step,
+                   help="the restart drill: SIGKILL the daemon in this step's bubble and "
+                   "start it again on the same port and journal (-1: never)")
+    p.add_argument("--no-journal", dest="journal", action="store_false",
+                   help="run the daemon without a journal (a restart then starts empty)")
     p.add_argument("--out", default="", help="JSON of the figures")
 
 

@@ -187,10 +187,16 @@ class LocalCluster(Cluster):
                     log_dir / "tls", hosts=list(dict.fromkeys([*DEFAULT_HOSTS, self.host])))
             tls = self.pki.flags(client_auth=True)
         tok = ["--token", self.token] if self.token else []
+        # the synchronizer journals its state, so a restart of it (by the supervisor, or a
+        # drill's restart()) comes back with the step and the drafts; a new cluster starts
+        # from an empty journal
+        journal = log_dir / "sync.journal"
+        journal.unlink(missing_ok=True)
         self.children["sync"] = Child("sync", self._cmd(
             "sync", "--host", self.host, "--port", str(self.sync_port), "--metrics-host",
-            self.host, "--metrics-port", str(self._sync_metrics_port), *tok, *tls,
-            *self.sync_args), log_dir / "sync.log", self._child_env())
+            self.host, "--metrics-port", str(self._sync_metrics_port), "--journal-path",
+            str(journal), *tok, *tls, *self.sync_args), log_dir / "sync.log",
+            self._child_env())
         cores = os.cpu_count() or 1
         per = cores // self.ranks if self.ranks else 0
         for i, (rank_id, port) in enumerate(zip(self.rank_ids, self._rank_ports)):

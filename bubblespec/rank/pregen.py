@@ -64,8 +64,9 @@ log = logging.getLogger(__name__)
 class StopWatch:
     """Has pre-generation of `step` to end? Asked by every lane at every decode step, it
     answers from a local flag, set by the synchronizer's step stream (at once), by a
-    PollStop RPC about every T decode steps (the fallback if the stream is down), or by a
-    local stop. `stop_seen` is (time, `tokens()`: pre-generated tokens so far) when the
+    PollStop RPC about every T decode steps while the stream is not live (the fallback:
+    not yet connected, broken, or a daemon that does not know the step), or by a local
+    stop. `stop_seen` is (time, `tokens()`: pre-generated tokens so far) when the
     step's stop signal was first seen while pre-generation went on (the TRAINING window;
     None otherwise)."""
 
@@ -80,6 +81,8 @@ class StopWatch:
         self.lanes = lanes
         self.fired = False
         self.polls = 0
+        self.streaming = False
+        """The step stream is live: the stop comes on it, no polls."""
         self.stop_seen: tuple[float, int] | None = None
         self._calls = 0
         self._poll: asyncio.Future | None = None
@@ -102,6 +105,9 @@ class StopWatch:
         if self.fired or self.local.is_set():
             self.fired = True
             return True
+        if self.streaming:
+            self._calls = 0
+            return self.fired
         self._calls += 1  # each lane asks once per decode step: T steps = T x lanes asks
         if self._calls >= self.poll_every * max(1, self.lanes()) and (
                 self._poll is None or self._poll.done()):
@@ -112,7 +118,10 @@ class StopWatch:
     async def watch(self) -> None:
         """Follow the step stream; on any event after the step opened, ask whether
         pre-generation is over (the stream does not say which window the step has)."""
-        async for ev in self.sync.watch_step(self.step, self.rank_id):
+        def live(up: bool) -> None:
+            self.streaming = up
+
+        async for ev in self.sync.watch_step(self.step, self.rank_id, on_live=live):
             if ev.step == self.step and ev.kind is StepEventKind.OPENED:
                 continue
             if ev.step > self.step or ev.kind is StepEventKind.CLOSED:

@@ -295,20 +295,29 @@ class SyncClient:
         return (False, False) if r is None else (r.stop, r.pregen_over)
 
     async def watch_step(self, step: int, rank_id: str, reconnect_delay_s: float = 0.1,
-                         max_reconnect_delay_s: float = 2.0) -> AsyncIterator[StepEvent]:
+                         max_reconnect_delay_s: float = 2.0,
+                         on_live: Callable[[bool], None] | None = None
+                         ) -> AsyncIterator[StepEvent]:
         """Step events from `step` on, across reconnects, each (kind, step) once.
 
         Long-lived, so no deadline: a dead peer is detected by keepalive pings and the
         stream is re-opened (with backoff) from the newest step seen. Raises SyncError only
         for a bad request. An event of a step > `step` implies `step` is over.
+        `on_live(True)` is called when a (re-)opened stream delivers its first message (the
+        daemon knows the step: its stop will come on the stream), `on_live(False)` when the
+        stream breaks; a caller polls only while it is not live.
         """
         seen: set[tuple[StepEventKind, int]] = set()
         from_step, delay = step, reconnect_delay_s
         while True:
             call = self._stub.WatchStep(pb.WatchStepRequest(step=from_step, rank_id=rank_id),
                                         metadata=self._metadata)
+            live = False
             try:
                 async for m in call:
+                    if not live and on_live is not None:
+                        live = True
+                        on_live(True)
                     event = cv.event_from_pb(m)
                     delay = reconnect_delay_s
                     if (event.kind, event.step) in seen:
@@ -325,6 +334,8 @@ class SyncClient:
                 self._note_degraded(err)
             finally:
                 call.cancel()
+                if live and on_live is not None:
+                    on_live(False)
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_reconnect_delay_s)
 

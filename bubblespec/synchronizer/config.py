@@ -67,6 +67,14 @@ class SyncConfig(BaseConfig, TlsSettings):
     """Spans kept per rank and step; more are dropped (counted, not an error)."""
     timeline_keep_steps: int = Field(32, ge=1)
     """How many recent steps the timeline keeps."""
+    journal_path: str = ""
+    """File where the daemon journals every state change it acknowledged (ranks, steps,
+    tasks handed, drafts stored) and which it replays when it starts: a daemon restarted on
+    the same file comes back with its step, its queue and its drafts. Empty: no journal (a
+    restart starts empty; rollouts go on, the drafts stored so far are lost)."""
+    journal_fsync: bool = False
+    """fsync the journal after each record: survives the machine's crash as well as the
+    daemon's (the default survives the daemon's death: records reach the OS first)."""
     shutdown_grace_s: float = Field(5.0, ge=0)
     """On SIGTERM/SIGINT: seconds in-flight RPCs get before the server stops."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

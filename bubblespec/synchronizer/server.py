@@ -6,7 +6,8 @@ ready, SERVING while up, NOT_SERVING again once shutdown starts), over TLS when 
 names a certificate (`tls_*`, `bubblespec/tls.py`; mutual with `tls_client_auth`). A background task marks
 silent ranks LOST. Prometheus metrics are served over HTTP on `--metrics-port`. SIGTERM/SIGINT
 shut down gracefully: health flips, WatchStep streams end, in-flight RPCs get
-`shutdown_grace_s`.
+`shutdown_grace_s`. With `journal_path` the daemon replays its journal (`journal.py`) before
+it binds, so it serves its restored state from its first call.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from types import TracebackType
 from typing import Any
 
@@ -30,6 +32,7 @@ from bubblespec.metrics.sync import SyncMetrics
 from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
 from bubblespec.synchronizer.config import SyncConfig
+from bubblespec.synchronizer.journal import Journal
 from bubblespec.synchronizer.service import SynchronizerService
 from bubblespec.synchronizer.state import SyncState
 from bubblespec.tls import server_credentials
@@ -54,6 +57,10 @@ class SyncServer:
         self._server: grpc.aio.Server | None = None
         self._metrics_http: Any = None
         self._reaper: asyncio.Task[None] | None = None
+        self.service = SynchronizerService(self.state, config, self.metrics)
+        self.journal: Journal | None = None
+        self.replayed: tuple[int, int] = (0, 0)
+        """(requests applied, refused) from the journal at start."""
 
     @property
     def address(self) -> str:
@@ -74,8 +81,9 @@ class SyncServer:
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
             ("grpc.keepalive_permit_without_calls", 1),
         ])
-        pb_grpc.add_SynchronizerServicer_to_server(
-            SynchronizerService(self.state, c, self.metrics), self._server)
+        if c.journal_path:
+            self._replay_journal(c.journal_path, c.journal_fsync)
+        pb_grpc.add_SynchronizerServicer_to_server(self.service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         creds = server_credentials(c)
         try:
@@ -101,6 +109,25 @@ class SyncServer:
                  "bearer token" if c.token else "none",
                  ("mutual" if c.tls_client_auth else "server") if c.tls_server else "off")
 
+    def _replay_journal(self, path: str, fsync: bool) -> None:
+        """Restore the state the journal at `path` holds, then journal to it."""
+        journal = Journal(path, fsync)
+        t0 = time.perf_counter()
+        records = journal.load()
+        self.replayed = self.service.replay(records)
+        self.service.attach_journal(journal)
+        self.journal = journal
+        cur, store = self.state.current, self.state.store
+        if records:
+            log.info("journal %s: %d requests replayed (%d refused) in %.2f s: step %s%s, "
+                     "%d ranks, %d drafts (%d tokens) restored", path, self.replayed[0],
+                     self.replayed[1], time.perf_counter() - t0,
+                     cur.step if cur else "none",
+                     "" if cur is None or cur.closed_unix_s is None else " (closed)",
+                     len(self.state.ranks), store.sequences, store.tokens)
+        else:
+            log.info("journal %s: new", path)
+
     async def _reap_forever(self) -> None:
         period = max(0.02, min(self.config.heartbeat_interval_s, self.config.rank_timeout_s / 4))
         while True:
@@ -122,6 +149,8 @@ class SyncServer:
             grace = self.config.shutdown_grace_s if grace_s is None else grace_s
             await self._server.stop(grace)
             self._server = None
+        if self.journal is not None:
+            self.journal.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

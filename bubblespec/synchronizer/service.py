@@ -1,9 +1,11 @@
 """gRPC servicer of `bubblespec.rpc.v1.Synchronizer`: auth, validation, conversion, metrics.
 
 Each unary handler is a plain synchronous method wrapped by `_rpc`, which checks the bearer
-token on mutating RPCs, times the call, and turns a `SyncError` into the matching status with
-the field path in the message and in the `bubblespec-field` trailing metadata. Handler bodies
-never await, so every RPC applies to the state atomically.
+token on mutating RPCs, times the call, journals what changed the state (`journal.py`, when
+the daemon keeps one) before the reply leaves, and turns a `SyncError` into the matching
+status with the field path in the message and in the `bubblespec-field` trailing metadata.
+Handler bodies never await, so every RPC applies to the state atomically; `replay` applies a
+journal through the same bodies.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -24,6 +26,7 @@ from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
 from bubblespec.synchronizer import convert as cv
 from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.errors import FIELD_METADATA_KEY, SyncError
+from bubblespec.synchronizer.journal import JOURNALED, Journal
 from bubblespec.synchronizer.state import SyncState
 from bubblespec.synchronizer.validate import Validator
 
@@ -50,7 +53,10 @@ def _rpc(mutating: bool) -> Callable[[Body], Callable[..., Any]]:
             try:
                 if mutating:
                     self.authorize(context)
-                return body(self, request)
+                reply = body(self, request)
+                if self.journal is not None and method in JOURNALED:
+                    self._journal(method, request, reply)
+                return reply
             except SyncError as e:
                 self.metrics.rpc_errors.labels(method, e.code.name).inc()
                 await _abort(context, e)
@@ -76,6 +82,47 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
         self.v = Validator(config, state.ranks.is_lost)
         token = config.token.get_secret_value() if config.token else ""
         self._expected_auth = f"Bearer {token}".encode() if token else None
+        self.journal: Journal | None = None
+        """Where acknowledged requests go (`attach_journal`); None: not kept."""
+
+    # ------------------------------------------------------------------ journal
+
+    def replay(self, records: Sequence[tuple[str, Any]]) -> tuple[int, int]:
+        """Apply journaled requests through the handler bodies, in order (no auth: they
+        were authorized when first served); (applied, refused). A refusal (a request the
+        replayed state no longer takes) is logged and skipped."""
+        applied = refused = 0
+        for method, request in records:
+            body = getattr(type(self), method).__wrapped__
+            try:
+                body(self, request)
+                applied += 1
+            except SyncError as e:
+                refused += 1
+                log.warning("journal replay: %s refused (%s)", method, e)
+        return applied, refused
+
+    def attach_journal(self, journal: Journal) -> None:
+        """Journal every acknowledged state change from now on."""
+        self.journal = journal
+
+    def _journal(self, method: str, request: Any, reply: Any) -> None:
+        """Append one acknowledged request, unless it changed nothing; on a write error the
+        daemon goes on without a journal (logged: a restart would then lose its state)."""
+        if ((method == "PushDrafts" and not reply.stored)
+                or (method == "ClaimTasks" and not reply.tasks)
+                or (method == "OpenStep" and reply.already_open)):
+            return
+        assert self.journal is not None
+        try:
+            self.journal.append(method, request)
+            if method == "OpenStep":
+                self.journal.compact(request.step)
+        except OSError:
+            log.exception("journal %s: write failed; going on WITHOUT a journal",
+                          self.journal.path)
+            self.metrics.rpc_errors.labels("journal", "INTERNAL").inc()
+            self.journal = None
 
     def authorize(self, context: grpc.aio.ServicerContext) -> None:
         """UNAUTHENTICATED unless the configured bearer token came in `authorization`."""
