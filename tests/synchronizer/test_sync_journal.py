@@ -93,7 +93,7 @@ async def test_the_journal_stays_bounded_and_replays_the_newest_steps(tmp_path: 
         assert again.replayed[1] == 0
         assert again.state.current.step == 7 and again.state.current.stop_unix_s is not None
         assert _store_view(again, 8, ["p0", "p1"]) == expect
-        assert sorted(again.state.ranks.infos(), key=lambda r: r.rank_id)[0].rank_id == "r0"
+        assert min(again.state.ranks.infos(), key=lambda r: r.rank_id).rank_id == "r0"
 
 
 def test_a_torn_last_record_is_dropped_and_a_foreign_file_refused(tmp_path: Path) -> None:
