@@ -25,16 +25,17 @@ from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.synchronizer.client import SyncClient
 
 
-def start_daemon(*args: str, port: int = 0) -> tuple[subprocess.Popen[str], str, int]:
+def start_daemon(*args: str, port: int = 0, log: list[str] | None = None
+                 ) -> tuple[subprocess.Popen[str], str, int]:
     """A daemon on loopback (`port` 0: a free one) with extra flags `args`; returns
-    (process, host:port, metrics port)."""
+    (process, host:port, metrics port); its log lines up to "listening" go to `log`."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "bubblespec.synchronizer.server", "--port", str(port),
          "--metrics-port", "0", "--metrics-host", "127.0.0.1", "--shutdown-grace-s", "0",
          *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    lines = []
+    lines = [] if log is None else log
     for line in proc.stdout:  # the daemon logs only a few lines per run: no need to drain
         lines.append(line)
         m = re.search(r"listening on [^:]+:(\d+) \(metrics: http://[^:]+:(\d+)", line)
