@@ -161,9 +161,17 @@ class _Rank:
                 res = await self._timed("PushDrafts",
                                         self.c.push_drafts(step + 1, self.id, drafts))
                 now = time.time()
-                acked += [(d.prompt_key, d.sample_index, now)
-                          for d, st in zip(drafts, res.statuses)
-                          if d.complete and st is DraftStatus.STORED]
+                for d, st in zip(drafts, res.statuses):
+                    key = (d.prompt_key, d.sample_index)
+                    if st is DraftStatus.STORED:
+                        if d.complete:
+                            acked.append((*key, now))
+                    elif st is DraftStatus.UNAVAILABLE:  # the daemon is down: send it again
+                        pushes[key] = d.offset
+                    elif st is DraftStatus.REJECTED_GAP:  # it lost the start: from 0
+                        pushes[key] = 0
+                    else:  # not taken (step over, store full): give it up
+                        pushes.pop(key, None)
             for k in [k for k, d in pushes.items() if d >= cfg.draft_tokens]:
                 del pushes[k]
             if pushed.is_set():

@@ -95,6 +95,8 @@ class RoleActor:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(state["pgid"]), signal.SIGKILL)
         self.incarnation = int(state.get("incarnation", -1)) + 1
+        if spec.role == "sync" and self.incarnation == 0:  # a new cluster: an empty journal
+            self._journal().unlink(missing_ok=True)
         want = 2 if spec.role == "sync" else 1
         ports = state.get("ports") or spec.ports or free_ports(want, self.bind)
         self.ports: list[int] = list(ports)
@@ -109,6 +111,11 @@ class RoleActor:
 
     def _state_path(self) -> Path:
         return self.dir / f"{self.spec.name}.state.json"
+
+    def _journal(self) -> Path:
+        """The synchronizer's journal: a restart on this node replays it (one on another
+        node starts empty, as a synchronizer without a journal)."""
+        return self.dir / f"{self.spec.name}.journal"
 
     def _load_state(self) -> dict[str, Any]:
         try:
@@ -158,7 +165,8 @@ class RoleActor:
         argv = [sys.executable, "-m", "bubblespec.cli.main", s.role, "--host", self.bind,
                 "--port", port]
         if s.role == "sync":
-            argv += ["--metrics-host", self.bind, "--metrics-port", str(self.ports[1])]
+            argv += ["--metrics-host", self.bind, "--metrics-port", str(self.ports[1]),
+                     "--journal-path", str(self._journal())]
         elif s.role == "rank":
             argv += ["--rank-id", s.name, "--advertise-address", f"{self.ip}:{port}",
                      "--sync-address", self.sync_address]
