@@ -203,13 +203,14 @@ async def _worker_main(conn: Any, address: str, rank_ids: list[str],
 
         async def beats(r: _Rank) -> None:
             while not halt.is_set():
+                period = 1.0
                 try:
                     await r._timed("Heartbeat",
                                    c.heartbeat(r.id, RankStatus(done_step=r.done_step)))
-                except SyncError:  # the daemon is down (the restart drill): beat on
-                    pass
+                except SyncError:  # the daemon is down (the restart drill): as a rank's
+                    period = 0.25  # `run_heartbeats`, retry sooner
                 try:
-                    await asyncio.wait_for(halt.wait(), 1.0)
+                    await asyncio.wait_for(halt.wait(), period)
                 except asyncio.TimeoutError:
                     pass
 

@@ -213,11 +213,15 @@ class SyncClient:
                               r.instance_id)
 
     async def run_heartbeats(self, rank_id: str, status: Callable[[], RankStatus],
-                             stop: asyncio.Event, interval_s: float | None = None) -> None:
+                             stop: asyncio.Event, interval_s: float | None = None,
+                             retry_s: float = 0.25) -> None:
         """Heartbeat every interval until `stop` is set; never raises for daemon trouble.
 
         The rank must have called `register` first (even if that failed: the arguments are
         kept, and the first heartbeat that finds the synchronizer registers the rank).
+        While the synchronizer is unreachable the heartbeat is retried every
+        `retry_s` (at most the interval), so a restarted daemon hears the rank, and the step
+        it reports done, within about that of coming back, not a whole interval later.
         """
         if rank_id not in self._registrations:
             raise ValueError(f"rank {rank_id!r}: call register() before run_heartbeats()")
@@ -228,6 +232,8 @@ class SyncClient:
                 await self.heartbeat(rank_id, status())
             except SyncError as e:
                 self._note_degraded(e)
+                if e.code in _UNREACHABLE:
+                    period = min(period, retry_s)
             except Exception:  # a bad status must not end the heartbeats
                 log.exception("heartbeat of rank %s not sent", rank_id)
             try:

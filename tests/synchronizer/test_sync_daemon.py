@@ -158,3 +158,51 @@ def test_cli_help_config_file_and_env(tmp_path: Path) -> None:
         asyncio.run(check())
     finally:
         assert d.stop() == 0
+
+
+async def test_a_heartbeat_reaches_a_restarted_daemon_within_the_retry_not_the_interval(
+        tmp_path: Path) -> None:
+    """Heartbeats every 5 s; the daemon SIGKILLed and started again on its journal: the
+    rank's beat, retried every 0.25 s while it is unreachable, reaches it within about a
+    second of its start (the channel's reconnect backoff is at most 1 s), not 5 s later."""
+    flags = ("--heartbeat-interval-s", "5", "--rank-timeout-s", "30", "--metrics-port", "-1",
+             "--journal-path", str(tmp_path / "j"))
+    first = Daemon(*flags)
+    client = SyncClient(first.address, timeout_s=0.5)
+    stop = asyncio.Event()
+    beats = None
+    try:
+        await client.wait_ready()
+        await client.register("r0", "http://r0")
+        beats = asyncio.create_task(
+            client.run_heartbeats("r0", lambda: RankStatus(RankState.IDLE, done_step=4), stop))
+        await asyncio.sleep(0.2)  # the first beat went through
+        first.proc.kill()
+        first.proc.wait(10)
+        await eventually(lambda: client._unreachable, timeout_s=12)  # a beat failed
+        second = Daemon(*flags, port=first.port)
+        try:
+            up = asyncio.get_running_loop().time()
+
+            async def heard() -> bool:
+                try:
+                    snap = await client.get_state()
+                except SyncUnavailable:
+                    return False
+                return snap.ranks[0].done_step == 4 and snap.ranks[0].last_heartbeat_age_s < (
+                    asyncio.get_running_loop().time() - up)
+
+            await eventually(heard, timeout_s=10)
+            assert asyncio.get_running_loop().time() - up < 2.5
+        finally:
+            stop.set()
+            await beats
+            beats = None
+            assert second.stop(signal.SIGTERM) == 0
+    finally:
+        stop.set()
+        if beats is not None:
+            await beats
+        if first.proc.poll() is None:
+            first.proc.kill()
+        await client.close()
