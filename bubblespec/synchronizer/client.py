@@ -408,15 +408,15 @@ class SyncClient:
         return out
 
     async def _fetch(self, step: int, keys: list[str], timeout_s: float | None) -> list[PregenDraft]:
-        r = await self._soft("FetchDrafts", pb.FetchDraftsRequest(step=step, prompt_keys=keys),
-                             timeout_s)
+        r = await self._soft("FetchDrafts", pb.FetchDraftsRequest(step=step, prompt_keys=keys,
+                                                                  packed=True), timeout_s)
         if r is None:
             return []
         if r.truncated and len(keys) > 1:  # too big for one reply: split the batch
             mid = len(keys) // 2
             return (await self._fetch(step, keys[:mid], timeout_s)
                     + await self._fetch(step, keys[mid:], timeout_s))
-        return [cv.draft_from_pb(d) for d in r.drafts]
+        return [cv.draft_from_pb(d, lists=True) for d in r.drafts]
 
     async def report_spans(self, rank_id: str, step: int, spans: Sequence[Span],
                            timeout_s: float | None = None) -> int:

@@ -7,6 +7,7 @@ agree by construction. Unset `optional` proto fields become None (or the documen
 from __future__ import annotations
 
 import json
+import sys
 from array import array
 from collections.abc import Iterable, Sequence
 
@@ -175,17 +176,44 @@ def shard_to_pb(s: ShardAssignment) -> pb.ShardAssignment:
     return pb.ShardAssignment(rank_id=s.rank_id, num_requests=s.num_requests)
 
 
-def draft_to_pb(d: PregenDraft) -> pb.Draft:
-    return pb.Draft(prompt_key=d.prompt_key, sample_index=d.sample_index,
-                    token_ids=d.token_ids, complete=d.complete,
+def pack_tokens(ids: Sequence[int]) -> bytes:
+    """Token ids as `Draft.token_ids_packed`: int32 little-endian (a copy of an
+    `array('i')`'s buffer, where the repeated field converts token by token)."""
+    a = ids if isinstance(ids, array) and ids.typecode == "i" else array("i", ids)
+    if sys.byteorder == "big":
+        a = array("i", a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def draft_tokens(m: pb.Draft) -> array:
+    """A Draft's token ids as `array('i')`: the packed field when set, else the repeated one.
+    The packed length must be a multiple of 4 (the validator says so first)."""
+    if m.token_ids_packed:
+        a = array("i")
+        a.frombytes(m.token_ids_packed)
+        if sys.byteorder == "big":
+            a.byteswap()
+        return a
+    return array("i", m.token_ids)
+
+
+def draft_to_pb(d: PregenDraft, packed: bool = True) -> pb.Draft:
+    """`packed`: tokens in `token_ids_packed` (else in the repeated `token_ids`)."""
+    tokens = ({"token_ids_packed": pack_tokens(d.token_ids)} if packed
+              else {"token_ids": d.token_ids})
+    return pb.Draft(prompt_key=d.prompt_key, sample_index=d.sample_index, **tokens,
+                    complete=d.complete,
                     weight_version=d.weight_version, offset=d.offset, branch_at=d.branch_at,
                     branch_offers=[pb.BranchOffer(at=a, token_id=t) for a, t in d.branch_offers],
                     margin_records=[pb.MarginRecord(at=a, margin=m)
                                     for a, m in d.margin_records])
 
 
-def draft_from_pb(m: pb.Draft) -> PregenDraft:
-    return PregenDraft(m.prompt_key, m.sample_index, list(m.token_ids), m.complete,
+def draft_from_pb(m: pb.Draft, lists: bool = False) -> PregenDraft:
+    """`lists`: token ids as a list (for callers); else the `array('i')` the store keeps."""
+    ids = draft_tokens(m)
+    return PregenDraft(m.prompt_key, m.sample_index, ids.tolist() if lists else ids, m.complete,
                        m.weight_version, m.offset,
                        m.branch_at if m.HasField("branch_at") else None,
                        [(o.at, o.token_id) for o in m.branch_offers] or (),

@@ -247,7 +247,7 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
     def FetchDrafts(self, r: pb.FetchDraftsRequest) -> pb.FetchDraftsResponse:
         self.v.fetch(r)
         drafts, truncated = self.state.fetch(r.step, r.prompt_keys)
-        return pb.FetchDraftsResponse(drafts=[cv.draft_to_pb(d) for d in drafts],
+        return pb.FetchDraftsResponse(drafts=[cv.draft_to_pb(d, r.packed) for d in drafts],
                                       truncated=truncated)
 
     # ------------------------------------------------------------------ timeline, state

@@ -78,7 +78,9 @@ class DraftStore:
             if draft.margin_records:
                 old.records = tuple(draft.margin_records)
         else:
-            stored = _Stored(array("i", draft.token_ids), draft.complete, draft.weight_version,
+            ids = draft.token_ids
+            stored = _Stored(ids[:] if isinstance(ids, array) and ids.typecode == "i"
+                             else array("i", ids), draft.complete, draft.weight_version,
                              new_bytes, tuple(draft.margin_records))
             prompts = self._steps.setdefault(step, {})
             prompts.setdefault(draft.prompt_key, {})[slot] = stored

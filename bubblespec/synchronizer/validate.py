@@ -16,8 +16,10 @@ Checks that depend on the state (unknown rank, step not open) live in `state.py`
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from pydantic import ValidationError
 
 from bubblespec.protocol import limits as L
@@ -26,6 +28,7 @@ from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.convert import (
     RANK_STATE_FROM_PB,
     SPAN_KIND_FROM_PB,
+    draft_tokens,
     sampling_from_pb,
 )
 from bubblespec.synchronizer.errors import invalid
@@ -91,7 +94,12 @@ class Validator:
         if not ids:
             return
         vocab = self.vocab_size
-        if min(ids) < 0 or (vocab is not None and max(ids) >= vocab):
+        if isinstance(ids, array):  # a packed draft's: checked at numpy speed
+            v = np.frombuffer(ids, dtype=np.intc)
+            lo, hi = int(v.min()), int(v.max())
+        else:
+            lo, hi = min(ids), max(ids)
+        if lo < 0 or (vocab is not None and hi >= vocab):
             bound = "" if vocab is None else f", {vocab}"
             i = next(i for i, t in enumerate(ids) if t < 0 or (vocab is not None and t >= vocab))
             raise invalid(f"{path}[{i}]", f"token id {ids[i]} outside [0{bound})")
@@ -206,14 +214,27 @@ class Validator:
             self.in_range(d.sample_index, f"{path}.sample_index", L.MAX_SAMPLE_INDEX)
             self.non_negative(d.offset, f"{path}.offset")
             self.version(d.weight_version, f"{path}.weight_version")
-            self.tokens(d.token_ids, f"{path}.token_ids", self.c.max_draft_tokens, d.offset)
+            ids = self.draft_ids(d, path)
+            self.tokens(ids, f"{path}.token_ids", self.c.max_draft_tokens, d.offset)
             if d.HasField("branch_at"):  # the runner-up token is one of its tokens
-                self.in_range(d.branch_at, f"{path}.branch_at",
-                              d.offset + len(d.token_ids) - 1)
-            self.offers(d, path)
-            self.records(d, path)
+                self.in_range(d.branch_at, f"{path}.branch_at", d.offset + len(ids) - 1)
+            self.offers(d, path, ids)
+            self.records(d, path, d.offset + len(ids))
 
-    def records(self, d: pb.Draft, path: str) -> None:
+    @staticmethod
+    def draft_ids(d: pb.Draft, path: str) -> array:
+        """The draft's token ids, from one of its two fields (`convert.draft_tokens`)."""
+        if d.token_ids_packed:
+            if d.token_ids:
+                raise invalid(f"{path}.token_ids_packed",
+                              "set token_ids or token_ids_packed, not both")
+            if len(d.token_ids_packed) % 4:
+                raise invalid(f"{path}.token_ids_packed",
+                              f"{len(d.token_ids_packed)} bytes: not whole int32 values "
+                              "(4 bytes each, little-endian)")
+        return draft_tokens(d)
+
+    def records(self, d: pb.Draft, path: str, n: int) -> None:
         """Margin records: a draft's (not a branch's) running minima, at its positions in
         ascending order, finite, non-negative and strictly falling."""
         if not d.margin_records:
@@ -221,7 +242,6 @@ class Validator:
         path = f"{path}.margin_records"
         if d.HasField("branch_at"):
             raise invalid(path, "a branch has no margin records")
-        n = d.offset + len(d.token_ids)
         self.count(len(d.margin_records), n, path)
         prev_at, prev_m = -1, math.inf
         for j, rec in enumerate(d.margin_records):
@@ -240,7 +260,7 @@ class Validator:
             self.in_range(f.sample_index, f"flips[{i}].sample_index", L.MAX_SAMPLE_INDEX)
             self.in_range(f.at, f"flips[{i}].at", self.c.max_draft_tokens)
 
-    def offers(self, d: pb.Draft, path: str) -> None:
+    def offers(self, d: pb.Draft, path: str, ids: Sequence[int]) -> None:
         """Branch offers: only on a draft that is not itself a branch (complete, or partial
         while it decodes: streamed offers), each at a position of the draft with a token id
         of the vocabulary other than the draft's."""
@@ -250,7 +270,7 @@ class Validator:
         if d.HasField("branch_at"):
             raise invalid(path, "a branch offers no branches")
         self.count(len(d.branch_offers), L.MAX_BRANCH_OFFERS, path)
-        n = d.offset + len(d.token_ids)
+        n = d.offset + len(ids)
         seen: set[int] = set()
         for j, o in enumerate(d.branch_offers):
             self.in_range(o.at, f"{path}[{j}].at", n - 1)
@@ -260,7 +280,7 @@ class Validator:
             if o.at in seen:
                 raise invalid(f"{path}[{j}].at", f"position {o.at} is offered twice")
             seen.add(o.at)
-            if o.at >= d.offset and d.token_ids[o.at - d.offset] == o.token_id:
+            if o.at >= d.offset and ids[o.at - d.offset] == o.token_id:
                 raise invalid(f"{path}[{j}].token_id",
                               f"{o.token_id} is the draft's own token at {o.at}")
 

@@ -41,6 +41,9 @@ INTS: dict[int, list[int]] = {
 DOUBLES = [0.0, 1.0, -1.0, 0.5, 1.7e9, 2.0000001, float("nan"), float("inf"), float("-inf"),
            1e308, 5e-324]
 STRINGS = ["r0", "p", "", "x" * 5000, "\u0000", "ü" * 300, "default", "keyed", "ghost"]
+# bytes (packed token ids): whole and torn int32s, ids in and out of any vocabulary, huge
+BYTES = [b"", b"\x05\x00\x00\x00", b"\x05\x00\x00", b"\xff\xff\xff\xff",
+         b"\xff\xff\xff\x7f" * 3, b"\x01\x00\x00\x00" * 70_000, b"\x00" * 4097]
 
 
 def field_values(f: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
@@ -56,6 +59,8 @@ def field_values(f: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
         return st.sampled_from([v.number for v in f.enum_type.values] + [99, -1])
     if f.type == F.TYPE_STRING:
         return st.sampled_from(STRINGS)
+    if f.type == F.TYPE_BYTES:
+        return st.sampled_from(BYTES)
     raise AssertionError(f"field type {f.type} of {f.full_name} has no strategy")
 
 

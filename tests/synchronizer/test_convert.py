@@ -3,6 +3,9 @@ unset sampling field reads as the protocol's default."""
 
 from __future__ import annotations
 
+import struct
+from array import array
+
 import pytest
 
 from bubblespec.protocol.domain import PregenDraft, PregenTask
@@ -65,14 +68,23 @@ def test_unset_sampling_fields_are_the_protocol_defaults() -> None:
 
 
 def test_draft_round_trip() -> None:
-    d = PregenDraft("p", 2, [5, 6], complete=True, weight_version=3, offset=1)
-    assert cv.draft_from_pb(cv.draft_to_pb(d)) == d
+    """Tokens travel packed (int32 little-endian) and come back as `array('i')`; a message
+    with the repeated field (another client's) reads the same."""
+    d = PregenDraft("p", 2, array("i", [5, 6, 2**31 - 1]), complete=True, weight_version=3,
+                    offset=1)
+    m = cv.draft_to_pb(d)
+    assert m.token_ids_packed == struct.pack("<3i", 5, 6, 2**31 - 1) and not m.token_ids
+    assert cv.draft_from_pb(m) == d
+    assert cv.draft_from_pb(pb.Draft(prompt_key="p", sample_index=2, token_ids=[5, 6])) == \
+        PregenDraft("p", 2, array("i", [5, 6]))
     for at in (0, 1):  # a branch at position 0 is not the draft itself
-        b = PregenDraft("p", 2, [5, 6], branch_at=at)
+        b = PregenDraft("p", 2, array("i", [5, 6]), branch_at=at)
         assert cv.draft_from_pb(cv.draft_to_pb(b)) == b
+    assert cv.draft_from_pb(cv.draft_to_pb(PregenDraft("p", 0, [7, 8]))).token_ids.tolist() \
+        == [7, 8]
     assert not cv.draft_to_pb(d).HasField("branch_at")
     o = PregenDraft("p", 2, [5, 6, 7], complete=True, branch_offers=[(2, 9), (0, 4)])
-    assert cv.draft_from_pb(cv.draft_to_pb(o)) == o
+    assert cv.draft_from_pb(cv.draft_to_pb(o), lists=True) == o
 
 
 def test_branch_task_round_trip() -> None:

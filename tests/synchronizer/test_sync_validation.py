@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,6 +142,18 @@ CASES = [
      "rank_id"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(tokens=(1, 2, -1))]),
      INVALID, "drafts[0].token_ids[2]"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[pb.Draft(
+        prompt_key="p", token_ids_packed=struct.pack("<3i", 1, 2, -1))]),
+     INVALID, "drafts[0].token_ids[2]"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[pb.Draft(
+        prompt_key="p", token_ids_packed=struct.pack("<101i", *[1] * 101))]),
+     INVALID, "drafts[0].token_ids"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[pb.Draft(
+        prompt_key="p", token_ids_packed=b"\x01\x00\x00")]),
+     INVALID, "drafts[0].token_ids_packed"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[pb.Draft(
+        prompt_key="p", token_ids=[1], token_ids_packed=struct.pack("<i", 1))]),
+     INVALID, "drafts[0].token_ids_packed"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(index=-1)]),
      INVALID, "drafts[0].sample_index"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[draft(offset=-1)]),

@@ -368,7 +368,7 @@ class ClaimTasksResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[PregenTask, _Mapping]]] = ..., target_step: _Optional[int] = ..., stop: _Optional[bool] = ..., remaining: _Optional[int] = ..., in_progress: _Optional[int] = ..., branch_margin: _Optional[float] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset", "branch_at", "branch_offers", "margin_records")
+    __slots__ = ("prompt_key", "sample_index", "token_ids", "complete", "weight_version", "offset", "branch_at", "branch_offers", "margin_records", "token_ids_packed")
     PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +378,7 @@ class Draft(_message.Message):
     BRANCH_AT_FIELD_NUMBER: _ClassVar[int]
     BRANCH_OFFERS_FIELD_NUMBER: _ClassVar[int]
     MARGIN_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     prompt_key: str
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -387,7 +388,8 @@ class Draft(_message.Message):
     branch_at: int
     branch_offers: _containers.RepeatedCompositeFieldContainer[BranchOffer]
     margin_records: _containers.RepeatedCompositeFieldContainer[MarginRecord]
-    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ..., branch_at: _Optional[int] = ..., branch_offers: _Optional[_Iterable[_Union[BranchOffer, _Mapping]]] = ..., margin_records: _Optional[_Iterable[_Union[MarginRecord, _Mapping]]] = ...) -> None: ...
+    token_ids_packed: bytes
+    def __init__(self, prompt_key: _Optional[str] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., complete: _Optional[bool] = ..., weight_version: _Optional[int] = ..., offset: _Optional[int] = ..., branch_at: _Optional[int] = ..., branch_offers: _Optional[_Iterable[_Union[BranchOffer, _Mapping]]] = ..., margin_records: _Optional[_Iterable[_Union[MarginRecord, _Mapping]]] = ..., token_ids_packed: _Optional[bytes] = ...) -> None: ...
 
 class MarginRecord(_message.Message):
     __slots__ = ("at", "margin")
@@ -432,12 +434,14 @@ class PushDraftsResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[DraftStatus, str]]] = ..., stored: _Optional[int] = ..., rejected: _Optional[int] = ..., message: _Optional[str] = ..., store_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class FetchDraftsRequest(_message.Message):
-    __slots__ = ("step", "prompt_keys")
+    __slots__ = ("step", "prompt_keys", "packed")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     step: int
     prompt_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step: _Optional[int] = ..., prompt_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    packed: bool
+    def __init__(self, step: _Optional[int] = ..., prompt_keys: _Optional[_Iterable[str]] = ..., packed: _Optional[bool] = ...) -> None: ...
 
 class FetchDraftsResponse(_message.Message):
     __slots__ = ("drafts", "truncated")
