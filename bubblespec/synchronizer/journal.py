@@ -67,7 +67,7 @@ class _Entry:
     offset: int
     length: int
     key: str | int | None
-    """rank_id of a RegisterRank, step of an OpenStep or a PushDrafts; None otherwise."""
+    """rank_id of a RegisterRank, step of an OpenStep; None otherwise."""
 
 
 class Journal:
@@ -114,11 +114,9 @@ class Journal:
             key = r.rank_id
         elif method == "OpenStep":
             key = self._current = r.step
-        elif method == "PushDrafts":
-            key = r.step
-            if self._current is not None:
-                self._first_push[r.step] = min(self._first_push.get(r.step, self._current),
-                                               self._current)
+        elif method == "PushDrafts" and self._current is not None:
+            self._first_push[r.step] = min(self._first_push.get(r.step, self._current),
+                                           self._current)
         self._entries.append(_Entry(method, offset, length, key))
 
     # ------------------------------------------------------------------ append

@@ -16,7 +16,6 @@ Checks that depend on the state (unknown rank, step not open) live in `state.py`
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -28,7 +27,6 @@ from bubblespec.synchronizer.config import SyncConfig
 from bubblespec.synchronizer.convert import (
     RANK_STATE_FROM_PB,
     SPAN_KIND_FROM_PB,
-    draft_tokens,
     sampling_from_pb,
 )
 from bubblespec.synchronizer.errors import invalid
@@ -91,12 +89,11 @@ class Validator:
         earlier ones)."""
         if offset + len(ids) > limit:
             raise invalid(path, f"{offset + len(ids)} tokens exceed the limit of {limit}")
-        if not ids:
+        if len(ids) == 0:
             return
         vocab = self.vocab_size
-        if isinstance(ids, array):  # a packed draft's: checked at numpy speed
-            v = np.frombuffer(ids, dtype=np.intc)
-            lo, hi = int(v.min()), int(v.max())
+        if isinstance(ids, np.ndarray):  # a packed draft's: checked at numpy speed
+            lo, hi = int(ids.min()), int(ids.max())
         else:
             lo, hi = min(ids), max(ids)
         if lo < 0 or (vocab is not None and hi >= vocab):
@@ -222,17 +219,19 @@ class Validator:
             self.records(d, path, d.offset + len(ids))
 
     @staticmethod
-    def draft_ids(d: pb.Draft, path: str) -> array:
-        """The draft's token ids, from one of its two fields (`convert.draft_tokens`)."""
-        if d.token_ids_packed:
-            if d.token_ids:
-                raise invalid(f"{path}.token_ids_packed",
-                              "set token_ids or token_ids_packed, not both")
-            if len(d.token_ids_packed) % 4:
-                raise invalid(f"{path}.token_ids_packed",
-                              f"{len(d.token_ids_packed)} bytes: not whole int32 values "
-                              "(4 bytes each, little-endian)")
-        return draft_tokens(d)
+    def draft_ids(d: pb.Draft, path: str) -> Sequence[int]:
+        """The draft's token ids from one of its two fields, read in place (the packed bytes
+        as a numpy view: the conversion happens once, in `convert.draft_tokens`)."""
+        if not d.token_ids_packed:
+            return d.token_ids
+        if d.token_ids:
+            raise invalid(f"{path}.token_ids_packed",
+                          "set token_ids or token_ids_packed, not both")
+        if len(d.token_ids_packed) % 4:
+            raise invalid(f"{path}.token_ids_packed",
+                          f"{len(d.token_ids_packed)} bytes: not whole int32 values "
+                          "(4 bytes each, little-endian)")
+        return np.frombuffer(d.token_ids_packed, dtype="<i4")
 
     def records(self, d: pb.Draft, path: str, n: int) -> None:
         """Margin records: a draft's (not a branch's) running minima, at its positions in
