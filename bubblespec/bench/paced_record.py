@@ -93,6 +93,18 @@ def tail_fill_budget(rank_args: list[str]) -> float:
     return 0.0 if value is None else float(value)
 
 
+def host_charges(run: Mapping[str, Any]) -> tuple[float | None, bool]:
+    """(host seconds per forward charged in series, host overlapped) of a mode's result,
+    from its cluster's pace counters ((None, False) without them: unknown)."""
+    pace = (run.get("cluster") or {}).get("pace") or {}
+    forwards = int(pace.get("forwards") or 0)
+    if not forwards:
+        return None, False
+    host = float(pace.get("charged_s", 0.0)) + float(pace.get("product_host_s", 0.0))
+    async_host = float(pace.get("async_hidden_s", 0.0)) > 1e-9
+    return (0.0 if async_host else host / forwards), async_host
+
+
 @dataclass
 class PacedMode:
     """One mode of the paced run, as measured."""
@@ -109,6 +121,12 @@ class PacedMode:
     """The ranks' tail-fill budget (`--tail-fill-budget` in the mode's rank arguments)."""
     scale: float = 0.0
     """The pace scale its ranks ran at (the run's `pace_scale` unless the mode had its own)."""
+    host_s: float | None = None
+    """Host seconds per forward its paced engines charged in series on top of the modelled
+    forward (drafting and the product's keyed host work; `PaceStats.charged_s` and
+    `product_host_s` over its forwards); None: the record has no pace counters."""
+    async_host: bool = False
+    """Its engines overlapped host and GPU (async scheduling: `PaceStats.async_hidden_s`)."""
 
 
 @dataclass
@@ -159,7 +177,7 @@ class PacedRun:
                                     str(r.get("shared_cluster") or name),
                                     baseline_of(name, first), int(r.get("lookahead") or 1),
                                     tail_fill_budget(r.get("rank_args") or []),
-                                    run_scale(r, cfg["pace_scale"]))
+                                    run_scale(r, cfg["pace_scale"]), *host_charges(r))
         if not modes:
             raise ValueError(f"{path}: runs: no mode has steps")
         return cls(str(path), int(cfg["ranks"]), int(cfg["prompts"]), int(cfg["n"]),

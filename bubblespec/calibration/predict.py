@@ -554,6 +554,11 @@ def predict(trace: Trace, ranks: int, engine: EngineTime, cal: Calibration, *,
         notes.append(f"acceptance per mode: measured on {cal.path} (pooled over its steps "
                      "after step 0); it transfers to another model and task only as an "
                      "assumption: --accept-json with your own")
+        if not base_cfg.async_baseline and all(m.host_s is None for m in modes):
+            notes.append(f"{Path(cal.path).name} was paced before every cost was charged: "
+                         "predicted as it was paced, without the async-scheduled baseline "
+                         "and the product's host work per forward (a GPU user's speed-up is "
+                         "lower; docs/results.md 'Every cost charged in the simulator')")
     else:
         base_cfg = SimConfig()
         notes.append("acceptance from --accept-json; the calibration's measured flips and "

@@ -31,7 +31,7 @@ measured per step (`report` prints it). Every simulated figure is MODELLED.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +196,9 @@ def per_step_specs(run: PacedRun, name: str, lost: np.ndarray | None = None
         if m.pregen and (i == 0 or c.coverage == 0):  # nothing pre-generated for it
             out.append(pooled)
             continue
-        out.append(spec_of(name, c, m.pregen, m.window, unc,
-                           f"measured, {run.path} step {s.get('step', i)}"))
+        out.append(replace(spec_of(name, c, m.pregen, m.window, unc,
+                                   f"measured, {run.path} step {s.get('step', i)}"),
+                           host_s=m.host_s))
     return out
 
 
@@ -207,8 +208,9 @@ def pooled_spec(run: PacedRun, name: str, lost: np.ndarray | None = None) -> Mod
     if not any(s["draft_tokens"] for s in m.steps) and not m.pregen:
         return ModeSpec(name, 0.0, 0.0, source=f"measured, {run.path}")
     gone = 0.0 if lost is None else float(lost[1:].sum() if len(m.steps) > 1 else lost.sum())
-    return spec_of(name, Counts.of(m.steps[1:] or m.steps, gone), m.pregen, m.window,
-                   Counts.of(m.steps[:1]), f"measured, {run.path} (steps after 0)")
+    return replace(spec_of(name, Counts.of(m.steps[1:] or m.steps, gone), m.pregen, m.window,
+                           Counts.of(m.steps[:1]), f"measured, {run.path} (steps after 0)"),
+                   host_s=m.host_s)
 
 
 @dataclass
@@ -231,10 +233,14 @@ class Replayed:
 
 
 def replay_config(run: PacedRun, name: str, prompt_len: float) -> SimConfig:
-    """The simulator's configuration of one mode of the paced run."""
+    """The simulator's configuration of one mode of the paced run, charged as the run was
+    paced (`PacedMode.async_host`, `PacedMode.host_s`; nothing where its record has no
+    pace counters)."""
     return SimConfig(prompts=run.prompts, n=run.n, prompt_len=round(prompt_len),
                      steps=run.steps, warmup_steps=1, pregen_inflight=PREGEN_INFLIGHT,
-                     train_s=run.train_s(name), lookahead=run.modes[name].lookahead)
+                     train_s=run.train_s(name), lookahead=run.modes[name].lookahead,
+                     async_baseline=run.modes[name].async_host,
+                     spec_host_s=0.0)  # a record without pace counters charged none
 
 
 def replay(run: PacedRun, first: dict[str, Any], per_step: bool = False,

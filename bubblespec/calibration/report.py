@@ -88,10 +88,16 @@ def scenario(run: PacedRun, first: dict[str, Any], window_s: float, ranks: list[
                     pregen_inflight=PREGEN_INFLIGHT, train_s=window_s, cover_cv=cover_cv,
                     flip_share=share, flip_positions=where, caught_share=held, seed=seed,
                     lookahead=lookahead,
-                    rate_spread=any(m.rate_spread for m in modes))
+                    rate_spread=any(m.rate_spread for m in modes),
+                    async_baseline=any(m.async_host for m in run.modes.values()),
+                    spec_host_s=0.0)  # modes without measured host time: none was charged
     notes = [(f"calibrated from {run.path}: per-rank workload, lengths and pooled acceptance "
              f"of its {run.ranks}-rank run; trainer {window_s:g} s (its training window); "
              "the keyed baseline equals nospec in the model (same lengths)")]
+    if all(m.host_s is None for m in run.modes.values()):
+        notes.append("no pace counters in the record: projected as it was paced, without "
+                     "the async-scheduled baseline and the product's host work (the charges "
+                     "of docs/results.md 'Every cost charged in the simulator')")
     if share:
         notes.append(f"measured flips: {share:.1%} of the responses with a draft leave it, "
                      f"at median {np.median(where):.2f} of their length; a margin branch (or "

@@ -22,7 +22,7 @@ from bubblespec.core.engine_time import (
     PER_TOKEN_EXTRA_S,
     EngineTime,
 )
-from bubblespec.sim.model import ControlPlane, SimConfig
+from bubblespec.sim.model import SPEC_HOST_S, ControlPlane, SimConfig
 from bubblespec.sim.policy import (
     default_modes,
     load_accept_json,
@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--control-plane-json", metavar="PATH",
       help="charge one synchronizer daemon's cost (the fetch burst at each step's start, the "
       "stop's latency), from `bubblespec bench control-plane --out` figures; default: free")
+    a("--spec-host-ms", type=float, default=SPEC_HOST_S * 1e3,
+      help="host ms a speculative mode adds to each forward, in series (drafting, the keyed "
+      f"host path; default {SPEC_HOST_S * 1e3:g}: measured in the paced runs that charge "
+      "every cost)")
+    a("--no-async-baseline", action="store_true",
+      help="charge the baseline's engine host overhead in series (default: hidden under the "
+      "forward, vLLM's async scheduling without speculation)")
     a("--rpc-ms", type=float, default=0.5,
       help="synchronizer RPC latency in ms (default 0.5, assumed in-cluster gRPC; measure "
       "with bubblespec bench sync)")
@@ -235,6 +242,8 @@ def scenario(args: argparse.Namespace) -> Scenario:
                     pregen_accepted=pa, pregen_drafted=pd, pregen_order=args.pregen_order,
                     rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv,
                     cover_cv=args.cover_cv, lookahead=max(1, args.lookahead), seed=args.seed,
+                    spec_host_s=args.spec_host_ms * 1e-3,
+                    async_baseline=not args.no_async_baseline,
                     control_plane=(ControlPlane.from_bench(
                         json.loads(Path(args.control_plane_json).read_text()))
                         if args.control_plane_json else None))

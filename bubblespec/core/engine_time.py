@@ -54,7 +54,7 @@ vocabulary of the CPU model that stands in for it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -134,6 +134,21 @@ class EngineTime:
             d.update(changed)
             d["gpu"] = f"{self.gpu}+overrides"
         return EngineTime(**d)
+
+    def charged(self, async_host: bool = False, extra_host_s: float = 0.0) -> EngineTime:
+        """The per-forward model of an engine that adds `extra_host_s` of host work to each
+        step (drafting, the product's keyed host path), as `step` charges it, for the
+        simulator's forward arithmetic (`per_forward`, `segment`): without `async_host` the
+        host work is paid in series (`t_fixed` grows by it); with it (async scheduling) a
+        step takes the longer of its GPU and host sides, so `t_fixed` becomes
+        max(weights + extras on the GPU, t_host + extra): exact while the host side is
+        shorter than the GPU side of a one-token forward (the presets: about 6 ms of
+        weight reads against 2 ms of host), an upper bound otherwise."""
+        if async_host:
+            gpu = self.t_fixed - self.t_host
+            return replace(self, t_fixed=max(gpu, self.t_host + extra_host_s), t_host=0.0)
+        return replace(self, t_fixed=self.t_fixed + extra_host_s,
+                       t_host=self.t_host + extra_host_s)
 
     def per_forward(self, tokens: np.ndarray | float) -> np.ndarray | float:
         """Seconds of one forward with `tokens` tokens, before the KV term."""

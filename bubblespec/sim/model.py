@@ -25,6 +25,12 @@ rollout steps (common random numbers: every mode sees the same lengths), and for
    requests from the start of their shard, which finishes later by what the lanes add to
    its forwards (`sim.tail_fill`).
 
+Every mode's forwards are charged as the paced engines charge them (`mode_time`): the
+baseline (no drafts) runs with vLLM's async scheduling, its engine host overhead hidden
+under the forward (`SimConfig.async_baseline`); a speculative mode pays the product's host
+work per forward in series (`ModeSpec.host_s`, measured per mode by a paced run's
+counters, else `SimConfig.spec_host_s`).
+
 A mode's speed-up is its throughput (tokens per second of step time) over the baseline's;
 with common lengths that is the ratio of step times. `run_mode` also replays given steps
 (`bubblespec.calibration.replay`: a paced run's own lengths, assignment and per-step
@@ -46,6 +52,11 @@ from bubblespec.sim.rollout import Requests, build_timeline
 from bubblespec.sim.tail_fill import tail_fill
 from bubblespec.sim.workload import LengthSource, assign_prompts
 
+SPEC_HOST_S = 1.0e-3
+"""Default `SimConfig.spec_host_s`: measured in the paced runs that charge every cost
+(docs/data/paced_r{16,128x4}_ahead3_charged*.json: drafting plus the product's host work
+per forward of keyed three-ahead, 0.81-0.99 ms at 16 rows per rank and 1.26-1.30 ms at 128,
+on this project's 2-core machine standing for a GPU host's CPU)."""
 NO_FLIP = np.iinfo(np.int64).max // 4
 """The flip position of a response that never leaves its draft (`_requests`' `flip`)."""
 
@@ -161,6 +172,15 @@ class SimConfig:
     control_plane: ControlPlane | None = None
     """Charge the synchronizer's cost (`ControlPlane`): None, free (the projections before
     issue 60)."""
+    async_baseline: bool = True
+    """The baseline (no drafts) runs with vLLM's async scheduling, its default on a GPU
+    without speculation: the engine's host overhead (`EngineTime.t_host`) hides under the
+    forward (`EngineTime.charged`), as in the paced engines. False: paid in series (the
+    projections before issue 56)."""
+    spec_host_s: float = SPEC_HOST_S
+    """Host seconds the product adds to each forward of a speculative mode (drafting, the
+    keyed host path, its calls into the engine), paid in series: vLLM runs the `custom_class`
+    and `suffix` drafters without async scheduling."""
 
 
 @dataclass
@@ -320,8 +340,10 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
     size = L[0].size
     drafts = Drafts(size)
     out = []
+    base_et = et
     for s in range(cfg.steps):
         mode = specs[s]
+        et = mode_time(cfg, mode, base_et)
         covered, made = drafts.take(s)
         flip, fm, q = drawn.get("flip"), drawn.get("flip_mult"), drawn.get("rate_q")
         hit = drawn.get("caught")
@@ -382,6 +404,15 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
                               int(tl.finish_k.sum()), float((fmax - F).sum()), busy, cov_share,
                               ptok, lag, [int(k) for k in tl.finish_k], charged))
     return out
+
+
+def mode_time(cfg: SimConfig, mode: ModeSpec, et: EngineTime) -> EngineTime:
+    """The forward-time model a mode's ranks run at: the baseline with async scheduling
+    (`SimConfig.async_baseline`), a speculative mode with the product's host work per
+    forward paid in series (`SimConfig.spec_host_s`)."""
+    if mode.is_baseline:
+        return et.charged(async_host=cfg.async_baseline)
+    return et.charged(extra_host_s=cfg.spec_host_s if mode.host_s is None else mode.host_s)
 
 
 class Drafts:

@@ -97,6 +97,11 @@ class ModeSpec:
     (measured by `bubblespec.calibration.tails.head_rates`); when given it replaces
     `accepted_covered` per response."""
 
+    host_s: float | None = None
+    """Host seconds the mode adds to each forward, in series (drafting, the keyed host path;
+    measured per mode by the paced runs, `PacedMode.host_s`); None: the simulator's default
+    (`SimConfig.spec_host_s`). Not charged to the baseline."""
+
     tail_fill: float = 0.0
     """Tail-fill budget (`--tail-fill-budget`): a pre-generating rank decodes lanes beside its
     own requests while the forward grows by at most this share (`sim.tail_fill`); 0: off."""

@@ -191,3 +191,36 @@ def test_a_keyed_only_run(tmp_path):
     assert "(within 10%:" in lines[-1] and "bubblespec=" not in lines[-1]
     s = scenario(run, first, window, [8], 3, 0)
     assert [m.name for m in s.modes] == list(run.modes)
+
+
+CHARGED = "docs/data/paced_r64_ahead3_charged.json"  # every cost charged (issue 56)
+
+
+def test_a_charged_run_replays_with_its_own_charges():
+    """The record's pace counters give each mode's charges: the async-scheduled baseline
+    replays its measured seconds step by step, the speculative mode pays its measured host
+    time per forward; without the charges the replay flatters speculation by a third."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / CHARGED
+    run, first, _ = load(path)
+    base, spec = run.modes["nospec-keyed"], run.modes["bubblespec-keyed-ahead3"]
+    assert base.async_host and not spec.async_host
+    pace = first["bubblespec-keyed-ahead3"]["cluster"]["pace"]
+    assert spec.host_s == pytest.approx((pace["charged_s"] + pace["product_host_s"])
+                                        / pace["forwards"])
+    rep = replay(run, first)
+    for raw, sim in list(zip(base.steps, rep["nospec-keyed"].steps))[1:]:
+        assert sim.rollout_time_s == pytest.approx(raw["wall_s"] / run.scale, rel=0.02)
+    charged = rep["bubblespec-keyed-ahead3"]
+    assert abs(charged.modelled_speedup / charged.measured_speedup - 1) < 0.10
+    # the same replay with the charges off (the simulator before issue 56's charges)
+    for m in run.modes.values():
+        m.async_host, m.host_s = False, 0.0
+    free = replay(run, first)["bubblespec-keyed-ahead3"]
+    assert free.modelled_speedup > 1.25 * free.measured_speedup
+
+
+def test_a_record_without_pace_counters_leaves_the_charges_to_the_simulator(paced):
+    run, _, _ = paced
+    assert all(m.host_s is None and not m.async_host for m in run.modes.values())

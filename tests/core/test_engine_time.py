@@ -49,3 +49,28 @@ def test_overrides_replace_only_given_fields(et):
     o = et.with_overrides(t_fixed=0.012, t_kv=None)
     assert o.t_fixed == 0.012 and o.t_kv == et.t_kv and "overrides" in o.gpu
     assert et.with_overrides() == et
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+@pytest.mark.parametrize("tokens,context", [(1, 0), (16, 20_000), (128, 300_000), (1_152, 1e6)])
+def test_charged_forwards_equal_the_paced_step(gpu, tokens, context):
+    """The simulator's per-forward model of a charged engine (`charged`) gives the step the
+    paced engines sleep to (`step`): async scheduling takes the longer side, a speculative
+    engine's host work is paid in series."""
+    et = EngineTime.preset(gpu)
+    for extra in (0.0, 4e-4, 1.3e-3):
+        serial = et.charged(extra_host_s=extra)
+        assert float(serial.per_forward(tokens)) + serial.t_kv * context == pytest.approx(
+            et.step(tokens, context, host_s=extra), rel=1e-12)
+        overlapped = et.charged(async_host=True, extra_host_s=extra)
+        assert float(overlapped.per_forward(tokens)) + overlapped.t_kv * context == (
+            pytest.approx(et.step(tokens, context, host_s=extra, overlap_host=True), rel=1e-12))
+    # the async credit is the engine's host overhead, nothing else
+    assert et.t_fixed - et.charged(async_host=True).t_fixed == pytest.approx(et.t_host)
+
+
+def test_a_host_side_longer_than_the_gpu_bounds_an_async_forward():
+    et = EngineTime.preset("h100")
+    slow_host = et.charged(async_host=True, extra_host_s=10e-3)
+    assert slow_host.t_fixed == pytest.approx(et.t_host + 10e-3)
+    assert float(slow_host.per_forward(1)) >= et.step(1, 0, host_s=10e-3, overlap_host=True)

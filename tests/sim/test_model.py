@@ -39,15 +39,43 @@ def test_equal_lengths_give_no_bubble(tmp_path, et, assign):
 
 
 def test_zero_acceptance_gives_speedup_one(et):
+    """With the host charges off (no async baseline, no product host time), useless drafts
+    cost only the stop lag and the verification of what is never accepted."""
     modes = [ModeSpec("none", 0, 0), ModeSpec("zero", 0, 0),
              ModeSpec("bubblespec_zero", 0, 0, True, 0, 0), ModeSpec("costly", 0, 4)]
-    rows = by_name(run_scenario(SimConfig(**SMALL), 16, modes, et, SHORT))
+    free = SimConfig(**SMALL, async_baseline=False, spec_host_s=0.0)
+    rows = by_name(run_scenario(free, 16, modes, et, SHORT))
     assert rows["zero"].speedup == pytest.approx(1.0, abs=1e-12)
     assert rows["zero"].cp_reduction == pytest.approx(0.0, abs=1e-12)
     # pre-generating with useless drafts only adds the (bounded) stop lag
     assert rows["bubblespec_zero"].speedup <= 1.0
     assert rows["bubblespec_zero"].speedup > 0.99
     assert rows["costly"].speedup <= 1.0  # verifying drafts that are never accepted costs
+
+
+def test_charges_cost_a_speculative_mode_what_the_paced_engines_charge(et):
+    """The baseline runs async-scheduled (its engine host overhead hidden) and a speculative
+    mode pays its host work in series: with useless drafts and nothing pre-generated on the
+    critical path, the speed-up is the ratio of the two per-forward costs."""
+    modes = [ModeSpec("none", 0, 0), ModeSpec("useless", 0, 0, True, 0, 0),
+             ModeSpec("useless_own_host", 0, 0, True, 0, 0, host_s=0.0)]
+    lone = LengthSource.default(median=300, max_new_tokens=3000)
+    charged = by_name(run_scenario(SimConfig(**SMALL, spec_host_s=1e-3), 1, modes, et, lone))
+    free = by_name(run_scenario(SimConfig(**SMALL, async_baseline=False, spec_host_s=0.0), 1,
+                                modes, et, lone))
+    # one rank: no bubble, so the modes differ by their per-forward charges only
+    base_ratio = charged["none"].step_time_s / free["none"].step_time_s
+    assert base_ratio < 1.0  # the async credit
+    fixed = et.t_fixed
+    assert charged["none"].step_time_s < free["none"].step_time_s * (fixed - et.t_host * 0.9) / fixed
+    # the spec host charge: slower by about 1 ms per forward than with no charge
+    per_fwd = ((charged["useless"].step_time_s - free["useless"].step_time_s)
+               / charged["useless"].cp_decode_steps)
+    assert per_fwd == pytest.approx(1e-3, rel=0.05)
+    # a mode's own measured host time wins over the default
+    assert charged["useless_own_host"].step_time_s == pytest.approx(
+        free["useless"].step_time_s, rel=1e-9)
+    assert charged["useless"].speedup < 0.85 < free["useless"].speedup
 
 
 def test_speedup_is_monotone_in_acceptance(et):
