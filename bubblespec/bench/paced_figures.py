@@ -117,14 +117,16 @@ def mode_summary(runs: Sequence[Mapping[str, Any]], scale: float) -> dict[str, A
     }
 
 
-COST_PARTS = ("forward_s", "charged_s", "product_host_s", "keyed_device_s", "async_hidden_s")
+COST_PARTS = ("forward_s", "charged_s", "product_host_s", "keyed_device_s", "async_hidden_s",
+              "between_s")
 
 
 def cost_split(pace: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     """The ranks' modelled seconds split (summed over the ranks): the forwards alone, what
     the product added on top (drafting charged, the keyed sampler's and verifier's host
-    work, their modelled device kernels), what async scheduling hid, and the product's host
-    work left uncharged (drafting not charged), each also as a share of the modelled total.
+    work, their modelled device kernels; of the host work, the calls into the engine
+    between steps), what async scheduling hid, and the product's host work left uncharged
+    (drafting not charged), each also as a share of the modelled total.
     None for records of ranks that predate the split (no `forward_s`)."""
     if not pace or not any("forward_s" in p for p in pace):
         return None
@@ -142,15 +144,17 @@ def format_cost_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     """Per mode, where the ranks' modelled seconds went: the forward (engine-time model),
     the product's charged costs, async scheduling's credit and the uncharged share."""
     head = ["mode", "modelled s", "forward %", "drafting %", "keyed host %",
-            "keyed device % (MODELLED)", "async hidden %", "uncharged host %"]
+            "of it between steps %", "keyed device % (MODELLED)", "async hidden %",
+            "uncharged host %"]
     rows = []
     for name, s in summaries.items():
         c = s.get("cost_split")
         if not c:
             continue
         rows.append([name, f"{c['modelled_s']:.1f}"] + [
-            f"{100 * c[k]:.2f}" for k in ("forward_share", "charged_share",
-                                          "product_host_share", "keyed_device_share",
+            f"{100 * c.get(k, 0.0):.2f}" for k in ("forward_share", "charged_share",
+                                                   "product_host_share", "between_share",
+                                                   "keyed_device_share",
                                           "async_hidden_share", "uncharged_host_share")])
     if not rows:
         return ""

@@ -164,6 +164,8 @@ class PaceStats:
     product_host_s: float = 0.0
     """Measured host seconds of the keyed sampler and verifier, and of the product's calls
     into the engine between steps (modelled seconds)."""
+    between_s: float = 0.0
+    """Of `product_host_s`, the calls between steps (`Pacer.between`)."""
     keyed_device_s: float = 0.0
     """Modelled device seconds of the keyed kernels (`EngineTime.keyed_kernel_s`)."""
     keyed_elements: int = 0
@@ -193,7 +195,7 @@ class PaceStats:
 _COUNTERS = ("forwards", "overruns", "paced_s", "real_s", "overrun_s", "decode_tokens",
              "draft_tokens", "prefill_tokens", "context_tokens", "modelled_s", "drafting_s",
              "charged_s", "forward_s", "product_host_s", "keyed_device_s", "keyed_elements",
-             "keyed_launches", "async_hidden_s")
+             "keyed_launches", "async_hidden_s", "between_s")
 
 
 def _shares(out: dict[str, Any]) -> dict[str, Any]:
@@ -308,6 +310,7 @@ class Pacer:
         self._start = self._last_end if gap is not None and gap <= self._last_paced else now
         self._shape = shape
         self._host += self._pending
+        self.stats.between_s += self._pending
         self._pending = 0.0
         s = self.stats
         s.decode_tokens += shape.tokens

@@ -305,3 +305,6 @@ class PaceBody(_Body):
     keyed_launches: int = Field(0, description="Kernel launches of the keyed kernels.")
     async_hidden_s: float = Field(0.0, description="Modelled seconds hidden by overlapping "
                                   "host and GPU work (async scheduling, no speculation).")
+    between_s: float = Field(0.0, description="Of product_host_s, the product's calls into "
+                             "the engine between steps (drafts added, groups released, "
+                             "counters read).")

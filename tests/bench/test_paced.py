@@ -281,12 +281,13 @@ def test_cost_split_adds_up_to_the_modelled_seconds() -> None:
     assert mode_summary([run], 1.0)["cost_split"] is None  # an older record
     run["cluster"]["pace"].update(modelled_s=100.0, forward_s=90.0, drafting_s=4.0,
                                   charged_s=3.0, product_host_s=2.0, keyed_device_s=6.0,
-                                  async_hidden_s=1.0)
+                                  async_hidden_s=1.0, between_s=0.5)
     c = mode_summary([run, run], 1.0)["cost_split"]
     assert c["modelled_s"] == pytest.approx(200.0)
     assert c["forward_share"] + c["charged_share"] + c["product_host_share"] + \
         c["keyed_device_share"] - c["async_hidden_share"] == pytest.approx(1.0)
     assert c["uncharged_host_share"] == pytest.approx(0.01)
+    assert c["between_share"] == pytest.approx(0.005)  # part of the keyed host share
     table = format_cost_table({"bubblespec-keyed": mode_summary([run], 1.0)})
     assert "bubblespec-keyed" in table and "6.00" in table and "1.00" in table
     assert format_cost_table({"old": mode_summary([_run("keyed", [1, 1])], 1.0)}) == ""

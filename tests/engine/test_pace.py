@@ -272,4 +272,10 @@ def test_calls_between_steps_are_charged_to_the_next_forward() -> None:
     pacer.end()
     s = pacer.stats.as_dict()
     assert s["product_host_s"] == pytest.approx(0.004)
+    assert s["between_s"] == pytest.approx(0.004)  # all of it was calls between steps
     assert s["modelled_s"] == pytest.approx(2 * plain + 0.004)
+    pacer.begin(shape)
+    pacer.product(0.002, 16, 3)  # a keyed call inside the forward: not between steps
+    pacer.end()
+    s = pacer.stats.as_dict()
+    assert s["product_host_s"] == pytest.approx(0.006) and s["between_s"] == pytest.approx(0.004)
