@@ -202,9 +202,15 @@ class Validator:
             raise invalid("max_tasks", f"must be >= 1, got {r.max_tasks}")
 
     def push(self, r: pb.PushDraftsRequest) -> None:
+        """Every field of every draft; the packed drafts' token ids are range-checked in one
+        pass over the request (a push carries many short chunks: one numpy pass each cost
+        more than the rest of their checks), and only a request with an id out of range is
+        searched for the first one, which the error names."""
         self.step(r.step)
         self.key(r.rank_id, "rank_id")
         self.count(len(r.drafts), self.c.max_drafts_per_push, "drafts")
+        limit = self.c.max_draft_tokens
+        packed: list[bytes] = []
         for i, d in enumerate(r.drafts):
             path = f"drafts[{i}]"
             self.key(d.prompt_key, f"{path}.prompt_key")
@@ -212,11 +218,29 @@ class Validator:
             self.non_negative(d.offset, f"{path}.offset")
             self.version(d.weight_version, f"{path}.weight_version")
             ids = self.draft_ids(d, path)
-            self.tokens(ids, f"{path}.token_ids", self.c.max_draft_tokens, d.offset)
+            if isinstance(ids, np.ndarray):  # the count here, the ids after the loop
+                if d.offset + len(ids) > limit:
+                    raise invalid(f"{path}.token_ids", f"{d.offset + len(ids)} tokens exceed "
+                                  f"the limit of {limit}")
+                packed.append(d.token_ids_packed)
+            else:
+                self.tokens(ids, f"{path}.token_ids", limit, d.offset)
             if d.HasField("branch_at"):  # the runner-up token is one of its tokens
                 self.in_range(d.branch_at, f"{path}.branch_at", d.offset + len(ids) - 1)
             self.offers(d, path, ids)
             self.records(d, path, d.offset + len(ids))
+        if packed and not self.ids_in_vocab(np.frombuffer(b"".join(packed), dtype="<i4")):
+            for i, d in enumerate(r.drafts):
+                if d.token_ids_packed:
+                    self.tokens(np.frombuffer(d.token_ids_packed, dtype="<i4"),
+                                f"drafts[{i}].token_ids", limit, d.offset)
+
+    def ids_in_vocab(self, ids: np.ndarray) -> bool:
+        """Every id of `ids` in [0, vocabulary)."""
+        if not len(ids):
+            return True
+        vocab = self.vocab_size
+        return int(ids.min()) >= 0 and (vocab is None or int(ids.max()) < vocab)
 
     @staticmethod
     def draft_ids(d: pb.Draft, path: str) -> Sequence[int]:

@@ -145,6 +145,15 @@ CASES = [
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[pb.Draft(
         prompt_key="p", token_ids_packed=struct.pack("<3i", 1, 2, -1))]),
      INVALID, "drafts[0].token_ids[2]"),
+    # packed ids are range-checked for the whole request at once: the bad one is still named
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        pb.Draft(prompt_key="p", sample_index=i, token_ids_packed=struct.pack(
+            "<8i", *[7] * 5, -1 if i == 1 else 7, 7, 7)) for i in range(2)]),
+     INVALID, "drafts[1].token_ids[5]"),
+    ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[
+        pb.Draft(prompt_key="p", sample_index=0, token_ids=[3, 4]),
+        pb.Draft(prompt_key="p", sample_index=1, token_ids_packed=struct.pack("<2i", 3, -4))]),
+     INVALID, "drafts[1].token_ids[1]"),
     ("PushDrafts", pb.PushDraftsRequest(step=1, rank_id="r0", drafts=[pb.Draft(
         prompt_key="p", token_ids_packed=struct.pack("<101i", *[1] * 101))]),
      INVALID, "drafts[0].token_ids"),
