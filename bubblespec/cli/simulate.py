@@ -9,6 +9,7 @@ mode. Every figure it prints or writes is modelled, not measured.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import sys
 import time
@@ -132,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="host ms a speculative mode adds to each forward, in series (drafting, the keyed "
       f"host path; default {SPEC_HOST_S * 1e3:g}: measured in the paced runs that charge "
       "every cost)")
+    a("--spec-async", action="store_true",
+      help="what-if (MODELLED): speculative modes async-scheduled too, their host work "
+      "overlapped with the forward (drafting without a host sync; not what the product "
+      "does today)")
     a("--no-async-baseline", action="store_true",
       help="charge the baseline's engine host overhead in series (default: hidden under the "
       "forward, vLLM's async scheduling without speculation)")
@@ -204,6 +209,9 @@ def calibrated(args: argparse.Namespace, out: Path | None) -> None:
     s = calreport.scenario(run, first, window, _ranks(args), args.steps, args.seed,
                            args.cover_cv, flips, max(1, args.lookahead))
     s.modes = tail_fill_copies(s.modes, args.tail_fill_budget)
+    if args.spec_async:  # a what-if of the projection; the replay stays as paced
+        s.cfg = replace(s.cfg, spec_async=True)
+        s.notes.append("what-if --spec-async: speculative modes async-scheduled (MODELLED)")
     report(project(s), out, measured)
     if out is not None:
         (out / "calibrate.json").write_text(json.dumps(doc, indent=1))
@@ -243,7 +251,7 @@ def scenario(args: argparse.Namespace) -> Scenario:
                     rpc_s=args.rpc_ms * 1e-3, accept_cv=args.accept_cv,
                     cover_cv=args.cover_cv, lookahead=max(1, args.lookahead), seed=args.seed,
                     spec_host_s=args.spec_host_ms * 1e-3,
-                    async_baseline=not args.no_async_baseline,
+                    async_baseline=not args.no_async_baseline, spec_async=args.spec_async,
                     control_plane=(ControlPlane.from_bench(
                         json.loads(Path(args.control_plane_json).read_text()))
                         if args.control_plane_json else None))

@@ -177,6 +177,10 @@ class SimConfig:
     without speculation: the engine's host overhead (`EngineTime.t_host`) hides under the
     forward (`EngineTime.charged`), as in the paced engines. False: paid in series (the
     projections before issue 56)."""
+    spec_async: bool = False
+    """What-if: speculative modes run with async scheduling too (drafting that needs no host
+    sync, so vLLM could overlap their host work with the forward as it does the
+    baseline's). Not what the product does today: `simulate --spec-async`."""
     spec_host_s: float = SPEC_HOST_S
     """Host seconds the product adds to each forward of a speculative mode (drafting, the
     keyed host path, its calls into the engine), paid in series: vLLM runs the `custom_class`
@@ -412,7 +416,8 @@ def mode_time(cfg: SimConfig, mode: ModeSpec, et: EngineTime) -> EngineTime:
     forward paid in series (`SimConfig.spec_host_s`)."""
     if mode.is_baseline:
         return et.charged(async_host=cfg.async_baseline)
-    return et.charged(extra_host_s=cfg.spec_host_s if mode.host_s is None else mode.host_s)
+    return et.charged(async_host=cfg.spec_async,
+                      extra_host_s=cfg.spec_host_s if mode.host_s is None else mode.host_s)
 
 
 class Drafts:

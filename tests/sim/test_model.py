@@ -201,3 +201,15 @@ def test_accept_json_and_mode_flags(tmp_path):
     for bad in ("x=1", "x=2/1", "x=pregen:1/2"):
         with pytest.raises(ValueError):
             parse_mode_flag(bad)
+
+
+def test_the_spec_async_what_if_hides_a_speculative_modes_host_work(et):
+    """`spec_async`: a speculative mode's forwards cost what the baseline's do when its
+    drafts are useless, the host work hidden under the forward."""
+    modes = [ModeSpec("none", 0, 0), ModeSpec("useless", 0, 0, True, 0, 0)]
+    lone = LengthSource.default(median=300, max_new_tokens=3000)
+    rows = by_name(run_scenario(SimConfig(**SMALL, spec_async=True, spec_host_s=1e-3), 1,
+                                modes, et, lone))
+    assert rows["useless"].speedup == pytest.approx(1.0, rel=0.01)
+    serial = by_name(run_scenario(SimConfig(**SMALL, spec_host_s=1e-3), 1, modes, et, lone))
+    assert serial["useless"].speedup < 0.85
