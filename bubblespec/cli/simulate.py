@@ -9,10 +9,10 @@ mode. Every figure it prints or writes is modelled, not measured.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bubblespec.core.engine_time import (
