@@ -51,7 +51,8 @@ test-drills: install
 # and the keyed-cost bench's smoke runs, Ray under TLS, the replays on real clusters, the
 # supervised cluster's rank restarts, the two-engine reproducibility check, the
 # batch-invariant-mode probe, the context-keys exactness test, `bubblespec up` giving up
-# on a dying child, a Ray rank actor killed mid-step, and the node drills (test-nodes).
+# on a dying child, a Ray rank actor killed mid-step, a demo run stopped by SIGTERM and
+# resumed, and the node drills (test-nodes).
 test-slow: install real-model
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow --durations=25
 

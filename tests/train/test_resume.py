@@ -71,6 +71,7 @@ def _logged_steps(out: Path) -> int:
         return 0
 
 
+@pytest.mark.slow  # two 3-step demo runs with their clusters (about 2 min): `make test-slow`
 def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_tokens(
         tmp_path: Path) -> None:
     """On the tiny model, keyed: a 3-step run in process, and the same run as the command,
