@@ -413,7 +413,8 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
 def mode_time(cfg: SimConfig, mode: ModeSpec, et: EngineTime) -> EngineTime:
     """The forward-time model a mode's ranks run at: the baseline with async scheduling
     (`SimConfig.async_baseline`), a speculative mode with the product's host work per
-    forward paid in series (`SimConfig.spec_host_s`)."""
+    forward (`ModeSpec.host_s`, else `SimConfig.spec_host_s`) paid in series, or overlapped
+    in the `SimConfig.spec_async` what-if."""
     if mode.is_baseline:
         return et.charged(async_host=cfg.async_baseline)
     return et.charged(async_host=cfg.spec_async,

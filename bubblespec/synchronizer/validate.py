@@ -93,10 +93,10 @@ class Validator:
             return
         vocab = self.vocab_size
         if isinstance(ids, np.ndarray):  # a packed draft's: checked at numpy speed
-            lo, hi = int(ids.min()), int(ids.max())
+            fine = self.ids_in_vocab(ids)
         else:
-            lo, hi = min(ids), max(ids)
-        if lo < 0 or (vocab is not None and hi >= vocab):
+            fine = min(ids) >= 0 and (vocab is None or max(ids) < vocab)
+        if not fine:
             bound = "" if vocab is None else f", {vocab}"
             i = next(i for i, t in enumerate(ids) if t < 0 or (vocab is not None and t >= vocab))
             raise invalid(f"{path}[{i}]", f"token id {ids[i]} outside [0{bound})")
