@@ -33,6 +33,7 @@ class RankMetrics:
     pregen_tokens: Counter
     pregen_pushed_tokens: Counter
     drafts_fetched_tokens: Counter
+    drafts_peer_tokens: Counter
     shard_duration: Histogram
     request_latency: Histogram
     weight_version: Gauge
@@ -84,6 +85,9 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
                                      "Pre-generated tokens stored in the draft store."),
         drafts_fetched_tokens=counter("bubblespec_drafts_fetched_tokens",
                                       "Draft tokens fetched from the store at step start."),
+        drafts_peer_tokens=counter("bubblespec_drafts_peer_tokens",
+                                   "Of the draft tokens fetched at step start, those read from "
+                                   "the ranks that pushed them (--drafts-port)."),
         shard_duration=Histogram("bubblespec_step_shard_duration_seconds",
                                  "Wall time of this rank's shard of a step.", lab,
                                  buckets=DURATION_BUCKETS, registry=reg),
@@ -104,7 +108,7 @@ def new_rank_metrics(rank_id: str) -> RankMetrics:
               m.generation_tokens, m.bubble_seconds, m.pregen_seconds, m.pregen_requests,
               m.pregen_branches, m.pregen_branch_tokens, m.pregen_offers_streamed,
               m.pregen_refreshed, m.pregen_tokens, m.pregen_tail_tokens, m.pregen_pushed_tokens,
-              m.drafts_fetched_tokens, m.engine_restarts):
+              m.drafts_fetched_tokens, m.drafts_peer_tokens, m.engine_restarts):
         c.labels(rank_id)
     m.engine_alive.labels(rank_id).set(0)
     return m

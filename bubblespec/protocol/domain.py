@@ -142,6 +142,21 @@ class PregenDraft:
 
 
 @dataclass(frozen=True)
+class DraftLocation:
+    """Where a stored draft's bytes are: the rank whose push stored its current version and
+    serves its drafts (`RegisterRankRequest.drafts_address`), with what the synchronizer
+    stored of it, so the reader takes that rank's copy only at this length and version."""
+
+    prompt_key: str
+    sample_index: int
+    length: int
+    complete: bool
+    weight_version: int
+    owner: str
+    branch_at: int | None = None
+
+
+@dataclass(frozen=True)
 class Flip:
     """A response that left its pre-generated draft where a token flipped, at output
     position `at` (reported with the rank's ReportDone)."""

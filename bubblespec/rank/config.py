@@ -44,6 +44,12 @@ class RankConfig(BaseConfig, EngineConfig, TlsSettings):
     """Bearer token required on this server's mutating routes."""
     sync_timeout_s: float = Field(2.0, gt=0)
     """Deadline of each synchronizer RPC, seconds."""
+    drafts_port: int = Field(-1, ge=-1, le=65535)
+    """Serve the drafts this rank pushed to the other ranks on this gRPC port (the DraftPeer
+    service, TLS as this rank's server; 0: any free port), and fetch drafts from the ranks
+    that serve theirs: the fetch burst at a step's start goes rank to rank, with the
+    synchronizer saying where and serving what a rank cannot (`synchronizer/peer.py`).
+    -1: off, every draft's bytes go through the synchronizer."""
     poll_every: int = Field(8, ge=1)
     """T: decode steps between stop polls while pre-generating."""
     pregen_inflight: int = Field(64, ge=1)

@@ -97,6 +97,8 @@ class RankService:
         self.worker: RankWorker | None = None
         self.engine: Any = None
         self.sync: Any = None
+        self.drafts_server: Any = None
+        """The rank's DraftPeer server (`drafts_port`), if it serves its drafts."""
         self.start_error: str | None = None
         self.engine_error: str | None = None
         self.released: set[str] = set()
@@ -138,6 +140,8 @@ class RankService:
             self.sync = SyncClient(self.cfg.sync_address, token=tok,
                                    timeout_s=self.cfg.sync_timeout_s,
                                    credentials=sync_credentials(self.cfg))
+            if self.cfg.drafts_port >= 0:
+                await self._serve_drafts()
             try:
                 await self.sync.register(self.rank_id, self.address,
                                          weight_version=self.engine.weight_version,
@@ -151,6 +155,26 @@ class RankService:
             self._tasks.append(asyncio.create_task(self.sync.run_heartbeats(
                 self.rank_id, self.worker.status, self._hb_stop)))
         self._tasks.append(asyncio.create_task(self._watch_engine()))
+
+    async def _serve_drafts(self) -> None:
+        """Serve this rank's pushed drafts to the other ranks (`RankConfig.drafts_port`);
+        a server that cannot bind leaves every draft to the synchronizer."""
+        from bubblespec.synchronizer.peer import DraftPeerServer, PeerDrafts, PeerReader
+        from bubblespec.tls import server_credentials, sync_credentials
+
+        drafts = PeerDrafts()
+        server = DraftPeerServer(drafts, self.cfg.host, self.cfg.drafts_port,
+                                 advertise_host=self.address.rsplit(":", 1)[0],
+                                 credentials=server_credentials(self.cfg))
+        try:
+            await server.start()
+        except RuntimeError as e:
+            log.error("rank %s: %s; drafts go through the synchronizer", self.rank_id, e)
+            return
+        self.drafts_server = server
+        self.sync.serve_drafts(drafts, server.address, PeerReader(
+            self.cfg.sync_timeout_s, sync_credentials(self.cfg)))
+        log.info("rank %s: serving its drafts at %s", self.rank_id, server.address)
 
     # ------------------------------------------------------------------ engine liveness
     async def _watch_engine(self) -> None:
@@ -219,6 +243,8 @@ class RankService:
             t.cancel()
         if self.sync is not None:
             await self.sync.close()
+        if self.drafts_server is not None:
+            await self.drafts_server.stop()
         if self.engine is not None:
             await self.engine.shutdown()
 

@@ -183,7 +183,10 @@ class RankWorker:
     async def _fetch_drafts(self, step: int, reqs: list[GenRequest]) -> int:
         if self.sync is None or not self.engine.speculative or "pregen" not in self.cfg.sources:
             return 0
+        peer_before = self.sync.peer_tokens_fetched
         drafts = await self.sync.fetch_drafts(step, sorted({r.group_key() for r in reqs}))
+        self.m.drafts_peer_tokens.labels(self.rank_id).inc(
+            self.sync.peer_tokens_fetched - peer_before)
         items = [(d.prompt_key, d.sample_index, list(d.token_ids), d.branch_at)
                  for d in drafts if d.token_ids]
         if items:

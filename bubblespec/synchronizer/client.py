@@ -31,6 +31,7 @@ from typing_extensions import Self
 
 from bubblespec.protocol.domain import (
     Claim,
+    DraftLocation,
     DraftStatus,
     Flip,
     HeartbeatReply,
@@ -53,6 +54,7 @@ from bubblespec.rpc.v1 import synchronizer_pb2 as pb
 from bubblespec.rpc.v1 import synchronizer_pb2_grpc as pb_grpc
 from bubblespec.synchronizer import convert as cv
 from bubblespec.synchronizer.errors import FIELD_METADATA_KEY, SyncError, SyncUnavailable
+from bubblespec.synchronizer.peer import PeerDrafts, PeerReader, in_fetch_order
 
 log = logging.getLogger("bubblespec.synchronizer.client")
 
@@ -104,9 +106,25 @@ class SyncClient:
         self.registration: dict[str, Registration] = {}
         self._unreachable = False
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
+        self.peer: PeerDrafts | None = None
+        self.peer_address = ""
+        self._peer_reader: PeerReader | None = None
+        self.peer_tokens_fetched = 0
+        """Draft tokens `fetch_drafts` read from the ranks that pushed them."""
+
+    def serve_drafts(self, drafts: PeerDrafts, address: str, reader: PeerReader) -> None:
+        """Rank-to-rank drafts (`synchronizer/peer.py`): keep in `drafts` a copy of every
+        draft the synchronizer stores from this client's pushes, served at `address` (a
+        `DraftPeerServer`; registrations from here on say so), and fetch drafts through
+        `reader` from the ranks that serve them."""
+        self.peer, self.peer_address, self._peer_reader = drafts, address, reader
+        for request in self._registrations.values():
+            request.drafts_address = address
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Close the channel (and the channels to drafts peers)."""
+        if self._peer_reader is not None:
+            await self._peer_reader.close()
         await self._channel.close()
 
     async def __aenter__(self) -> Self:
@@ -188,7 +206,8 @@ class SyncClient:
         """Register a rank (remembered for automatic re-registration); raises on failure.
         `vocab_size` (0: not told) bounds the token ids the synchronizer accepts."""
         request = pb.RegisterRankRequest(rank_id=rank_id, address=address, capacity=capacity,
-                                         weight_version=weight_version, vocab_size=vocab_size)
+                                         weight_version=weight_version, vocab_size=vocab_size,
+                                         drafts_address=self.peer_address)
         self._registrations[rank_id] = request
         return await self._register(request, timeout_s)
 
@@ -392,7 +411,10 @@ class SyncClient:
                 statuses += [DraftStatus.UNAVAILABLE] * (len(drafts) - len(statuses))
                 message = message or "not stored: synchronizer unreachable or push refused"
                 break
-            statuses += [cv.DRAFT_STATUS_FROM_PB[s] for s in r.statuses]
+            got = [cv.DRAFT_STATUS_FROM_PB[s] for s in r.statuses]
+            if self.peer is not None:
+                self.peer.record(step, batch, got)
+            statuses += got
             message = message or r.message
             store_bytes, budget = r.store_bytes, r.budget_bytes
         stored = statuses.count(DraftStatus.STORED)
@@ -400,23 +422,50 @@ class SyncClient:
 
     async def fetch_drafts(self, step: int, prompt_keys: Sequence[str],
                            timeout_s: float | None = None) -> list[PregenDraft]:
-        """All stored drafts of these prompts (every sample); empty when degraded."""
+        """All stored drafts of these prompts (every sample); empty when degraded. With
+        `serve_drafts`, the bytes of drafts whose owners serve them come from those ranks
+        (what they cannot give, from the synchronizer), in the same order."""
         keys = list(dict.fromkeys(prompt_keys))
+        if self.peer is not None:
+            self.peer.drop_before(step)
         out: list[PregenDraft] = []
+        located: list[DraftLocation] = []
+        peers: dict[str, str] = {}
         for i in range(0, len(keys), self.fetch_batch):
-            out += await self._fetch(step, keys[i : i + self.fetch_batch], timeout_s)
-        return out
+            got, where, owners = await self._fetch(step, keys[i : i + self.fetch_batch],
+                                                   timeout_s, self._peer_reader is not None)
+            out += got
+            located += where
+            peers.update(owners)
+        if not located or self._peer_reader is None:
+            return out
+        got, missing = await self._peer_reader.fetch(step, located, peers, timeout_s,
+                                                     self.peer, self._registrations)
+        self.peer_tokens_fetched += sum(len(d.token_ids) for d in got)
+        if missing:  # from the synchronizer, which stores every draft
+            want = {(x.prompt_key, x.sample_index, x.branch_at) for x in missing}
+            again = list(dict.fromkeys(x.prompt_key for x in missing))
+            for i in range(0, len(again), self.fetch_batch):
+                fetched, _, _ = await self._fetch(step, again[i : i + self.fetch_batch],
+                                                  timeout_s, False)
+                got += [d for d in fetched
+                        if (d.prompt_key, d.sample_index, d.branch_at) in want]
+        return in_fetch_order(out + got, keys)
 
-    async def _fetch(self, step: int, keys: list[str], timeout_s: float | None) -> list[PregenDraft]:
-        r = await self._soft("FetchDrafts", pb.FetchDraftsRequest(step=step, prompt_keys=keys,
-                                                                  packed=True), timeout_s)
+    async def _fetch(self, step: int, keys: list[str], timeout_s: float | None,
+                     locate: bool = False
+                     ) -> tuple[list[PregenDraft], list[DraftLocation], dict[str, str]]:
+        r = await self._soft("FetchDrafts", pb.FetchDraftsRequest(
+            step=step, prompt_keys=keys, packed=True, locate=locate), timeout_s)
         if r is None:
-            return []
+            return [], [], {}
         if r.truncated and len(keys) > 1:  # too big for one reply: split the batch
             mid = len(keys) // 2
-            return (await self._fetch(step, keys[:mid], timeout_s)
-                    + await self._fetch(step, keys[mid:], timeout_s))
-        return [cv.draft_from_pb(d, lists=True) for d in r.drafts]
+            a = await self._fetch(step, keys[:mid], timeout_s, locate)
+            b = await self._fetch(step, keys[mid:], timeout_s, locate)
+            return a[0] + b[0], a[1] + b[1], {**a[2], **b[2]}
+        return ([cv.draft_from_pb(d, lists=True) for d in r.drafts],
+                *cv.locations_from_pb(r))
 
     async def report_spans(self, rank_id: str, step: int, spans: Sequence[Span],
                            timeout_s: float | None = None) -> int:

@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 
 from bubblespec.protocol.domain import (
+    DraftLocation,
     DraftStatus,
     Flip,
     PregenDraft,
@@ -208,6 +209,30 @@ def draft_to_pb(d: PregenDraft, packed: bool = True) -> pb.Draft:
                     branch_offers=[pb.BranchOffer(at=a, token_id=t) for a, t in d.branch_offers],
                     margin_records=[pb.MarginRecord(at=a, margin=m)
                                     for a, m in d.margin_records])
+
+
+def located_to_pb(prompt_key: str, where: array) -> pb.LocatedDrafts:
+    """One prompt key's located drafts (`DraftStore.locate`'s six int64 per draft)."""
+    if sys.byteorder == "big":
+        where = array("q", where)
+        where.byteswap()
+    return pb.LocatedDrafts(prompt_key=prompt_key, packed=where.tobytes())
+
+
+def locations_from_pb(r: pb.FetchDraftsResponse) -> tuple[list[DraftLocation], dict[str, str]]:
+    """The drafts a FetchDrafts with `locate` located, and owner -> drafts address."""
+    owners = list(r.owners)
+    out: list[DraftLocation] = []
+    for m in r.located:
+        a = array("q")
+        a.frombytes(m.packed)
+        if sys.byteorder == "big":
+            a.byteswap()
+        for j in range(0, len(a) - 5, 6):
+            index, at, length, complete, version, owner = a[j : j + 6]
+            out.append(DraftLocation(m.prompt_key, index, length, bool(complete), version,
+                                     owners[owner], None if at < 0 else at))
+    return out, dict(zip(owners, r.owner_addresses))
 
 
 def draft_from_pb(m: pb.Draft, lists: bool = False) -> PregenDraft:

@@ -25,6 +25,8 @@ class _Rank:
     state: RankState = RankState.IDLE
     step: int | None = None
     done_step: int | None = None
+    drafts_address: str = ""
+    """Where the rank serves the drafts it pushed (DraftPeer); empty: it does not."""
 
 
 class RankRegistry:
@@ -40,13 +42,18 @@ class RankRegistry:
     def __contains__(self, rank_id: object) -> bool:
         return rank_id in self._ranks
 
-    def register(self, rank_id: str, address: str, capacity: int | None, weight_version: int
-                 ) -> bool:
+    def register(self, rank_id: str, address: str, capacity: int | None, weight_version: int,
+                 drafts_address: str = "") -> bool:
         """Add or refresh a rank (state IDLE, alive); True if the rank_id was known."""
         known = rank_id in self._ranks
         self._ranks[rank_id] = _Rank(rank_id, address, capacity, weight_version,
-                                     time.monotonic())
+                                     time.monotonic(), drafts_address=drafts_address)
         return known
+
+    def draft_peers(self) -> dict[str, str]:
+        """rank_id -> drafts address of the live ranks that serve their drafts."""
+        return {r.rank_id: r.drafts_address for r in self._ranks.values()
+                if r.drafts_address and r.state is not RankState.LOST}
 
     def require_live(self, rank_id: str) -> _Rank:
         """The rank, or NOT_FOUND (field rank_id) when it is unknown or LOST."""

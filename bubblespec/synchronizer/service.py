@@ -144,7 +144,8 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
     def RegisterRank(self, r: pb.RegisterRankRequest) -> pb.RegisterRankResponse:
         self.v.register(r)
         capacity = r.capacity if r.HasField("capacity") else None
-        known = self.state.register(r.rank_id, r.address, capacity, r.weight_version)
+        known = self.state.register(r.rank_id, r.address, capacity, r.weight_version,
+                                    r.drafts_address)
         self.v.learn_vocab(r.rank_id, r.vocab_size)
         log.info("rank %s %sregistered (%s)", r.rank_id, "re-" if known else "", r.address)
         cur = self.state.current
@@ -246,6 +247,12 @@ class SynchronizerService(pb_grpc.SynchronizerServicer):
     @_rpc(mutating=False)
     def FetchDrafts(self, r: pb.FetchDraftsRequest) -> pb.FetchDraftsResponse:
         self.v.fetch(r)
+        if r.locate:
+            drafts, located, owners, truncated = self.state.locate(r.step, r.prompt_keys)
+            return pb.FetchDraftsResponse(
+                drafts=[cv.draft_to_pb(d, r.packed) for d in drafts], truncated=truncated,
+                located=[cv.located_to_pb(k, a) for k, a in located],
+                owners=[o for o, _ in owners], owner_addresses=[a for _, a in owners])
         drafts, truncated = self.state.fetch(r.step, r.prompt_keys)
         return pb.FetchDraftsResponse(drafts=[cv.draft_to_pb(d, r.packed) for d in drafts],
                                       truncated=truncated)

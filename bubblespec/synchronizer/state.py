@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -94,11 +95,11 @@ class SyncState:
 
     # ------------------------------------------------------------------ ranks
 
-    def register(self, rank_id: str, address: str, capacity: int | None, weight_version: int
-                 ) -> bool:
+    def register(self, rank_id: str, address: str, capacity: int | None, weight_version: int,
+                 drafts_address: str = "") -> bool:
         """(Re-)register a rank; True if it was known. A live re-registration means the rank
         process restarted, so its claimed tasks go back to the queue."""
-        known = self.ranks.register(rank_id, address, capacity, weight_version)
+        known = self.ranks.register(rank_id, address, capacity, weight_version, drafts_address)
         if known and self.current is not None:
             self._requeue(rank_id)
         return known
@@ -318,7 +319,7 @@ class SyncState:
             statuses = [DraftStatus.REJECTED_STEP] * len(drafts)
             why = f"step {step} does not take drafts (current: {self._cur_text()})"
         else:
-            statuses = [self.store.put(step, d) for d in drafts]
+            statuses = [self.store.put(step, d, rank_id) for d in drafts]
             why = ""
             queue = cur.queue.queue_of(step) if cur is not None else None
             if queue is not None:
@@ -366,6 +367,17 @@ class SyncState:
     def fetch(self, step: int, prompt_keys: Sequence[str]) -> tuple[list[PregenDraft], bool]:
         """Stored drafts of the given prompts, capped to fit in one reply."""
         return self.store.fetch(step, prompt_keys, int(self.config.max_message_bytes * 0.9))
+
+    def locate(self, step: int, prompt_keys: Sequence[str]
+               ) -> tuple[list[PregenDraft], list[tuple[str, array]], list[tuple[str, str]],
+                          bool]:
+        """`fetch`, with the drafts of live ranks that serve their own located instead
+        (`DraftStore.locate`): (drafts, located, (owner, its drafts address) by index,
+        truncated)."""
+        peers = self.ranks.draft_peers()
+        drafts, located, owners, truncated = self.store.locate(
+            step, prompt_keys, peers, int(self.config.max_message_bytes * 0.9))
+        return drafts, located, [(o, peers[o]) for o in owners], truncated
 
     # ------------------------------------------------------------------ timeline, state
 

@@ -11,7 +11,7 @@ when the step closes (`drop_through`).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from bubblespec.protocol.domain import DraftStatus, PregenDraft, StoreStats
@@ -33,6 +33,9 @@ class _Stored:
     nbytes: int
     records: Sequence[tuple[int, float]] = ()
     """The draft's margin records (running minima of its keyed margins), if pushed."""
+    owner: str = ""
+    """The rank whose push stored this version (it holds the same bytes if it serves its
+    drafts)."""
 
 
 Slot = tuple[int, int]
@@ -54,8 +57,9 @@ class DraftStore:
         self.tokens = 0
         self.sequences = 0
 
-    def put(self, step: int, draft: PregenDraft) -> DraftStatus:
-        """Store, replace (offset 0) or extend (offset > 0) one draft; never raises when full."""
+    def put(self, step: int, draft: PregenDraft, owner: str = "") -> DraftStatus:
+        """Store, replace (offset 0) or extend (offset > 0) one draft, pushed by rank
+        `owner`; never raises when full."""
         slot = slot_of(draft)
         samples = self._steps.get(step, {}).get(draft.prompt_key, {})
         old = samples.get(slot)
@@ -70,10 +74,11 @@ class DraftStore:
         if old is not None and draft.offset > 0:
             del old.tokens[draft.offset :]
             old.tokens.extend(draft.token_ids)
-            old.complete, old.weight_version, old.nbytes = (
+            old.complete, old.weight_version, old.nbytes, old.owner = (
                 draft.complete,
                 draft.weight_version,
                 new_bytes,
+                owner if owner == old.owner else "",
             )
             if draft.margin_records:
                 old.records = tuple(draft.margin_records)
@@ -81,7 +86,7 @@ class DraftStore:
             ids = draft.token_ids
             stored = _Stored(ids[:] if isinstance(ids, array) and ids.typecode == "i"
                              else array("i", ids), draft.complete, draft.weight_version,
-                             new_bytes, tuple(draft.margin_records))
+                             new_bytes, tuple(draft.margin_records), owner)
             prompts = self._steps.setdefault(step, {})
             prompts.setdefault(draft.prompt_key, {})[slot] = stored
             if old is None:
@@ -128,22 +133,60 @@ class DraftStore:
         Stops before the reply would exceed `max_bytes` (estimated wire size) and then says
         so with `truncated=True`. The returned token arrays are the store's own: read-only.
         """
+        drafts, _, _, truncated = self.locate(step, prompt_keys, (), max_bytes)
+        return drafts, truncated
+
+    def locate(
+        self, step: int, prompt_keys: Iterable[str], serving: Container[str],
+        max_bytes: int | None = None,
+    ) -> tuple[list[PregenDraft], list[tuple[str, array]], list[str], bool]:
+        """`fetch`, except that a draft whose owner is in `serving` (ranks that serve the
+        drafts they pushed) is only located: (drafts, located, owners, truncated), where
+        `located` holds per prompt key an `array('q')` of six numbers per draft (sample
+        index, branch position or -1, length, complete, weight version, owner as an index
+        into `owners`), in the order `fetch` gives."""
         prompts = self._steps.get(step, {})
         out: list[PregenDraft] = []
+        located: list[tuple[str, array]] = []
+        owners: dict[str, int] = {}
         size = 0
         seen: set[str] = set()
         for key in prompt_keys:
             if key in seen:
                 continue
             seen.add(key)
-            for index, at in sorted(prompts.get(key, {})):
-                s = prompts[key][index, at]
+            where = array("q")
+            for (index, at), s in sorted(prompts.get(key, {}).items()):
+                if s.owner and s.owner in serving:
+                    size += 48
+                    if max_bytes is not None and size > max_bytes:
+                        return out, self._with(located, key, where), list(owners), True
+                    where.extend((index, at, len(s.tokens), s.complete, s.weight_version,
+                                  owners.setdefault(s.owner, len(owners))))
+                    continue
                 size += s.nbytes + 16
                 if max_bytes is not None and size > max_bytes:
-                    return out, True
+                    return out, self._with(located, key, where), list(owners), True
                 out.append(PregenDraft(key, index, s.tokens, s.complete, s.weight_version,
                                        branch_at=None if at < 0 else at))
-        return out, False
+            self._with(located, key, where)
+        return out, located, list(owners), False
+
+    @staticmethod
+    def _with(located: list[tuple[str, array]], key: str, where: array
+              ) -> list[tuple[str, array]]:
+        if where:
+            located.append((key, where))
+        return located
+
+    def discard(self, step: int, prompt_key: str, slot: Slot) -> None:
+        """Forget one stored sequence (a draft or a branch), if held."""
+        samples = self._steps.get(step, {}).get(prompt_key, {})
+        stored = samples.pop(slot, None)
+        if stored is not None:
+            self.bytes -= stored.nbytes
+            self.tokens -= len(stored.tokens)
+            self.sequences -= 1
 
     def drop_through(self, step: int) -> int:
         """Drop the drafts of every step <= `step`; return how many sequences went."""

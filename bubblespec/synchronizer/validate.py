@@ -111,6 +111,8 @@ class Validator:
         self.key(r.rank_id, "rank_id")
         if len(r.address.encode()) > self.c.max_key_bytes:
             raise invalid("address", f"longer than {self.c.max_key_bytes} bytes")
+        if len(r.drafts_address.encode()) > self.c.max_key_bytes:
+            raise invalid("drafts_address", f"longer than {self.c.max_key_bytes} bytes")
         if r.HasField("capacity") and r.capacity < 1:
             raise invalid("capacity", f"must be >= 1 when set, got {r.capacity}")
         self.version(r.weight_version)

@@ -31,9 +31,12 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # the rank defaults: one margin branch per keyed draft, streamed at the synchronizer's
-    # calibrated threshold (only keyed hand-off steps make any)
+    # calibrated threshold (only keyed hand-off steps make any); each rank serves the drafts
+    # it pushed (rank to rank, the synchronizer saying where), so every test here that
+    # fetches drafts reads them from their owners
     yield from local_cluster(tmp_path_factory, sync_args=["--heartbeat-interval-s", "0.5",
-                                                          "--rank-timeout-s", "5"])
+                                                          "--rank-timeout-s", "5"],
+                             rank_args=["--drafts-port", "0"])
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +168,8 @@ def test_prompts_handed_two_steps_ahead_feed_both_steps(client: BubbleSpecClient
     assert again.output_ids() == r2.output_ids()
 
 
-def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task: Any) -> None:
+def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, cluster: LocalCluster,
+                                                  task: Any) -> None:
     # one long and one short prompt: the short one's rank has a bubble to pre-generate in
     now = [task.make_prompt(3, 7, MAX_STEPS), task.make_prompt(5, 3, 1)]
     nxt = [task.make_prompt(9, 4, 40), task.make_prompt(21, 2, 30)]
@@ -176,9 +180,13 @@ def test_pregen_in_the_bubble_feeds_the_next_step(client: BubbleSpecClient, task
     plain = {**SAMPLING, "seed_mode": "default"}
     a = client.rollout(now, n=1, sampling_params=plain, next_prompts=nxt)
     assert {r.rank_id for r in a.ranks if r.num_prompts} == {"r0", "r1"}
+    peer_before = _rank_counter(cluster, "bubblespec_drafts_peer_tokens_total")
     b = client.rollout(nxt, n=1, sampling_params=plain)
     assert b.step == a.step + 1
     assert b.counters.drafts_fetched_tokens > 0, b.counters
+    # every fetched draft's bytes came from the rank that pushed it, none through the daemon
+    assert (_rank_counter(cluster, "bubblespec_drafts_peer_tokens_total") - peer_before
+            == b.counters.drafts_fetched_tokens)
     print("pre-gen feed:", b.counters)
     for s in (s for p in b.prompts for s in p.samples):  # the ranks report divergence
         assert s.num_recouplings is not None and s.num_accepted_after_divergence is not None

@@ -77,18 +77,20 @@ SPAN_KIND_PREGEN_WINDOW: SpanKind
 SPAN_KIND_PREGEN_TAIL: SpanKind
 
 class RegisterRankRequest(_message.Message):
-    __slots__ = ("rank_id", "address", "capacity", "weight_version", "vocab_size")
+    __slots__ = ("rank_id", "address", "capacity", "weight_version", "vocab_size", "drafts_address")
     RANK_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     rank_id: str
     address: str
     capacity: int
     weight_version: int
     vocab_size: int
-    def __init__(self, rank_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+    drafts_address: str
+    def __init__(self, rank_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., vocab_size: _Optional[int] = ..., drafts_address: _Optional[str] = ...) -> None: ...
 
 class RegisterRankResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s", "rank_timeout_s", "poll_every_decode_steps", "current_step", "instance_id", "max_message_bytes", "reregistered")
@@ -434,22 +436,38 @@ class PushDraftsResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[DraftStatus, str]]] = ..., stored: _Optional[int] = ..., rejected: _Optional[int] = ..., message: _Optional[str] = ..., store_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class FetchDraftsRequest(_message.Message):
-    __slots__ = ("step", "prompt_keys", "packed")
+    __slots__ = ("step", "prompt_keys", "packed", "locate")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_KEYS_FIELD_NUMBER: _ClassVar[int]
     PACKED_FIELD_NUMBER: _ClassVar[int]
+    LOCATE_FIELD_NUMBER: _ClassVar[int]
     step: int
     prompt_keys: _containers.RepeatedScalarFieldContainer[str]
     packed: bool
-    def __init__(self, step: _Optional[int] = ..., prompt_keys: _Optional[_Iterable[str]] = ..., packed: _Optional[bool] = ...) -> None: ...
+    locate: bool
+    def __init__(self, step: _Optional[int] = ..., prompt_keys: _Optional[_Iterable[str]] = ..., packed: _Optional[bool] = ..., locate: _Optional[bool] = ...) -> None: ...
 
 class FetchDraftsResponse(_message.Message):
-    __slots__ = ("drafts", "truncated")
+    __slots__ = ("drafts", "truncated", "located", "owners", "owner_addresses")
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    LOCATED_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     drafts: _containers.RepeatedCompositeFieldContainer[Draft]
     truncated: bool
-    def __init__(self, drafts: _Optional[_Iterable[_Union[Draft, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    located: _containers.RepeatedCompositeFieldContainer[LocatedDrafts]
+    owners: _containers.RepeatedScalarFieldContainer[str]
+    owner_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, drafts: _Optional[_Iterable[_Union[Draft, _Mapping]]] = ..., truncated: _Optional[bool] = ..., located: _Optional[_Iterable[_Union[LocatedDrafts, _Mapping]]] = ..., owners: _Optional[_Iterable[str]] = ..., owner_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LocatedDrafts(_message.Message):
+    __slots__ = ("prompt_key", "packed")
+    PROMPT_KEY_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
+    prompt_key: str
+    packed: bytes
+    def __init__(self, prompt_key: _Optional[str] = ..., packed: _Optional[bytes] = ...) -> None: ...
 
 class Span(_message.Message):
     __slots__ = ("kind", "start_unix_s", "end_unix_s", "tokens")

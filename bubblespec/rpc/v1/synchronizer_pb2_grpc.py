@@ -176,7 +176,8 @@ class SynchronizerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FetchDrafts(self, request, context):
-        """All stored drafts (every sample index) of the given prompt keys. Read.
+        """All stored drafts (every sample index) of the given prompt keys; with `locate`, where
+        the drafts of ranks that serve their own (DraftPeer) are instead of their tokens. Read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -625,6 +626,89 @@ class Synchronizer:
             '/bubblespec.rpc.v1.Synchronizer/GetState',
             bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.GetStateRequest.SerializeToString,
             bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.GetStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class DraftPeerStub:
+    """Served by a rank (at its drafts_address): the drafts it pushed that the synchronizer
+    stored, so the fetch burst at a step's start is spread over the ranks that pre-generated
+    instead of going through the one daemon.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.FetchDrafts = channel.unary_unary(
+                '/bubblespec.rpc.v1.DraftPeer/FetchDrafts',
+                request_serializer=bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.FetchDraftsRequest.SerializeToString,
+                response_deserializer=bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.FetchDraftsResponse.FromString,
+                _registered_method=True)
+
+
+class DraftPeerServicer:
+    """Served by a rank (at its drafts_address): the drafts it pushed that the synchronizer
+    stored, so the fetch burst at a step's start is spread over the ranks that pre-generated
+    instead of going through the one daemon.
+    """
+
+    def FetchDrafts(self, request, context):
+        """The rank's copies of the given prompts' drafts for `step` (every sample index and
+        branch it holds, packed tokens); empty for what it does not hold. Read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DraftPeerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'FetchDrafts': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchDrafts,
+                    request_deserializer=bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.FetchDraftsRequest.FromString,
+                    response_serializer=bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.FetchDraftsResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'bubblespec.rpc.v1.DraftPeer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('bubblespec.rpc.v1.DraftPeer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class DraftPeer:
+    """Served by a rank (at its drafts_address): the drafts it pushed that the synchronizer
+    stored, so the fetch burst at a step's start is spread over the ranks that pre-generated
+    instead of going through the one daemon.
+    """
+
+    @staticmethod
+    def FetchDrafts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bubblespec.rpc.v1.DraftPeer/FetchDrafts',
+            bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.FetchDraftsRequest.SerializeToString,
+            bubblespec_dot_rpc_dot_v1_dot_synchronizer__pb2.FetchDraftsResponse.FromString,
             options,
             channel_credentials,
             insecure,
