@@ -10,12 +10,14 @@ gateway's part here. Per step, every simulated rank does what a rank does:
   every rank at once, `--samples` drafts of `--draft-tokens` tokens per prompt);
 - decodes its shard for a long-tailed time (lognormal around `--step-s`, the longest rank
   last), then reports done;
-- in its bubble, claims pre-generation tasks for the next step (`--lanes` at a time) and
+- in its bubble, claims pre-generation tasks for the next step (`--lanes` at a time, until
+  a claim comes back empty, as a rank's pre-generation does with branches off) and
   pushes their drafts in chunks of `--chunk` tokens every `--chunk-ms`, until the stop
   fires (the last rank reported done): learnt by polling every `--poll-ms` (`--stop-by
   poll`), or pushed by the daemon on the step stream as a rank does (`--stop-by stream`,
   `WatchStep`, polling only while the stream is not live, as the rank's `StopWatch`);
-- heartbeats every second throughout (with the step it finished, as a rank does).
+- heartbeats at the daemon's interval (`--heartbeat-s`, its default 2 s) throughout,
+  with the step it finished, as a rank does.
 
 `--restart-at-step K` is the restart drill: in step K's bubble (at 0.8 `--step-s` after the
 step's start: most ranks are done and pushing, the slowest still decode) the daemon is SIGKILLed and started again on the same port and its journal (`--no-journal`:
@@ -58,6 +60,7 @@ from bubblespec.protocol.domain import (
 from bubblespec.protocol.sampling import SamplingParams
 from bubblespec.synchronizer.client import SyncClient
 from bubblespec.synchronizer.errors import SyncError
+from bubblespec.synchronizer.peer import DraftPeerServer, PeerDrafts, PeerReader
 
 PROMPT_TOKENS = 256
 
@@ -84,6 +87,17 @@ class ControlPlaneConfig:
     """SIGKILL the daemon in this step's bubble and start it again (the drill); -1: never."""
     journal: bool = True
     """The daemon keeps a journal (`--journal-path`, as `bubblespec up` runs it)."""
+    heartbeat_s: float = 2.0
+    """The daemon's heartbeat interval (its `--heartbeat-interval-s`), which ranks follow."""
+    lane_tokens_per_s: float = 0.0
+    """0: the stress pattern (every lane pushes `chunk` tokens every `chunk_ms`). Above 0:
+    a rank's pattern (`rank/pregen.py`, branches off): each lane decodes at this many tokens
+    per second and pushes its draft once, when complete, and the partial drafts go in one
+    batch at the stop."""
+    drafts_from: str = "synchronizer"
+    """Where the fetch burst reads draft bytes: `synchronizer`, or `peers` (each worker
+    process serves the drafts its ranks pushed, `synchronizer/peer.py`, as ranks with
+    `--drafts-port` do; the daemon's FetchDrafts only says where)."""
     seed: int = 0
     out: str = ""
 
@@ -123,7 +137,8 @@ class _Rank:
         t_done = time.time()
         self.done_step = step
         stop = await self._timed("ReportDone", self.c.report_done(step, self.id))
-        pushes: dict[tuple[str, int], int] = {}
+        pushes: dict[tuple[str, int], int] = {}  # lane -> tokens pushed (dt: finished)
+        started: dict[tuple[str, int], float] = {}  # lane -> when it was claimed
         acked: list[tuple[str, int, float]] = []  # complete drafts stored: key, index, when
         last_poll = 0.0
         pushed = asyncio.Event()
@@ -142,21 +157,18 @@ class _Rank:
                 self.calls.setdefault("WatchStep", []).append(0.0)
                 pushed.set()
             watcher = asyncio.create_task(watch())
+        exhausted = False  # as a rank (branches off): no more claims once one came back empty
         while not stop:
-            if len(pushes) < cfg.lanes:
+            if len(pushes) < cfg.lanes and not exhausted:
                 claim = await self._timed("ClaimTasks", self.c.claim_tasks(
                     step, self.id, cfg.lanes - len(pushes)))
                 for t in claim.tasks:
                     pushes[(t.prompt_key, t.sample_index)] = 0
+                    started[(t.prompt_key, t.sample_index)] = time.monotonic()
                 stop = stop or claim.stop
-            drafts = []
-            for k, done in list(pushes.items()):
-                if done >= cfg.draft_tokens:
-                    continue
-                n = min(cfg.chunk, cfg.draft_tokens - done)
-                drafts.append(PregenDraft(k[0], k[1], list(range(done, done + n)),
-                                          complete=done + n >= cfg.draft_tokens, offset=done))
-                pushes[k] = done + n
+                exhausted = not claim.tasks
+            drafts = (self._finished(pushes, started) if cfg.lane_tokens_per_s > 0
+                      else self._chunks(pushes))
             if drafts:
                 res = await self._timed("PushDrafts",
                                         self.c.push_drafts(step + 1, self.id, drafts))
@@ -174,6 +186,8 @@ class _Rank:
                         pushes.pop(key, None)
             for k in [k for k, d in pushes.items() if d >= cfg.draft_tokens]:
                 del pushes[k]
+            for k in [k for k in started if k not in pushes]:
+                del started[k]
             if pushed.is_set():
                 stop = True
             elif ((cfg.stop_by == "poll" or not live[0])
@@ -185,10 +199,46 @@ class _Rank:
                     await asyncio.wait_for(pushed.wait(), cfg.chunk_ms / 1000)
                 except asyncio.TimeoutError:
                     pass
+        saw_stop = time.time()
         if watcher is not None:
             watcher.cancel()
-        return {"start": t_start, "fetched": t_fetched, "done": t_done, "saw_stop": time.time(),
+        if cfg.lane_tokens_per_s > 0 and started:  # as a rank: the partial drafts at the stop
+            drafts = self._finished(pushes, started, at_stop=True)
+            if drafts:
+                res = await self._timed("PushDrafts",
+                                        self.c.push_drafts(step + 1, self.id, drafts))
+                acked += [(d.prompt_key, d.sample_index, time.time())
+                          for d, st in zip(drafts, res.statuses)
+                          if d.complete and st is DraftStatus.STORED]
+        return {"start": t_start, "fetched": t_fetched, "done": t_done, "saw_stop": saw_stop,
                 "acked": acked}
+
+    def _chunks(self, pushes: dict[tuple[str, int], int]) -> list[PregenDraft]:
+        """The stress pattern: the next `chunk` tokens of every lane."""
+        cfg, drafts = self.cfg, []
+        for k, done in list(pushes.items()):
+            if done >= cfg.draft_tokens:
+                continue
+            n = min(cfg.chunk, cfg.draft_tokens - done)
+            drafts.append(PregenDraft(k[0], k[1], list(range(done, done + n)),
+                                      complete=done + n >= cfg.draft_tokens, offset=done))
+            pushes[k] = done + n
+        return drafts
+
+    def _finished(self, pushes: dict[tuple[str, int], int],
+                  started: dict[tuple[str, int], float], at_stop: bool = False
+                  ) -> list[PregenDraft]:
+        """A rank's pattern (`rank/pregen.py`): each lane decodes at `lane_tokens_per_s`
+        and pushes its draft once, when complete, or, `at_stop`, as far as it got."""
+        cfg, now, drafts = self.cfg, time.monotonic(), []
+        for k, t0 in started.items():
+            n = min(cfg.draft_tokens, int((now - t0) * cfg.lane_tokens_per_s))
+            if pushes.get(k, cfg.draft_tokens) < cfg.draft_tokens and (
+                    n >= cfg.draft_tokens or (at_stop and n > 0)):
+                drafts.append(PregenDraft(k[0], k[1], list(range(n)),
+                                          complete=n >= cfg.draft_tokens))
+                pushes[k] = cfg.draft_tokens
+        return drafts
 
 
 async def _worker_main(conn: Any, address: str, rank_ids: list[str],
@@ -196,6 +246,11 @@ async def _worker_main(conn: Any, address: str, rank_ids: list[str],
     calls: dict[str, list[float]] = {}
     async with SyncClient(address, timeout_s=30.0) as c:
         await c.wait_ready(30.0)
+        server = None
+        if cfg.drafts_from == "peers":  # this process serves its ranks' drafts
+            drafts = PeerDrafts()
+            server = DraftPeerServer(drafts)
+            c.serve_drafts(drafts, await server.start(), PeerReader(timeout_s=30.0))
         ranks = [_Rank(r, c, cfg, calls) for r in rank_ids]
         for r in ranks:
             await r._timed("RegisterRank", c.register(r.id, f"http://{r.id}"))
@@ -203,7 +258,8 @@ async def _worker_main(conn: Any, address: str, rank_ids: list[str],
 
         async def beats(r: _Rank) -> None:
             while not halt.is_set():
-                period = 1.0
+                reg = c.registration.get(r.id)  # the daemon's interval, as a rank uses it
+                period = reg.heartbeat_interval_s if reg else 1.0
                 try:
                     await r._timed("Heartbeat",
                                    c.heartbeat(r.id, RankStatus(done_step=r.done_step)))
@@ -222,10 +278,14 @@ async def _worker_main(conn: Any, address: str, rank_ids: list[str],
                 break
             step, plan = msg  # plan: rank id -> (its prompts, its decode seconds)
             calls.clear()
+            peer0 = c.peer_tokens_fetched
             events = await asyncio.gather(*(r.step(step, *plan[r.id]) for r in ranks))
-            conn.send({"events": dict(zip(rank_ids, events)), "calls": calls})
+            conn.send({"events": dict(zip(rank_ids, events)), "calls": calls,
+                       "peer_tokens": c.peer_tokens_fetched - peer0})
         halt.set()
         await asyncio.gather(*hb)
+        if server is not None:
+            await server.stop(0)
 
 
 def _worker(conn: Any, address: str, rank_ids: list[str], cfg: ControlPlaneConfig) -> None:
@@ -249,8 +309,9 @@ def _proc_rss_mib(pid: int) -> float:
 class _Daemon:
     """The daemon process, which the restart drill replaces."""
 
-    def __init__(self, journal: str | None) -> None:
-        self.args = ("--journal-path", journal) if journal else ()
+    def __init__(self, journal: str | None, heartbeat_s: float) -> None:
+        self.args = (("--journal-path", journal) if journal else ()) + (
+            "--heartbeat-interval-s", str(heartbeat_s))
         self.proc, self.address, _ = start_daemon(*self.args)
         self.port = int(self.address.rsplit(":", 1)[1])
 
@@ -297,7 +358,7 @@ async def _drill(gw: SyncClient, daemon: _Daemon, at_s: float, rank_ids: list[st
 
 
 async def _drive(cfg: ControlPlaneConfig, conns: list[Any], groups: list[list[str]],
-                 daemon: _Daemon) -> dict[str, Any]:
+                 daemon: _Daemon, worker_pids: list[int]) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     rank_ids = [r for g in groups for r in g]
     per_rank = cfg.prompts_per_rank
@@ -318,6 +379,7 @@ async def _drive(cfg: ControlPlaneConfig, conns: list[Any], groups: list[list[st
                     for j in [order.index(r)]}
             pid = daemon.proc.pid
             cpu0, t0 = _proc_cpu_s(pid), time.time()
+            ranks_cpu0 = sum(_proc_cpu_s(w) for w in worker_pids)
             drill = None
             if step == cfg.restart_at_step:  # mid-bubble: most ranks are done, drafts stored
                 drill = asyncio.create_task(_drill(gw, daemon, 0.8 * cfg.step_s, rank_ids))
@@ -326,6 +388,7 @@ async def _drive(cfg: ControlPlaneConfig, conns: list[Any], groups: list[list[st
             replies = [await asyncio.to_thread(conn.recv) for conn in conns]
             wall = time.time() - t0
             cpu = _proc_cpu_s(pid) - cpu0 if daemon.proc.pid == pid else float("nan")
+            ranks_cpu = sum(_proc_cpu_s(w) for w in worker_pids) - ranks_cpu0
             events = {k: v for rep in replies for k, v in rep["events"].items()}
             calls: dict[str, list[float]] = {}
             for rep in replies:
@@ -339,7 +402,8 @@ async def _drive(cfg: ControlPlaneConfig, conns: list[Any], groups: list[list[st
                 restart["lost"] = await _lost(gw, step, events, restart.pop("killed"))
             steps_out.append({
                 "restart": restart,
-                "step": step, "wall_s": wall, "daemon_cpu_s": cpu,
+                "fetch_peer_tokens": sum(rep["peer_tokens"] for rep in replies),
+                "step": step, "wall_s": wall, "daemon_cpu_s": cpu, "ranks_cpu_s": ranks_cpu,
                 "daemon_cpu_per_wall": cpu / wall, "daemon_rss_mib": _proc_rss_mib(daemon.proc.pid),
                 "fetch_burst_s": (max(e["fetched"] for e in events.values())
                                   - min(e["start"] for e in events.values())) if step else None,
@@ -363,7 +427,8 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
     if cfg.ranks < 1 or cfg.procs < 1 or cfg.steps < 2:
         raise ValueError("control-plane: ranks and procs >= 1, steps >= 2")
     tmp = tempfile.TemporaryDirectory(prefix="bubblespec-cp-")
-    daemon = _Daemon(os.path.join(tmp.name, "sync.journal") if cfg.journal else None)
+    daemon = _Daemon(os.path.join(tmp.name, "sync.journal") if cfg.journal else None,
+                     cfg.heartbeat_s)
     ctx = mp.get_context("spawn")
     groups = [[f"r{i}" for i in range(k, cfg.ranks, cfg.procs)] for k in range(cfg.procs)]
     groups = [g for g in groups if g]
@@ -378,7 +443,7 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
         for conn in conns:
             if not conn.poll(120) or conn.recv() != "ready":
                 raise RuntimeError("a worker did not register its ranks in time")
-        out = asyncio.run(_drive(cfg, conns, groups, daemon))
+        out = asyncio.run(_drive(cfg, conns, groups, daemon, [w.pid for w in workers]))
         for conn in conns:
             conn.send(None)
         for w in workers:
@@ -389,7 +454,9 @@ def run(cfg: ControlPlaneConfig) -> dict[str, Any]:
                 w.kill()
         daemon.stop()
         tmp.cleanup()
-    summary = summarize([s for s in out["steps"] if s["restart"] is None])
+    summary = summarize([s for s in out["steps"] if s["restart"] is None], cfg.ranks)
+    if cfg.drafts_from == "peers":
+        summary["locate_s_per_draft"] = locate_cost(cfg)
     out = {"config": asdict(cfg), **out, "summary": summary,
            "requirement": [requirement(cfg, summary, n) for n in (64, 1024)]}
     print(format_lines(out))
@@ -413,9 +480,11 @@ async def _lost(gw: SyncClient, step: int, events: dict[str, Any], killed: float
             "acked_after_restart": len(after), "lost_after_restart": len(set(after) - have)}
 
 
-def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(steps: list[dict[str, Any]], ranks: int) -> dict[str, Any]:
     """Figures over the steps after step 0 (step 0 has nothing to fetch)."""
     later = steps[1:]
+    per_step = sum(c["n"] for s in later for k, c in s["calls"].items() if k != "Heartbeat")
+    beats = sum(s["calls"].get("Heartbeat", {}).get("n", 0) for s in later)
     kinds = sorted({k for s in later for k in s["calls"]})
     wall = sum(s["wall_s"] for s in later)
     calls = {k: {"per_s": sum(s["calls"].get(k, {}).get("n", 0) for s in later) / wall,
@@ -424,11 +493,44 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
                  "p99_ms": max(s["calls"][k]["p99_ms"] for s in later if k in s["calls"])}
              for k in kinds}
     return {"calls": calls, "calls_per_s": sum(c["per_s"] for c in calls.values()),
+            "calls_per_rank_step": per_step / len(later) / ranks,
+            "heartbeats_per_rank_s": beats / wall / ranks,
             "daemon_cpu_per_wall": sum(s["daemon_cpu_s"] for s in later) / wall,
+            "ranks_cpu_s_per_step": sum(s.get("ranks_cpu_s", 0.0) for s in later) / len(later),
             "daemon_rss_mib": max(s["daemon_rss_mib"] for s in steps),
             "fetch_burst_s": max(s["fetch_burst_s"] for s in later),
+            "fetch_peer_tokens": sum(s.get("fetch_peer_tokens", 0) for s in later),
             "stop_latency_p99_s": max(s["stop_latency_s"]["p99"] for s in later),
             "stop_latency_max_s": max(s["stop_latency_s"]["max"] for s in later)}
+
+
+def locate_cost(cfg: ControlPlaneConfig, repeats: int = 5) -> float:
+    """Seconds of the daemon's work per located draft in a FetchDrafts with `locate` (the
+    store's lookup and the reply built and serialized), in this process on one core: a
+    rank's fetch of `prompts_per_rank` prompts x `samples` drafts, each held by a serving
+    rank. The median of `repeats` fetches of every rank's prompts."""
+    from bubblespec.rpc.v1 import synchronizer_pb2 as pb
+    from bubblespec.synchronizer import convert as cv
+    from bubblespec.synchronizer.store import DraftStore
+
+    store = DraftStore(1 << 40)
+    keys = [_key(1, p) for p in range(cfg.ranks * cfg.prompts_per_rank)]
+    owners = [f"r{i}" for i in range(cfg.ranks)]
+    for p, k in enumerate(keys):
+        for s in range(cfg.samples):
+            store.put(1, PregenDraft(k, s, [7] * cfg.draft_tokens, True),
+                      owners[(p * cfg.samples + s) % cfg.ranks])
+    peers = {o: f"10.0.0.1:{7000 + i}" for i, o in enumerate(owners)}
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in range(0, len(keys), cfg.prompts_per_rank):
+            _, located, named, _ = store.locate(1, keys[i : i + cfg.prompts_per_rank], peers)
+            pb.FetchDraftsResponse(
+                located=[cv.located_to_pb(k, a) for k, a in located], owners=named,
+                owner_addresses=[peers[o] for o in named]).SerializeToString()
+        times.append((time.perf_counter() - t0) / (len(keys) * cfg.samples))
+    return statistics.median(times)
 
 
 def requirement(cfg: ControlPlaneConfig, summary: dict[str, Any], ranks: int
@@ -450,8 +552,13 @@ def format_lines(out: dict[str, Any]) -> str:
     for k, c in s["calls"].items():
         lines.append(f"{k:<14}{c['per_s']:>10.1f}{c['p50_ms']:>10.2f}{c['p99_ms']:>10.2f}")
     lines += [(f"all calls: {s['calls_per_s']:.0f}/s; daemon CPU {s['daemon_cpu_per_wall']:.2f} "
-              f"s per wall s, peak RSS {s['daemon_rss_mib']:.0f} MiB"),
-              (f"fetch burst to the last rank: {s['fetch_burst_s'] * 1e3:.0f} ms; stop latency "
+              f"s per wall s, peak RSS {s['daemon_rss_mib']:.0f} MiB; the simulated ranks' "
+              f"processes {s.get('ranks_cpu_s_per_step', 0.0):.2f} CPU s per step"),
+              (f"fetch burst to the last rank: {s['fetch_burst_s'] * 1e3:.0f} ms"
+               + (f" ({s['fetch_peer_tokens']} draft tokens read from the ranks that pushed "
+                  f"them; the daemon's part {s['locate_s_per_draft'] * 1e6:.1f} us per "
+                  f"located draft)" if cfg.get("drafts_from") == "peers" else "")
+               + f"; stop latency "
               f"p99 {s['stop_latency_p99_s'] * 1e3:.0f} ms, max "
               f"{s['stop_latency_max_s'] * 1e3:.0f} ms ("
               + (f"poll every {cfg['poll_ms']:.0f} ms)" if cfg["stop_by"] == "poll"

@@ -306,7 +306,7 @@ def _control_plane(sub: argparse._SubParsersAction) -> None:
     for name in ("ranks", "procs", "steps", "prompts_per_rank", "samples", "draft_tokens",
                  "lanes", "chunk", "seed"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    for name in ("step_s", "chunk_ms", "poll_ms"):
+    for name in ("step_s", "chunk_ms", "poll_ms", "lane_tokens_per_s", "heartbeat_s"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     p.add_argument("--stop-by", choices=("poll", "stream"), default=d.stop_by,
                    help="how a rank in its bubble learns of the stop")
@@ -315,6 +315,10 @@ def _control_plane(sub: argparse._SubParsersAction) -> None:
                    "start it again on the same port and journal (-1: never)")
     p.add_argument("--no-journal", dest="journal", action="store_false",
                    help="run the daemon without a journal (a restart then starts empty)")
+    p.add_argument("--drafts-from", choices=("synchronizer", "peers"), default=d.drafts_from,
+                   help="where the fetch burst reads draft bytes: the daemon, or the ranks "
+                   "that pushed them (each worker process serves its ranks' drafts, the "
+                   "daemon says where: a rank's --drafts-port)")
     p.add_argument("--out", default="", help="JSON of the figures")
 
 

@@ -164,7 +164,7 @@ class RankService:
 
         drafts = PeerDrafts()
         server = DraftPeerServer(drafts, self.cfg.host, self.cfg.drafts_port,
-                                 advertise_host=self.address.rsplit(":", 1)[0],
+                                 advertise_host=self.address.split("://")[-1].rsplit(":", 1)[0],
                                  credentials=server_credentials(self.cfg))
         try:
             await server.start()

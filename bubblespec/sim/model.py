@@ -67,37 +67,65 @@ class ControlPlane:
     (its JSON's `config` and `summary`): the daemon serves `calls_per_rank_s` calls per
     rank per second at `cpu_per_call_s` of CPU each on `cores`; above one core's worth of
     load (`load`), every call queues in proportion. At each step's start every rank fetches
-    its prompts' drafts (at `fetch_tokens_per_s`, the measured burst rate), on the critical
-    path; the stop reaches a pre-generating rank `stop_latency_s` after the last rank is
-    done."""
+    its prompts' drafts, on the critical path: through the daemon at `fetch_tokens_per_s`
+    (the measured burst rate), or, with drafts served by the ranks that pushed them
+    (`peer_tokens_per_s` set: a record of `--drafts-from peers`), the daemon's
+    `locate_s_per_draft` per draft plus each rank's share of the tokens at the rate one
+    serving process gave in the bench, all ranks serving at once. The stop reaches a
+    pre-generating rank `stop_latency_s` after the last rank is done."""
 
     calls_per_rank_s: float
     cpu_per_call_s: float
     fetch_tokens_per_s: float
     stop_latency_s: float
     cores: float = 1.0
+    calls_per_rank_step: float | None = None
+    """A record of a rank's push pattern (`--lane-tokens-per-s`): its calls per rank per
+    step other than heartbeats, so that the load follows the modelled step's length (the
+    bench's steps last seconds); None (the stress pattern): `calls_per_rank_s` as measured."""
+    heartbeats_per_rank_s: float = 0.0
+    peer_tokens_per_s: float | None = None
+    """Draft tokens per second one rank serves to the others (None: the daemon serves)."""
+    locate_s_per_draft: float = 0.0
+    """The daemon's seconds per draft it locates instead of sending (peers only)."""
 
     @classmethod
     def from_bench(cls, doc: dict) -> ControlPlane:
         """From the figures `bubblespec bench control-plane --out` writes."""
         cfg, s = doc["config"], doc["summary"]
         fetched = cfg["ranks"] * cfg["prompts_per_rank"] * cfg["samples"] * cfg["draft_tokens"]
+        burst = max(s["fetch_burst_s"], 1e-9)
+        peers = cfg.get("drafts_from") == "peers"
         return cls(calls_per_rank_s=s["calls_per_s"] / cfg["ranks"],
                    cpu_per_call_s=s["daemon_cpu_per_wall"] / max(s["calls_per_s"], 1e-9),
-                   fetch_tokens_per_s=fetched / max(s["fetch_burst_s"], 1e-9),
-                   stop_latency_s=s["stop_latency_p99_s"])
+                   fetch_tokens_per_s=fetched / burst,
+                   stop_latency_s=s["stop_latency_p99_s"],
+                   calls_per_rank_step=(s.get("calls_per_rank_step")
+                                        if cfg.get("lane_tokens_per_s", 0) > 0 else None),
+                   heartbeats_per_rank_s=s.get("heartbeats_per_rank_s", 0.0),
+                   peer_tokens_per_s=fetched / cfg["procs"] / burst if peers else None,
+                   locate_s_per_draft=s.get("locate_s_per_draft", 0.0) if peers else 0.0)
 
-    def load(self, ranks: int) -> float:
-        """Daemon cores the ranks' calls need, per core it has (above 1: it queues)."""
-        return ranks * self.calls_per_rank_s * self.cpu_per_call_s / self.cores
+    def load(self, ranks: int, step_s: float | None = None) -> float:
+        """Daemon cores the ranks' calls need, per core it has (above 1: it queues), in a
+        step of `step_s` seconds where the record says how calls follow the step."""
+        per_rank = self.calls_per_rank_s
+        if self.calls_per_rank_step is not None and step_s:
+            per_rank = self.calls_per_rank_step / step_s + self.heartbeats_per_rank_s
+        return ranks * per_rank * self.cpu_per_call_s / self.cores
 
-    def fetch_s(self, tokens: float, ranks: int) -> float:
-        """The fetch burst of `tokens` draft tokens to `ranks` ranks."""
-        return tokens / self.fetch_tokens_per_s * max(1.0, self.load(ranks))
+    def fetch_s(self, tokens: float, ranks: int, drafts: int = 0,
+                step_s: float | None = None) -> float:
+        """The fetch burst of `tokens` draft tokens in `drafts` drafts to `ranks` ranks."""
+        queued = max(1.0, self.load(ranks, step_s))
+        if self.peer_tokens_per_s is None:
+            return tokens / self.fetch_tokens_per_s * queued
+        return (drafts * self.locate_s_per_draft * queued
+                + tokens / max(ranks, 1) / self.peer_tokens_per_s)
 
-    def stop_s(self, ranks: int) -> float:
+    def stop_s(self, ranks: int, step_s: float | None = None) -> float:
         """From the last rank's report to a pre-generating rank seeing the stop."""
-        return self.stop_latency_s * max(1.0, self.load(ranks))
+        return self.stop_latency_s * max(1.0, self.load(ranks, step_s))
 
 
 @dataclass
@@ -374,7 +402,8 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
         cp = cfg.control_plane
         # the synchronizer's charge: the fetch burst at the step's start, and the stop's
         # lateness where it runs past the train window
-        burst = cp.fetch_s(float(covered.sum()), ranks) if cp and mode.uses_pregen else 0.0
+        burst = (cp.fetch_s(float(covered.sum()), ranks, int(np.count_nonzero(covered)),
+                            fmax) if cp and mode.uses_pregen else 0.0)
         charged = burst
         step_time = fmax
         window = cfg.train_s if mode.pregen_window else 0.0
@@ -398,7 +427,7 @@ def run_mode(cfg: SimConfig, ranks: int, mode: ModeSpec | Sequence[ModeSpec], et
             busy = float(pg.busy_in_bubble.sum())
             over = max(0.0, float(pg.stop_t.max()) - fmax)  # until the last rank is free
             if cp is not None:  # the stop reaches the ranks later: part may pass the window
-                stop = cp.stop_s(ranks)
+                stop = cp.stop_s(ranks, fmax)
                 charged += max(0.0, over + stop - cfg.train_s) - max(0.0, over - cfg.train_s)
                 over += stop
             step_time = fmax + max(0.0, over - cfg.train_s)

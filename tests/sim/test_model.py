@@ -130,6 +130,39 @@ def test_the_control_plane_is_charged_to_pre_generating_modes_and_grows_with_the
     assert all(s.control_plane_s == 0 for s in free.values())
 
 
+def test_drafts_served_by_their_ranks_take_the_bytes_off_the_daemon(et):
+    peers = {"config": {**BENCH["config"], "procs": 2, "drafts_from": "peers"},
+             "summary": {**BENCH["summary"], "locate_s_per_draft": 5e-6}}
+    one, cp = ControlPlane.from_bench(BENCH), ControlPlane.from_bench(peers)
+    assert cp.peer_tokens_per_s == pytest.approx(64 * 2 * 8 * 512 / 2 / 0.08)
+    # the daemon's part per draft (queued by its load), plus each rank's own share served
+    # by that rank: the burst no longer grows with every rank's bytes through one process
+    tokens, drafts = 1024 * 128 * 2000.0, 1024 * 128
+    assert cp.fetch_s(tokens, 1024, drafts) == pytest.approx(
+        drafts * 5e-6 * cp.load(1024) + tokens / 1024 / cp.peer_tokens_per_s)
+    assert cp.fetch_s(tokens, 1024, drafts) < one.fetch_s(tokens, 1024, drafts) / 10
+    rows = by_name(run_scenario(SimConfig(**SMALL, control_plane=cp), 256, default_modes(),
+                                et, SHORT))
+    base = by_name(run_scenario(SimConfig(**SMALL, control_plane=one), 256, default_modes(),
+                                et, SHORT))
+    assert 0 < rows["bubblespec"].control_plane_s < base["bubblespec"].control_plane_s
+
+
+def test_a_ranks_push_pattern_loads_the_daemon_per_step_not_per_bench_second():
+    rank = {"config": {**BENCH["config"], "procs": 2, "lane_tokens_per_s": 100.0},
+            "summary": {**BENCH["summary"], "calls_per_rank_step": 6.0,
+                        "heartbeats_per_rank_s": 0.5}}
+    cp = ControlPlane.from_bench(rank)
+    per_call = 0.51 / 1117.0
+    assert cp.load(1024, 100.0) == pytest.approx(1024 * (6.0 / 100.0 + 0.5) * per_call)
+    assert cp.load(1024, 10.0) > cp.load(1024, 100.0)  # shorter steps: more calls a second
+    assert cp.load(1024) == pytest.approx(ControlPlane.from_bench(BENCH).load(1024))
+    # the stress pattern's pushes follow the bench's seconds: its record ignores the step
+    stress = ControlPlane.from_bench({**BENCH, "summary": rank["summary"]})
+    assert stress.calls_per_rank_step is None
+    assert stress.load(1024, 100.0) == stress.load(1024)
+
+
 def test_synthetic_lengths_have_the_stated_shape():
     rng = np.random.default_rng(0)
     x = LengthSource.default(max_new_tokens=10**9).sample(rng, 20000, 4)
