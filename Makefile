@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml native/pyproject.toml native/CMakeLists.txt $(wildcard 
 
 # --durations: the slowest tests in every CI log, to keep the suite's time in view
 test: install real-model
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=40
 
 # The valid request space at length: fresh draws (BUBBLESPEC_VALID_EXAMPLES batches per test)
 # against a real engine and through the gateway's own and SGLang APIs (docs/results.md).

@@ -2,7 +2,7 @@
 OpenAI's `echo` + `max_tokens: 0` refuse bad input with a 400 naming the field before any
 rank is asked, answer a valid scoring call with 503 "no rank is ready" (never a 500), and
 answer a prompt echo that asks for no log-probs without a rank. The scored values are
-checked end to end in tests/integration/test_scoring.py."""
+checked end to end in tests/integration/api/test_scoring.py."""
 
 from __future__ import annotations
 

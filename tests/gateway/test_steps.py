@@ -4,7 +4,7 @@ become n > 1, next prompts go to the next step once, aborts, pause and failures.
 
 The batcher is transport-free (it gets the rollout as a function, as `dispatch` does), so
 these tests run it with a plain function that answers each sample with a response naming its
-prompt and sample index; the real rollout path is in tests/integration/test_sglang_clients.py.
+prompt and sample index; the real rollout path is in tests/integration/api/test_sglang_clients.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the `openai` client's own error classes over the in-process app.
 
 The gateway runs in-process with no synchronizer and no rank, so a valid request ends in a
 503 "no rank is ready" in OpenAI's error shape; the end-to-end path with real ranks is
-tests/integration/test_openai_clients.py (and test_openai_chat.py for chat).
+tests/integration/api/test_openai_clients.py (and test_openai_chat.py for chat).
 """
 
 from __future__ import annotations

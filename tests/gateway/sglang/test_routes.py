@@ -6,7 +6,7 @@ Bodies and routes are those slime (`slime/rollout/sglang_rollout.py`,
 `slime/backends/sglang_utils/sglang_engine.py`) and AReaL (`areal/engine/sglang_remote.py`)
 call. The gateway runs in-process with no synchronizer and no rank, so a valid /generate
 ends in SGLang's error body with 503 "no rank is ready"; the end-to-end path with real
-ranks is tests/integration/test_sglang_clients.py.
+ranks is tests/integration/api/test_sglang_clients.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """vLLM's token routes on the gateway without ranks (`gateway/tokens/`): bad input is a 400
 naming the field in vLLM's error shape, a valid generate request reaches the ranks (a 503
 here), the tokenizer's two directions answer in vLLM's shapes, and the bearer token guards
-them. The routes against a real cluster: tests/integration/test_agentic_frameworks.py."""
+them. The routes against a real cluster: tests/integration/chat/test_agentic_frameworks.py."""
 
 from __future__ import annotations
 
