@@ -27,7 +27,7 @@ from tests.deploy.helpers import engine_model_dir
 ray = pytest.importorskip("ray")
 from bubblespec.cluster.ray import RayCluster
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]  # CI time (docs/results.md, run 17): make test-slow
 
 KEYED = {"temperature": 1.0, "max_new_tokens": 200, "seed_mode": "keyed"}
 LONG = {"temperature": 1.0, "max_new_tokens": 600, "ignore_eos": True}

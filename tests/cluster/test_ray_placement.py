@@ -122,6 +122,7 @@ def test_an_infeasible_start_fails_at_once_with_the_fix(nodes: RayNodes, tmp_pat
     assert not c.actors and not ray.is_initialized()  # nothing started, all stopped
 
 
+@pytest.mark.slow  # CI time (docs/results.md, run 17): make test-slow
 def test_a_start_waiting_for_resources_in_use_says_so_within_seconds(
         nodes: RayNodes, tmp_path: Any) -> None:
     ray.init(address=nodes.address, _node_ip_address=LOOPBACK, namespace="bsplace")

@@ -21,7 +21,7 @@ from bubblespec.synchronizer.errors import SyncError
 
 from .conftest import AUTH, TOKEN
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]  # CI time (docs/results.md, run 17): make test-slow
 
 SMALL = {"max_new_tokens": 8, "temperature": 1.0}
 

@@ -27,7 +27,7 @@ from bubblespec.protocol.sample import SampleMeta, SampleTotals
 from tests.cluster.helpers import local_cluster
 from tests.deploy.helpers import DEPLOY, ensure_tool
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]  # CI time (docs/results.md, run 17): make test-slow
 
 # plain sampling, named: hand-off steps would sample keyed by default, and keyed responses
 # under unchanged weights follow their drafts, diverging only where a draft was cut short

@@ -279,6 +279,7 @@ def serves_every_rank(c: LocalCluster, task: Any, times: int = 2) -> None:
         assert served == set(c.rank_ids), r.json()["ranks"]
 
 
+@pytest.mark.slow  # CI time (docs/results.md, run 17): make test-slow
 def test_a_poison_request_kills_two_engines_then_is_refused(cluster, task) -> None:
     wait_ready(cluster)
     r = rollout(cluster, [list(p.input_ids) for p in task.make_prompts(1, seed=1)]
@@ -299,6 +300,7 @@ def test_a_poison_request_kills_two_engines_then_is_refused(cluster, task) -> No
     serves_every_rank(cluster, task)
 
 
+@pytest.mark.slow  # CI time (docs/results.md, run 17): make test-slow
 def test_a_poison_scoring_call_kills_two_engines_then_is_refused(cluster, task) -> None:
     """Scoring runs outside rollout steps but is held to the same rule: at most two engine
     deaths per distinct request, then a 500 naming it and refusals on both APIs."""

@@ -24,7 +24,7 @@ from tests.cluster.helpers import local_cluster
 from tests.deploy.browser import OUT, Dom, capture, chromium
 from tests.serving import serve_app
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]  # CI time (docs/results.md, run 17): make test-slow
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 600}
 

@@ -25,7 +25,7 @@ from bubblespec.tls import channel_credentials, client_context, write_throwaway_
 from tests.cluster.drills import check_result
 from tests.cluster.helpers import local_cluster
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]  # CI time (docs/results.md, run 17): make test-slow
 
 TOKEN = "tls-test-token"
 

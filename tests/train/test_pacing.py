@@ -78,6 +78,7 @@ def test_a_rank_that_does_not_answer_costs_the_step_its_paced_figures_not_the_ru
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # CI time (docs/results.md, run 17): make test-slow
 def test_train_demo_on_paced_ranks_logs_and_plots_modelled_seconds_per_step(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
