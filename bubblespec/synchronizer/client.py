@@ -428,15 +428,8 @@ class SyncClient:
         keys = list(dict.fromkeys(prompt_keys))
         if self.peer is not None:
             self.peer.drop_before(step)
-        out: list[PregenDraft] = []
-        located: list[DraftLocation] = []
-        peers: dict[str, str] = {}
-        for i in range(0, len(keys), self.fetch_batch):
-            got, where, owners = await self._fetch(step, keys[i : i + self.fetch_batch],
-                                                   timeout_s, self._peer_reader is not None)
-            out += got
-            located += where
-            peers.update(owners)
+        out, located, peers = await self._fetch_batches(step, keys, timeout_s,
+                                                        self._peer_reader is not None)
         if not located or self._peer_reader is None:
             return out
         got, missing = await self._peer_reader.fetch(step, located, peers, timeout_s,
@@ -444,13 +437,25 @@ class SyncClient:
         self.peer_tokens_fetched += sum(len(d.token_ids) for d in got)
         if missing:  # from the synchronizer, which stores every draft
             want = {(x.prompt_key, x.sample_index, x.branch_at) for x in missing}
-            again = list(dict.fromkeys(x.prompt_key for x in missing))
-            for i in range(0, len(again), self.fetch_batch):
-                fetched, _, _ = await self._fetch(step, again[i : i + self.fetch_batch],
-                                                  timeout_s, False)
-                got += [d for d in fetched
-                        if (d.prompt_key, d.sample_index, d.branch_at) in want]
+            fetched, _, _ = await self._fetch_batches(
+                step, list(dict.fromkeys(x.prompt_key for x in missing)), timeout_s, False)
+            got += [d for d in fetched if (d.prompt_key, d.sample_index, d.branch_at) in want]
         return in_fetch_order(out + got, keys)
+
+    async def _fetch_batches(self, step: int, keys: list[str], timeout_s: float | None,
+                             locate: bool
+                             ) -> tuple[list[PregenDraft], list[DraftLocation], dict[str, str]]:
+        """`_fetch` over `keys` in batches of `fetch_batch`, the replies joined."""
+        out: list[PregenDraft] = []
+        located: list[DraftLocation] = []
+        peers: dict[str, str] = {}
+        for i in range(0, len(keys), self.fetch_batch):
+            got, where, owners = await self._fetch(step, keys[i : i + self.fetch_batch],
+                                                   timeout_s, locate)
+            out += got
+            located += where
+            peers.update(owners)
+        return out, located, peers
 
     async def _fetch(self, step: int, keys: list[str], timeout_s: float | None,
                      locate: bool = False
